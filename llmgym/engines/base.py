@@ -1,0 +1,92 @@
+"""The rollout-engine contract: :class:`SamplingParams` in, :class:`Completion` out."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, Sequence, runtime_checkable
+
+__all__ = ["SamplingParams", "Completion", "Engine"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample completions.
+
+    Args:
+        n: completions per prompt (a GRPO group).
+        temperature: softmax temperature; ``0`` means greedy.
+        top_p: nucleus sampling mass (``1.0`` = off).
+        max_new_tokens: token budget per completion; hitting it gives ``finish_reason="length"``.
+        stop: strings that end a completion (``finish_reason="stop"``); the tokens that complete the
+            stop string are kept.
+        seed: makes sampling reproducible; ``None`` draws one from torch's global generator.
+
+    Example:
+        >>> from llmgym.engines import SamplingParams
+        >>> SamplingParams(n=4, temperature=0.7).n
+        4
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+
+
+@dataclasses.dataclass
+class Completion:
+    """One sampled completion.
+
+    Attributes:
+        prompt_ids: the ids the model conditioned on.
+        token_ids: the sampled ids (EOS included when the model emitted it).
+        logprobs: per sampled token, ``log softmax(logits / T)`` of the model at that position (the
+            tempered policy the learner optimises; top-p only narrows which tokens may be drawn).
+        finish_reason: ``"stop"`` (EOS or a stop string) or ``"length"`` (budget spent).
+        text: ``token_ids`` decoded without special tokens.
+        key: the sampling key of this row (reproduces its noise; see :mod:`llmgym.engines.sampling`).
+    """
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str = ""
+    key: int = 0
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What an agent needs from a rollout engine.
+
+    ``generate`` returns, for each prompt, ``n`` completions (a list per prompt, in prompt order).
+    ``keys`` optionally fixes the per-row sampling keys (``len(prompts) * n`` of them, prompt-major),
+    which makes a row's tokens independent of the batch it is generated in.
+    ``sync_weights(model)`` makes the engine sample from ``model``'s current weights.
+    """
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams | None = None,
+        *,
+        keys: Sequence[int] | None = None,
+    ) -> list[list[Completion]]: ...
+
+    def sync_weights(self, model) -> None: ...

@@ -1,0 +1,232 @@
+"""Rollouts from a Hugging Face ``transformers`` causal LM (CPU or GPU), with per-token log-probs."""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+from typing import Sequence
+
+import torch
+
+from llmgym.engines.base import Completion, SamplingParams
+from llmgym.engines.sampling import row_keys, sample_next_token, tempered_logprobs
+
+__all__ = ["HFEngine", "sequence_logprobs", "pad_left"]
+
+
+def pad_left(sequences: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad id lists into ``(input_ids [B, L], attention_mask [B, L])``.
+
+    Example:
+        >>> from llmgym.engines.hf import pad_left
+        >>> ids, mask = pad_left([[5, 6], [7]], pad_id=0)
+        >>> ids.tolist(), mask.tolist()
+        ([[5, 6], [0, 7]], [[1, 1], [0, 1]])
+    """
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if len(s):
+            ids[i, width - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _cache_of(out):
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    # position ids that ignore padding on either side, as generate() computes them
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def sequence_logprobs(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
+    return_logits: bool = False,
+):
+    """Teacher-forced ``log π(x_t | x_<t)`` for ``t = 1..L-1``: shape ``[B, L-1]``.
+
+    ``logprobs[:, j]`` scores ``input_ids[:, j + 1]``; padding may be on either side. With
+    ``return_logits`` also returns the tempered logits ``[B, L-1, V]`` (for the entropy).
+
+    Example:
+        >>> import torch
+        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.engines.hf import sequence_logprobs
+        >>> tok = build_tokenizer()
+        >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
+        >>> ids = torch.tensor([tok.encode("1+1=2")])
+        >>> sequence_logprobs(model, ids, torch.ones_like(ids)).shape
+        torch.Size([1, 5])
+    """
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=_positions(attention_mask))
+    logits = out.logits[:, :-1].float()
+    t = temperature if temperature > 0 else 1.0
+    logits = logits / t
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return (logprobs, logits) if return_logits else logprobs
+
+
+class HFEngine:
+    """Batched sampling with a KV cache from a ``transformers`` causal LM.
+
+    The engine samples from the very model object it is given (no copy), so after an optimiser step
+    it already sees the new weights; :meth:`sync_weights` copies weights when a different model
+    object (e.g. a learner on another device) is passed.
+
+    Args:
+        model: a causal LM (``AutoModelForCausalLM``).
+        tokenizer: its tokenizer (gives EOS, pad and decoding).
+        max_batch_size: rows per forward pass; bigger requests are split.
+
+    Example:
+        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.engines import HFEngine, SamplingParams
+        >>> tok = build_tokenizer()
+        >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
+        >>> groups = engine.generate([tok.encode("2+2=")], SamplingParams(n=3, max_new_tokens=4, seed=0))
+        >>> len(groups), len(groups[0]), groups[0][0].finish_reason in ("stop", "length")
+        (1, 3, True)
+        >>> len(groups[0][0].token_ids) == len(groups[0][0].logprobs) <= 4
+        True
+    """
+
+    def __init__(self, model, tokenizer, max_batch_size: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError("HFEngine needs a tokenizer with an EOS token (tokenizer.eos_token_id is None)")
+        extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.eos_ids = sorted({eos, *(extra if isinstance(extra, list) else [extra] if extra is not None else [])})
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        # transformers >= 5.2x renamed the KV-cache argument from past_key_values to cache
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def sync_weights(self, model) -> None:
+        """Sample from ``model``'s weights from now on (a no-op when it is the engine's own model)."""
+        if model is self.model:
+            return
+        self.model.load_state_dict(model.state_dict())
+
+    @contextmanager
+    def _eval_mode(self):
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                yield
+        finally:
+            self.model.train(was_training)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams | None = None,
+        *,
+        keys: Sequence[int] | None = None,
+    ) -> list[list[Completion]]:
+        """Sample ``sampling.n`` completions for every prompt; see :class:`~llmgym.engines.Engine`."""
+        sampling = sampling or SamplingParams()
+        prompts = [list(map(int, p)) for p in prompt_ids]
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token (did the tokenizer add no BOS to an empty prompt?)")
+        rows = [p for p in prompts for _ in range(sampling.n)]
+        if keys is None:
+            seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
+            keys = row_keys(seed, len(rows))
+        elif len(keys) != len(rows):
+            raise ValueError(f"got {len(keys)} keys for {len(rows)} rows (prompts x n)")
+        flat: list[Completion] = []
+        for start in range(0, len(rows), self.max_batch_size):
+            flat += self._generate_rows(rows[start:start + self.max_batch_size],
+                                        list(keys[start:start + self.max_batch_size]), sampling)
+        return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
+
+    def _generate_rows(self, rows: list[list[int]], keys: list[int], sampling: SamplingParams) -> list[Completion]:
+        device = self.device
+        batch = len(rows)
+        ids, attn = pad_left(rows, self.pad_id, device)
+        key_t = torch.tensor(keys, dtype=torch.long, device=device)
+        eos = torch.tensor(self.eos_ids, device=device)
+        tokens = torch.full((batch, sampling.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
+        logps = torch.zeros((batch, sampling.max_new_tokens), dtype=torch.float32, device=device)
+        lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
+        stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+        with self._eval_mode():
+            positions = _positions(attn)
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True)
+            cache, last_pos = _cache_of(out), positions[:, -1:]
+            logits = out.logits[:, -1, :]
+            for step in range(sampling.max_new_tokens):
+                step_pos = torch.full((batch,), step, dtype=torch.long, device=device)
+                tok, lp = sample_next_token(logits, key_t, step_pos, sampling.temperature, sampling.top_p)
+                tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
+                live = ~done
+                tokens[:, step] = tok
+                logps[:, step] = torch.where(live, lp, torch.zeros_like(lp))
+                lengths += live.long()
+                hit = live & torch.isin(tok, eos)
+                if sampling.stop:
+                    hit |= live & self._hit_stop_string(tokens, lengths, sampling.stop)
+                stopped |= hit
+                done |= hit
+                if bool(done.all()) or step == sampling.max_new_tokens - 1:
+                    break
+                attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype, device=device)], dim=1)
+                last_pos = last_pos + 1
+                out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=last_pos,
+                                 use_cache=True, **{self._cache_arg: cache})
+                cache, logits = _cache_of(out), out.logits[:, -1, :]
+        tokens, logps, lengths, stopped = tokens.cpu(), logps.cpu(), lengths.cpu(), stopped.cpu()
+        completions = []
+        for i in range(batch):
+            n = int(lengths[i])
+            token_ids = tokens[i, :n].tolist()
+            completions.append(Completion(
+                prompt_ids=rows[i],
+                token_ids=token_ids,
+                logprobs=logps[i, :n].tolist(),
+                finish_reason="stop" if bool(stopped[i]) else "length",
+                text=self.tokenizer.decode(token_ids, skip_special_tokens=True),
+                key=keys[i],
+            ))
+        return completions
+
+    def _hit_stop_string(self, tokens: torch.Tensor, lengths: torch.Tensor, stop: tuple[str, ...]) -> torch.Tensor:
+        # decode only a tail long enough to contain the longest stop string (a byte or more per token)
+        tail = max(len(s) for s in stop) + 2
+        hits = []
+        for row, n in zip(tokens.tolist(), lengths.tolist()):
+            text = self.tokenizer.decode(row[max(0, n - tail):n], skip_special_tokens=True)
+            hits.append(any(s in text for s in stop))
+        return torch.tensor(hits, device=tokens.device)
+
+    def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
+        """Teacher-forced log-probs of ``completion_ids`` after ``prompt_ids`` (same distribution as sampling).
+
+        Example:
+            >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+            >>> from llmgym.engines import HFEngine, SamplingParams
+            >>> tok = build_tokenizer()
+            >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
+            >>> c = engine.generate([tok.encode("hi")], SamplingParams(max_new_tokens=3, seed=1))[0][0]
+            >>> max(abs(a - b) for a, b in zip(c.logprobs, engine.logprobs(c.prompt_ids, c.token_ids))) < 1e-4
+            True
+        """
+        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
+        with self._eval_mode():
+            lp = sequence_logprobs(self.model, ids, torch.ones_like(ids), temperature)
+        return lp[0, len(prompt_ids) - 1:].tolist()

@@ -1,0 +1,302 @@
+"""Tiny causal language models built locally, and the ordinary loading path for real ones.
+
+No hub downloads happen in tests or in the default run: :func:`build_tiny_model` makes a random-init
+``LlamaConfig`` model and :func:`build_tokenizer` a byte-level tokenizer (every byte is one token, so
+any text round-trips exactly and digits are single tokens). Both are saved and loaded through
+``from_pretrained``, the same code path :func:`load_model` uses for a real checkpoint, given by a
+local path or (with the user's network) a hub id.
+
+:func:`supervised_warmup` runs a short teacher-forced fine-tune on ``(prompt, answer)`` pairs, so a
+tiny model starts imperfect but not hopeless before RL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+__all__ = [
+    "TinyModelConfig",
+    "build_tokenizer",
+    "build_tiny_model",
+    "save_pretrained",
+    "load_model",
+    "load_tokenizer",
+    "supervised_warmup",
+    "cache_dir",
+]
+
+PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+# A minimal chat template, so chat-message prompts render with the tiny tokenizer too.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def cache_dir() -> Path:
+    """Where built models are cached: ``$LLMGYM_CACHE`` or ``~/.cache/llmgym``.
+
+    Example:
+        >>> from llmgym.models import cache_dir
+        >>> cache_dir().name in ("llmgym",) or "LLMGYM_CACHE" in __import__("os").environ
+        True
+    """
+    return Path(os.environ.get("LLMGYM_CACHE", Path.home() / ".cache" / "llmgym"))
+
+
+def build_tokenizer():
+    """A byte-level tokenizer: 256 byte tokens plus ``<pad>``, ``<s>`` (BOS), ``</s>`` (EOS).
+
+    Encoding prepends BOS; padding is on the left (what batched generation needs).
+
+    Example:
+        >>> from llmgym.models import build_tokenizer
+        >>> tok = build_tokenizer()
+        >>> len(tok), tok.eos_token, tok.padding_side
+        (259, '</s>', 'left')
+        >>> ids = tok.encode("12+3=")
+        >>> ids[0] == tok.bos_token_id, tok.decode(ids, skip_special_tokens=True)
+        (True, '12+3=')
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS] + sorted(alphabet))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    core.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, 1)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyModelConfig:
+    """Shape of a tiny Llama-style model (defaults: ~0.8M parameters, fast on 2 CPU cores).
+
+    Example:
+        >>> from llmgym.models import TinyModelConfig
+        >>> TinyModelConfig(hidden_size=64).hidden_size
+        64
+    """
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 512
+    seed: int = 0
+
+
+def build_tiny_model(tokenizer=None, config: TinyModelConfig | None = None):
+    """A random-init ``LlamaForCausalLM`` sized by ``config``, matching ``tokenizer``'s vocabulary.
+
+    Example:
+        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> tok = build_tokenizer()
+        >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
+        >>> model.config.vocab_size == len(tok), model.config.eos_token_id == tok.eos_token_id
+        (True, True)
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tokenizer if tokenizer is not None else build_tokenizer()
+    config = config or TinyModelConfig()
+    llama = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = LlamaForCausalLM(llama)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def save_pretrained(model, tokenizer, path: str | os.PathLike) -> Path:
+    """Save model and tokenizer with ``save_pretrained`` so :func:`load_model` reads them back.
+
+    Example:
+        >>> import tempfile
+        >>> from llmgym.models import build_tiny_model, build_tokenizer, save_pretrained, load_model, TinyModelConfig
+        >>> tok = build_tokenizer()
+        >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     _ = save_pretrained(model, tok, d)
+        ...     loaded, tok2 = load_model(d)
+        >>> type(loaded).__name__, tok2.decode(tok2.encode("hi"), skip_special_tokens=True)
+        ('LlamaForCausalLM', 'hi')
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """Load a tokenizer by local path or hub id; set left padding and a pad token for generation.
+
+    Example:
+        >>> from llmgym.models import load_tokenizer
+        >>> load_tokenizer("/no/such/model")
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: no model at '/no/such/model': ...
+    """
+    from transformers import AutoTokenizer
+
+    _check_exists(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None, device: str | None = None):
+    """Load ``(model, tokenizer)``: a Hugging Face causal LM by local path, or by hub id.
+
+    A local directory needs no network; a hub id needs the user's network (or a filled HF cache).
+    The string ``"tiny"`` builds (and caches) the default tiny model instead.
+
+    Example:
+        >>> from llmgym.models import load_model
+        >>> model, tok = load_model("tiny")
+        >>> model.config.model_type
+        'llama'
+    """
+    from transformers import AutoModelForCausalLM
+
+    if str(name_or_path) == "tiny":
+        name_or_path = tiny_model_path()
+    tokenizer = load_tokenizer(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype or torch.float32)
+    if device is not None:
+        model.to(device)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def tiny_model_path(config: TinyModelConfig | None = None) -> Path:
+    """Build the random-init tiny model once and return its cached directory."""
+    config = config or TinyModelConfig()
+    digest = hashlib.sha1(json.dumps(dataclasses.asdict(config), sort_keys=True).encode()).hexdigest()[:10]
+    path = cache_dir() / f"tiny-{digest}"
+    if not (path / "config.json").exists():
+        tokenizer = build_tokenizer()
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        save_pretrained(build_tiny_model(tokenizer, config), tokenizer, tmp)
+        try:
+            tmp.rename(path)
+        except OSError:  # another process built it first
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def _check_exists(name_or_path) -> None:
+    text = str(name_or_path)
+    looks_local = text.startswith((".", "/", "~")) or os.sep in text and not _looks_like_hub_id(text)
+    if looks_local and not Path(text).expanduser().exists():
+        raise FileNotFoundError(
+            f"no model at {text!r}: give a directory saved with save_pretrained(), a hub id "
+            f"(needs network or a filled HF cache), or 'tiny' for the built-in tiny model"
+        )
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    parts = text.split("/")
+    return len(parts) == 2 and all(parts) and not text.startswith(("/", "."))
+
+
+def supervised_warmup(
+    model,
+    tokenizer,
+    pairs: Iterable[tuple[str, str]] | Sequence[tuple[str, str]],
+    *,
+    steps: int = 200,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
+    """Teacher-forced fine-tuning on ``(prompt, answer)`` pairs; the loss covers answer + EOS only.
+
+    ``pairs`` is a sequence (sampled with replacement) or an endless iterator. Returns the loss
+    per step. This is the warm-up that lets a tiny model start RL "imperfect but not hopeless".
+
+    Example:
+        >>> from llmgym.models import build_tiny_model, build_tokenizer, supervised_warmup, TinyModelConfig
+        >>> tok = build_tokenizer()
+        >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
+        >>> losses = supervised_warmup(model, tok, [("1+1=", "2")], steps=20, batch_size=4)
+        >>> losses[-1] < losses[0]
+        True
+    """
+    generator = torch.Generator().manual_seed(seed)
+    pool = list(pairs) if isinstance(pairs, Sequence) else None
+    stream = None if pool is not None else iter(pairs)
+    if pool is not None and not pool:
+        raise ValueError("supervised_warmup needs at least one (prompt, answer) pair")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.train()
+    losses = []
+    for _ in range(steps):
+        if pool is not None:
+            idx = torch.randint(len(pool), (batch_size,), generator=generator).tolist()
+            batch = [pool[i] for i in idx]
+        else:
+            batch = [next(stream) for _ in range(batch_size)]
+        seqs, label_masks = [], []
+        for prompt, answer in batch:
+            p = tokenizer.encode(prompt)
+            a = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+            seqs.append(p + a)
+            label_masks.append([0] * len(p) + [1] * len(a))
+        width = max(map(len, seqs))
+        ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        labels = torch.full_like(ids, -100)
+        for i, (s, m) in enumerate(zip(seqs, label_masks)):
+            ids[i, : len(s)] = torch.tensor(s)
+            attn[i, : len(s)] = 1
+            labels[i, : len(s)] = torch.where(torch.tensor(m) == 1, torch.tensor(s), -100)
+        out = model(input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device))
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(out.loss.detach()))
+    model.train(was_training)
+    return losses

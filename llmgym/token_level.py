@@ -1,0 +1,127 @@
+"""Token level: one action is one token id, over any sequence-level or multi-turn env."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from llmgym.spaces import as_token_array
+
+__all__ = ["TokenLevel"]
+
+
+class TokenLevel(gym.Wrapper):
+    """Make a sequence-level or multi-turn env token-level: ``action_space = Discrete(vocab)``.
+
+    The wrapper buffers tokens. The observation holds the ids so far (``prompt_ids`` = context +
+    tokens of the current completion) and the decoded text. Reward is 0 until EOS (the turn ends,
+    ``terminated``) or ``max_new_tokens`` tokens (``truncated``); then the buffered ids (EOS
+    included) go to the inner env's ``step`` and its reward is returned. In a multi-turn env the
+    episode then continues with the env's reply appended, and the budget starts again.
+
+    Because the inner env receives exactly the tokens, the same seed and the same tokens give the
+    same episode and reward at both levels.
+
+    Args:
+        env: a :class:`~llmgym.SequenceEnv` or :class:`~llmgym.MultiTurnEnv` (possibly wrapped).
+        tokenizer: defaults to the inner env's; must have an EOS token.
+        max_new_tokens: tokens per completion (per turn) at most.
+
+    Example:
+        >>> from llmgym import SequenceEnv, Task, TokenLevel
+        >>> from llmgym.models import build_tokenizer
+        >>> tok = build_tokenizer()
+        >>> env = TokenLevel(SequenceEnv([Task("1+1=", answer="2")], lambda t, c: c == t.answer), tok, max_new_tokens=4)
+        >>> obs, info = env.reset(seed=0)
+        >>> obs, r, term, trunc, info = env.step(tok.convert_tokens_to_ids("2"))
+        >>> r, term
+        (0.0, False)
+        >>> obs, r, term, trunc, info = env.step(tok.eos_token_id)
+        >>> r, term, trunc
+        (1.0, True, False)
+    """
+
+    def __init__(self, env: gym.Env, tokenizer: Any = None, max_new_tokens: int = 64):
+        super().__init__(env)
+        inner = env.unwrapped
+        tokenizer = tokenizer if tokenizer is not None else getattr(inner, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("TokenLevel needs a tokenizer: TokenLevel(env, tokenizer=tok, max_new_tokens=N)")
+        if tokenizer.eos_token_id is None:
+            raise ValueError(
+                "TokenLevel needs a tokenizer with an EOS token (tokenizer.eos_token_id is None): an "
+                "episode ends at EOS; set tokenizer.eos_token or add one"
+            )
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if getattr(inner, "tokenizer", None) is not tokenizer:
+            inner.set_tokenizer(tokenizer)
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.eos_token_id = int(tokenizer.eos_token_id)
+        self.action_space = spaces.Discrete(len(tokenizer))
+        self.observation_space = inner.observation_space
+        self._context_text = ""
+        self._context: list[int] = []
+        self._buffer: list[int] = []
+        self._done = True
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._start_turn(obs)
+        self._done = False
+        return self._observation(), info
+
+    def step(self, action: Any):
+        if self._done:
+            raise gym.error.ResetNeeded(
+                "the episode is over (terminated or truncated): call env.reset() before stepping again"
+            )
+        token = self._check_token(action)
+        self._buffer.append(token)
+        hit_eos = token == self.eos_token_id
+        if not hit_eos and len(self._buffer) < self.max_new_tokens:
+            return self._observation(), 0.0, False, False, {"task": self.unwrapped.task, "tokens": len(self._buffer)}
+        obs, reward, terminated, truncated, info = self.env.step(list(self._buffer))
+        info = {**info, "tokens": len(self._buffer), "finish_reason": "stop" if hit_eos else "length"}
+        if terminated or truncated:
+            self._done = True
+            if not hit_eos:  # the completion was cut at the token budget
+                terminated, truncated = False, True
+            self._context, self._context_text = list(obs.get("prompt_ids", [])), obs["prompt"]
+            self._buffer = []
+            return self._observation(), reward, terminated, truncated, info
+        self._start_turn(obs)  # multi-turn: the env replied; a new completion begins
+        return self._observation(), reward, False, False, info
+
+    def _start_turn(self, obs: dict[str, Any]) -> None:
+        self._context = obs["prompt_ids"].tolist()
+        self._context_text = obs["prompt"]
+        self._buffer = []
+
+    def _observation(self) -> dict[str, Any]:
+        text = self._context_text
+        if self._buffer:
+            text += self.tokenizer.decode(self._buffer, skip_special_tokens=True)
+        return {"prompt": text, "prompt_ids": as_token_array(self._context + self._buffer)}
+
+    def _check_token(self, action: Any) -> int:
+        if hasattr(action, "detach"):
+            action = action.detach().cpu().numpy()
+        if isinstance(action, np.ndarray) and action.shape == () and np.issubdtype(action.dtype, np.integer):
+            action = int(action)
+        if isinstance(action, bool) or not isinstance(action, (int, np.integer)):
+            raise TypeError(
+                f"a token-level action is one token id (int), got {type(action).__name__}: {action!r:.80}; "
+                f"to act with a whole completion use the sequence-level env (level='sequence')"
+            )
+        token = int(action)
+        if not 0 <= token < self.action_space.n:
+            raise ValueError(
+                f"token id {token} is outside the vocabulary [0, {self.action_space.n}): was it produced "
+                f"with a different tokenizer or model head?"
+            )
+        return token

@@ -1,0 +1,300 @@
+"""Verifiers turn ``(task, completion_text)`` into a :class:`~llmgym.Score`.
+
+A verifier never crashes the episode: an exception or a time-out inside it becomes reward 0.0 with
+the error in ``Score.info["error"]``. Any plain function ``(task, completion) -> float | Score`` is
+accepted wherever a verifier is; :func:`as_verifier` does the wrapping.
+
+Combinators build the reward shapes used for reasoning models: :class:`WeightedSum` (format +
+correctness), :class:`AllOf` (every judge must pass, as in CGPO), :class:`RegexFormat` (a format
+check) and :class:`LengthPenalty` (overlong shaping on text length).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Sequence, Union
+
+from llmgym.types import Score, Task
+
+__all__ = [
+    "Verifier",
+    "FunctionVerifier",
+    "as_verifier",
+    "WeightedSum",
+    "AllOf",
+    "RegexFormat",
+    "LengthPenalty",
+    "exact_match",
+]
+
+VerifierLike = Union["Verifier", Callable[[Task, str], Union[float, Score]]]
+
+
+def _to_score(value: Any) -> Score:
+    if isinstance(value, Score):
+        return value
+    if isinstance(value, bool) or isinstance(value, (int, float)):
+        return Score(float(value))
+    try:  # numpy / torch scalars
+        return Score(float(value))
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"a verifier must return a float or a Score, got {type(value).__name__}: {value!r:.80}"
+        ) from None
+
+
+class Verifier:
+    """Base class: override :meth:`verify`; call the verifier itself to get a safe :class:`Score`.
+
+    Args:
+        time_limit: seconds one verification may take; past it the reward is 0.0 and
+            ``info["error"]`` says "timeout". ``None`` means no limit. The limit is enforced with a
+            watchdog thread, so it works off the main thread and inside worker processes; a runaway
+            pure-Python check keeps its thread until it returns (use :mod:`llmgym.sandbox` for code
+            that must be killed).
+
+    Example:
+        >>> from llmgym import Task, Verifier
+        >>> class EndsWithAnswer(Verifier):
+        ...     def verify(self, task, completion):
+        ...         return float(completion.strip().endswith(str(task.answer)))
+        >>> v = EndsWithAnswer()
+        >>> v(Task("1+1=", answer=2), "it is 2").reward
+        1.0
+        >>> class Broken(Verifier):
+        ...     def verify(self, task, completion):
+        ...         raise RuntimeError("parser exploded")
+        >>> score = Broken()(Task("x"), "y")
+        >>> score.reward, score.info["error"]
+        (0.0, 'RuntimeError: parser exploded')
+    """
+
+    time_limit: float | None = None
+
+    def __init__(self, time_limit: float | None = None) -> None:
+        if time_limit is not None:
+            self.time_limit = time_limit
+
+    def verify(self, task: Task, completion: str) -> float | Score:  # pragma: no cover - abstract
+        """Judge one completion. Override this; return a float or a :class:`Score`."""
+        raise NotImplementedError(f"{type(self).__name__} must implement verify(task, completion)")
+
+    def __call__(self, task: Task, completion: str) -> Score:
+        return self._safe(task, completion)
+
+    def _safe(self, task: Task, completion: str) -> Score:
+        if self.time_limit is None:
+            return self._guarded(task, completion)
+        result: list[Score] = []
+        worker = threading.Thread(
+            target=lambda: result.append(self._guarded(task, completion)), daemon=True
+        )
+        worker.start()
+        worker.join(self.time_limit)
+        if worker.is_alive() or not result:
+            return Score(0.0, {"error": f"timeout: verification took longer than {self.time_limit} s"})
+        return result[0]
+
+    def _guarded(self, task: Task, completion: str) -> Score:
+        try:
+            return _to_score(self.verify(task, completion))
+        except Exception as exc:  # a verifier's failure is the completion's zero, never a crash
+            return Score(
+                0.0,
+                {
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(limit=5),
+                },
+            )
+
+    def verify_batch(
+        self, tasks: Sequence[Task], completions: Sequence[str], max_workers: int | None = None
+    ) -> list[Score]:
+        """Score many completions; with ``max_workers`` > 1 they run in a thread pool.
+
+        Subclasses whose checks are CPU-bound Python may override this with a process pool.
+        """
+        if len(tasks) != len(completions):
+            raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
+        if not max_workers or max_workers <= 1:
+            return [self(t, c) for t, c in zip(tasks, completions)]
+        with ThreadPoolExecutor(max_workers) as pool:
+            return list(pool.map(self, tasks, completions))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class FunctionVerifier(Verifier):
+    """A verifier made from a plain function ``(task, completion) -> float | Score``.
+
+    Example:
+        >>> from llmgym import Task
+        >>> from llmgym.verifiers import FunctionVerifier
+        >>> v = FunctionVerifier(lambda task, text: text == task.answer)
+        >>> v(Task("say hi", answer="hi"), "hi").reward
+        1.0
+    """
+
+    def __init__(self, fn: Callable[[Task, str], float | Score], time_limit: float | None = None):
+        if not callable(fn):
+            raise TypeError(f"a verifier must be callable as fn(task, completion), got {fn!r:.80}")
+        super().__init__(time_limit)
+        self.fn = fn
+
+    def verify(self, task: Task, completion: str) -> float | Score:
+        return self.fn(task, completion)
+
+    def __repr__(self) -> str:
+        return f"FunctionVerifier({getattr(self.fn, '__name__', repr(self.fn))})"
+
+
+def as_verifier(verifier: VerifierLike, time_limit: float | None = None) -> Verifier:
+    """Return ``verifier`` itself if it is a :class:`Verifier`, else wrap the function.
+
+    Example:
+        >>> from llmgym import Task, as_verifier
+        >>> as_verifier(lambda task, text: 0.5)(Task("q"), "a").reward
+        0.5
+    """
+    if isinstance(verifier, Verifier):
+        if time_limit is not None:
+            verifier.time_limit = time_limit
+        return verifier
+    return FunctionVerifier(verifier, time_limit=time_limit)
+
+
+def exact_match(task: Task, completion: str) -> float:
+    """1.0 when the stripped completion equals ``str(task.answer)``, else 0.0.
+
+    Example:
+        >>> from llmgym import Task
+        >>> from llmgym.verifiers import exact_match
+        >>> exact_match(Task("1+1=", answer=2), " 2 ")
+        1.0
+    """
+    return float(completion.strip() == str(task.answer).strip())
+
+
+class WeightedSum(Verifier):
+    """``reward = Σ w_i · reward_i`` over named parts; each part's score lands in ``info[name]``.
+
+    Example:
+        >>> from llmgym import Task
+        >>> from llmgym.verifiers import WeightedSum, RegexFormat, exact_match
+        >>> v = WeightedSum({"format": (0.2, RegexFormat(r"\\d+")), "correct": (0.8, exact_match)})
+        >>> v(Task("1+1=", answer=2), "2").reward
+        1.0
+        >>> round(v(Task("1+1=", answer=2), "3").reward, 3)
+        0.2
+    """
+
+    def __init__(self, parts: dict[str, tuple[float, VerifierLike]], time_limit: float | None = None):
+        super().__init__(time_limit)
+        if not parts:
+            raise ValueError("WeightedSum needs at least one part: {'name': (weight, verifier)}")
+        self.parts = {name: (float(w), as_verifier(v)) for name, (w, v) in parts.items()}
+
+    def verify(self, task: Task, completion: str) -> Score:
+        total, info = 0.0, {}
+        for name, (weight, verifier) in self.parts.items():
+            score = verifier(task, completion)
+            total += weight * score.reward
+            info[name] = {"reward": score.reward, **score.info}
+        return Score(total, info)
+
+
+class AllOf(Verifier):
+    """Every judge must pass (reward ≥ ``threshold``): then ``reward`` is ``reward_if_all``, else 0.
+
+    This is the "judges as constraints" combination (CGPO): a correct answer that breaks a format
+    rule earns nothing.
+
+    Example:
+        >>> from llmgym import Task
+        >>> from llmgym.verifiers import AllOf, RegexFormat, exact_match
+        >>> v = AllOf([RegexFormat(r"^\\d+$"), exact_match])
+        >>> v(Task("q", answer="7"), "7").reward, v(Task("q", answer="7"), "8").reward
+        (1.0, 0.0)
+    """
+
+    def __init__(
+        self,
+        judges: Iterable[VerifierLike],
+        threshold: float = 1.0,
+        reward_if_all: float = 1.0,
+        time_limit: float | None = None,
+    ):
+        super().__init__(time_limit)
+        self.judges = [as_verifier(j) for j in judges]
+        if not self.judges:
+            raise ValueError("AllOf needs at least one judge")
+        self.threshold, self.reward_if_all = threshold, reward_if_all
+
+    def verify(self, task: Task, completion: str) -> Score:
+        scores = [j(task, completion) for j in self.judges]
+        info = {f"judge_{i}": {"reward": s.reward, **s.info} for i, s in enumerate(scores)}
+        passed = all(s.reward >= self.threshold for s in scores)
+        return Score(self.reward_if_all if passed else 0.0, info)
+
+
+class RegexFormat(Verifier):
+    """1.0 when the completion matches ``pattern`` (``re.search``, DOTALL), else 0.0.
+
+    Example:
+        >>> from llmgym import Task
+        >>> from llmgym.verifiers import RegexFormat
+        >>> fmt = RegexFormat(r"^<think>.*</think>\\s*<answer>.*</answer>$")
+        >>> fmt(Task("q"), "<think>hm</think><answer>4</answer>").reward
+        1.0
+    """
+
+    def __init__(self, pattern: str, flags: int = re.DOTALL, time_limit: float | None = None):
+        super().__init__(time_limit)
+        self.pattern = re.compile(pattern, flags)
+
+    def verify(self, task: Task, completion: str) -> Score:
+        return Score(float(bool(self.pattern.search(completion))), {"pattern": self.pattern.pattern})
+
+
+class LengthPenalty(Verifier):
+    """Wrap a verifier and subtract a soft overlong penalty on the completion's length.
+
+    With ``L`` the length (characters, or tokens when ``tokenizer`` is given), ``Lmax`` = ``max_length``
+    and ``Lc`` = ``cache_length``: penalty 0 for ``L ≤ Lmax − Lc``, ``(L − (Lmax − Lc)) / Lc`` inside
+    the cache band, 1 beyond ``Lmax`` (DAPO's soft overlong punishment, applied to any verifier).
+
+    Example:
+        >>> from llmgym import Task
+        >>> from llmgym.verifiers import LengthPenalty
+        >>> v = LengthPenalty(lambda t, c: 1.0, max_length=10, cache_length=4)
+        >>> [v(Task("q"), "x" * n).reward for n in (6, 8, 12)]
+        [1.0, 0.5, 0.0]
+    """
+
+    def __init__(
+        self,
+        inner: VerifierLike,
+        max_length: int,
+        cache_length: int,
+        tokenizer: Any = None,
+        time_limit: float | None = None,
+    ):
+        super().__init__(time_limit)
+        if not 0 < cache_length <= max_length:
+            raise ValueError(f"need 0 < cache_length <= max_length, got {cache_length}, {max_length}")
+        self.inner, self.max_length, self.cache_length = as_verifier(inner), max_length, cache_length
+        self.tokenizer = tokenizer
+
+    def verify(self, task: Task, completion: str) -> Score:
+        score = self.inner(task, completion)
+        if self.tokenizer is not None:
+            length = len(self.tokenizer.encode(completion, add_special_tokens=False))
+        else:
+            length = len(completion)
+        free = self.max_length - self.cache_length
+        penalty = min(1.0, max(0.0, (length - free) / self.cache_length))
+        return Score(score.reward - penalty, {**score.info, "length": length, "length_penalty": penalty})
