@@ -1,0 +1,30 @@
+"""Algorithm-agnostic agents over the plain Gymnasium API.
+
+Each agent is a short composition of the pure functions in :mod:`agents.functional` plus its
+config. ``act`` / ``collect`` / ``update`` / ``learn`` work on any llmgym env, at sequence level,
+token level or multi-turn.
+
+Example:
+    >>> from agents import REINFORCE, RLOO, PPO, GRPO, DAPO
+    >>> sorted(a.name for a in (REINFORCE, RLOO, PPO, GRPO, DAPO))
+    ['dapo', 'grpo', 'ppo', 'reinforce', 'rloo']
+"""
+
+from agents.base import Agent, AgentConfig
+from agents.dapo import DAPO, DAPOConfig
+from agents.grpo import GRPO, GSPO, DrGRPO, DrGRPOConfig, GRPOConfig, GSPOConfig
+from agents.ppo import PPO, PPOConfig
+from agents.reinforce import REINFORCE, REINFORCEConfig, REINFORCEPlusPlus, REINFORCEPlusPlusConfig, ReMax, ReMaxConfig
+from agents.rloo import RLOO, RLOOConfig
+
+AGENTS: dict[str, type[Agent]] = {
+    cls.name: cls for cls in (REINFORCE, RLOO, PPO, GRPO, DAPO, DrGRPO, GSPO, REINFORCEPlusPlus, ReMax)
+}
+"""Agents by their command-line name."""
+
+__all__ = [
+    "Agent", "AgentConfig", "AGENTS",
+    "REINFORCE", "REINFORCEConfig", "RLOO", "RLOOConfig", "PPO", "PPOConfig",
+    "GRPO", "GRPOConfig", "DAPO", "DAPOConfig", "DrGRPO", "DrGRPOConfig", "GSPO", "GSPOConfig",
+    "REINFORCEPlusPlus", "REINFORCEPlusPlusConfig", "ReMax", "ReMaxConfig",
+]

@@ -1,0 +1,351 @@
+"""What every agent shares: collecting rollouts, the learner's forward pass, the optimiser step,
+the training loop, checkpoints. An algorithm subclasses :class:`Agent` and writes two things that
+read like its paper: :meth:`Agent.compute_advantages` and :meth:`Agent.loss`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Iterable
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from agents import functional as F
+from llmgym.batch import Batch
+from llmgym.engines import HFEngine, SamplingParams
+from llmgym.engines.sampling import row_keys, sample_next_token
+from llmgym.rollout import collect_episodes, is_token_level
+
+__all__ = ["AgentConfig", "Agent", "ForwardOutput"]
+
+
+@dataclasses.dataclass
+class AgentConfig:
+    """Settings every agent understands. Algorithms subclass this with their own defaults.
+
+    Attributes:
+        seed: fixes task draws and every sampled token (with the same model, same batches).
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        tasks_per_step: distinct tasks (prompts) per batch.
+        group_size: completions sampled per task (G); 1 for non-group methods.
+        max_new_tokens: token budget per completion (per turn).
+        temperature, top_p: sampling; log-probs are of the tempered policy (see ``llmgym.engines``).
+        update_epochs: passes over each batch (PPO-style reuse); 1 = on-policy.
+        minibatch_size: episodes per optimiser step; ``None`` = the whole batch.
+        max_grad_norm: gradient clipping (``None`` = off).
+        kl_coef: β of the KL to a frozen reference policy; 0 loads no reference model.
+        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (Schulman's estimators).
+        kl_placement: ``"loss"`` (β·KL added to the per-token loss, as GRPO) or ``"reward"``
+            (−β·KL added to the per-token reward, as PPO-RLHF/RLOO).
+        entropy_coef: weight of an entropy bonus in the loss.
+        loss_agg: how per-token losses become a scalar (see ``agents.functional.aggregate_loss``).
+        clip_low, clip_high: PPO ratio clipping ε (clip-higher when ``clip_high > clip_low``).
+        dual_clip: dual-clip bound c > 1 for negative advantages (``None`` = off).
+    """
+
+    seed: int = 0
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    tasks_per_step: int = 8
+    group_size: int = 4
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    update_epochs: int = 1
+    minibatch_size: int | None = None
+    max_grad_norm: float | None = 1.0
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    kl_placement: str = "loss"
+    entropy_coef: float = 0.0
+    loss_agg: str = "token-mean"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kl_placement not in ("loss", "reward"):
+            raise ValueError(f"kl_placement must be 'loss' or 'reward', got {self.kl_placement!r}")
+        if self.kl_estimator not in F.KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator must be one of {sorted(F.KL_ESTIMATORS)}, got {self.kl_estimator!r}")
+        if self.loss_agg not in F.LOSS_AGG_MODES:
+            raise ValueError(f"loss_agg must be one of {F.LOSS_AGG_MODES}, got {self.loss_agg!r}")
+        for name in ("tasks_per_step", "group_size", "max_new_tokens", "update_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class ForwardOutput:
+    """The learner's view of a (mini)batch: ``[N, L-1]`` tensors aligned with ``Batch``."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor | None = None
+
+
+class Agent:
+    """Base class of all agents: ``act``, ``collect``, ``update``, ``learn``.
+
+    Args:
+        model: a ``transformers`` causal LM (the policy; trained in place).
+        tokenizer: its tokenizer.
+        config: the algorithm's config dataclass; keyword ``overrides`` replace its fields.
+        engine: a rollout engine; defaults to :class:`llmgym.engines.HFEngine` over ``model``.
+
+    Subclasses implement :meth:`compute_advantages` (fill ``batch.advantages``) and :meth:`loss`.
+    """
+
+    config_class: type[AgentConfig] = AgentConfig
+    name = "agent"
+
+    def __init__(self, model, tokenizer, config: AgentConfig | None = None, *, engine=None, **overrides: Any):
+        config = config if config is not None else self.config_class()
+        if overrides:
+            unknown = set(overrides) - {f.name for f in dataclasses.fields(config)}
+            if unknown:
+                raise TypeError(
+                    f"unknown {type(config).__name__} field(s) {sorted(unknown)}; valid fields: "
+                    f"{sorted(f.name for f in dataclasses.fields(config))}"
+                )
+            config = dataclasses.replace(config, **overrides)
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.engine = engine if engine is not None else HFEngine(model, tokenizer)
+        self.device = next(model.parameters()).device
+        self.ref_model = self._make_reference() if config.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(self.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.level = "sequence"
+        self.step_count = 0
+        self._act_calls = 0
+        self._rng = torch.Generator().manual_seed(config.seed)
+
+    # -- pieces subclasses may extend -------------------------------------------------------------
+    def parameters(self) -> Iterable[torch.nn.Parameter]:
+        """Parameters the optimiser trains (PPO adds its value head)."""
+        return list(self.model.parameters())
+
+    def _make_reference(self):
+        ref = copy.deepcopy(self.model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    def sampling(self, **overrides: Any) -> SamplingParams:
+        c = self.config
+        params = dict(n=1, temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens)
+        return SamplingParams(**{**params, **overrides})
+
+    # -- acting -----------------------------------------------------------------------------------
+    def act(self, obs: dict[str, Any], level: str | None = None):
+        """One action for ``obs``: a completion's token ids (sequence level) or one token id (token level).
+
+        ``level`` defaults to the level of the env this agent last collected from (or ``"sequence"``).
+        """
+        level = level or self.level
+        ids = [int(t) for t in obs["prompt_ids"]]
+        key = row_keys(self.config.seed + 104_729 * self._act_calls, 1)
+        self._act_calls += 1
+        if level == "token":
+            logits = self.engine.next_token_logits([ids])
+            token, _ = sample_next_token(logits, torch.tensor(key, device=logits.device),
+                                         torch.zeros(1, dtype=torch.long, device=logits.device),
+                                         self.config.temperature, self.config.top_p)
+            return int(token[0])
+        if level != "sequence":
+            raise ValueError(f"level must be 'sequence' or 'token', got {level!r}")
+        completion = self.engine.generate([ids], self.sampling(), keys=key)[0][0]
+        return np.asarray(completion.token_ids, dtype=np.int64)
+
+    def collect(self, env: gym.Env, num_tasks: int | None = None) -> Batch:
+        """Roll out ``tasks_per_step × group_size`` episodes of ``env`` (any level) into a :class:`Batch`."""
+        self.level = "token" if is_token_level(env) else "sequence"
+        seed = self.config.seed * 1_000_003 + self.step_count * 7_919 + getattr(self, "_extra_draws", 0)
+        episodes, stats = collect_episodes(
+            env, self.engine, num_tasks=num_tasks or self.config.tasks_per_step,
+            group_size=self.config.group_size, sampling=self.sampling(), seed=seed,
+        )
+        batch = Batch.from_episodes(episodes, self.engine.pad_id)
+        batch.stats = stats
+        batch.episodes = episodes
+        return batch
+
+    # -- learning ---------------------------------------------------------------------------------
+    def forward(self, batch: Batch, model=None, with_values: bool = False) -> ForwardOutput:
+        """Teacher-forced log-probs and entropy of ``batch``'s tokens under ``model`` (the policy)."""
+        model = model if model is not None else self.model
+        attn = batch.attention_mask
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=batch.input_ids, attention_mask=attn, position_ids=positions,
+                    output_hidden_states=with_values)
+        t = self.config.temperature if self.config.temperature > 0 else 1.0
+        logits = out.logits[:, :-1].float() / t
+        logprobs = F.logprobs_from_logits(logits, batch.input_ids[:, 1:])
+        entropy = F.entropy_from_logits(logits)
+        values = self.value(out.hidden_states[-1][:, :-1]) if with_values else None
+        return ForwardOutput(logprobs, entropy, values)
+
+    def value(self, hidden: torch.Tensor) -> torch.Tensor:  # pragma: no cover - PPO only
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+        return self.forward(batch, model=self.ref_model).logprobs
+
+    def kl_rewards(self, batch: Batch) -> torch.Tensor:
+        """Per-token rewards with −β·KL folded in when ``kl_placement == "reward"``."""
+        rewards = batch.token_rewards
+        if self.ref_model is not None and self.config.kl_placement == "reward":
+            kl = F.kl_estimate(batch.old_logprobs, batch.ref_logprobs, self.config.kl_estimator)
+            rewards = rewards - self.config.kl_coef * kl * batch.action_mask
+        return rewards
+
+    def compute_advantages(self, batch: Batch) -> None:  # pragma: no cover - abstract
+        """Fill ``batch.advantages`` (``[N, L-1]``, 0 off the action mask)."""
+        raise NotImplementedError
+
+    def loss(self, batch: Batch, out: ForwardOutput) -> tuple[torch.Tensor, dict[str, float]]:  # pragma: no cover
+        """The scalar loss of a minibatch and its diagnostics."""
+        raise NotImplementedError
+
+    def kl_loss_term(self, batch: Batch, out: ForwardOutput) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``β · KL_t`` per token when ``kl_placement == "loss"`` (else 0), and the KL itself."""
+        if self.ref_model is None:
+            return torch.zeros_like(out.logprobs), None
+        kl = F.kl_estimate(out.logprobs, batch.ref_logprobs, self.config.kl_estimator)
+        if self.config.kl_placement == "loss":
+            return self.config.kl_coef * kl, kl
+        return torch.zeros_like(out.logprobs), kl
+
+    def prepare(self, batch: Batch) -> Batch:
+        """Everything computed once per batch before the optimiser steps."""
+        if self.ref_model is not None:
+            batch.ref_logprobs = self.reference_logprobs(batch)
+        self.compute_advantages(batch)
+        return batch
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Optimise on ``batch`` (``update_epochs`` passes over minibatches); return mean diagnostics."""
+        batch = self.prepare(batch.to(self.device))
+        c = self.config
+        size = c.minibatch_size or len(batch)
+        # one step on the whole batch: the current log-probs detached are π_old exactly (ratio 1)
+        on_policy = c.update_epochs == 1 and size >= len(batch)
+        sums: dict[str, float] = {}
+        count = 0
+        self.model.train()
+        for _ in range(c.update_epochs):
+            for mb in (batch.minibatches(size, self._rng) if size < len(batch) else [batch]):
+                out = self.forward(mb, with_values=getattr(self, "uses_values", False))
+                if on_policy:
+                    mb.old_logprobs = out.logprobs.detach()
+                loss, stats = self.loss(mb, out)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if c.max_grad_norm is not None:
+                    stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.parameters(), c.max_grad_norm))
+                self.optimizer.step()
+                stats["loss"] = float(loss.detach())
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                count += 1
+        self.step_count += 1
+        return {k: v / count for k, v in sums.items()}
+
+    def policy_stats(self, batch: Batch, out: ForwardOutput, is_clipped=None, kl=None) -> dict[str, float]:
+        """Diagnostics common to every agent: entropy, KL (both estimators), clip fraction."""
+        mask = batch.action_mask
+        stats = {"entropy": float(F.masked_mean(out.entropy.detach(), mask))}
+        if kl is not None:
+            stats["kl"] = float(F.masked_mean(kl.detach(), mask))
+            stats["kl_k1"] = float(F.masked_mean(F.kl_k1(out.logprobs.detach(), batch.ref_logprobs), mask))
+        if is_clipped is not None:
+            stats["clip_frac"] = float(F.clip_fraction(is_clipped, mask))
+        # how far π_old is from the current policy (0 at an on-policy step), both estimators
+        stats["approx_kl_old_k1"] = float(F.masked_mean(F.kl_k1(out.logprobs.detach(), batch.old_logprobs), mask))
+        stats["approx_kl_old_k3"] = float(F.masked_mean(F.kl_k3(out.logprobs.detach(), batch.old_logprobs), mask))
+        return stats
+
+    def learn(
+        self,
+        env: gym.Env,
+        steps: int,
+        *,
+        callback: Callable[[dict[str, float]], Any] | None = None,
+        progress: bool = False,
+    ) -> list[dict[str, float]]:
+        """Collect and update ``steps`` times; return the per-step metrics.
+
+        Every entry has ``step``, ``reward_mean``, ``reward_std``, ``loss``, ``kl`` (NaN where no
+        KL is defined), ``entropy``, ``clip_frac`` (NaN where there is no clipping),
+        ``tokens_per_s`` and ``wall_s``. A ``callback`` returning ``False`` stops early.
+        """
+        history: list[dict[str, float]] = []
+        bar = None
+        if progress:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                           TextColumn("reward {task.fields[reward]:.3f}"), TimeRemainingColumn())
+            bar.start()
+            job = bar.add_task(f"{self.name}", total=steps, reward=float("nan"))
+        try:
+            for _ in range(steps):
+                started = time.perf_counter()
+                batch = self.collect(env)
+                metrics = self.update(batch)
+                row = {
+                    "step": self.step_count,
+                    "reward_mean": float(batch.rewards.mean()),
+                    "reward_std": float(batch.rewards.std()) if len(batch) > 1 else 0.0,
+                    "kl": math.nan,
+                    "clip_frac": math.nan,
+                    **metrics,
+                    "tokens_per_s": batch.stats.get("tokens_per_s", math.nan),
+                    "completion_len": float(batch.lengths.mean()),
+                    "wall_s": time.perf_counter() - started,
+                }
+                history.append(row)
+                if bar is not None:
+                    bar.update(job, advance=1, reward=row["reward_mean"])
+                if callback is not None and callback(row) is False:
+                    break
+        finally:
+            if bar is not None:
+                bar.stop()
+        return history
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly: weights, optimiser, counters, RNG."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step_count": self.step_count,
+            "act_calls": self._act_calls,
+            "rng": self._rng.get_state(),
+            "config": dataclasses.asdict(self.config),
+            "extra": self.extra_state(),
+        }
+
+    def extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step_count = state["step_count"]
+        self._act_calls = state["act_calls"]
+        self._rng.set_state(state["rng"])
+        self.load_extra_state(state.get("extra", {}))
+        self.engine.sync_weights(self.model)
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
+        pass

@@ -1,0 +1,109 @@
+"""DAPO (Yu et al., 2025): GRPO with clip-higher, dynamic sampling, token-level loss, overlong shaping.
+
+1. Clip-higher: ε_low = 0.2, ε_high = 0.28, so low-probability tokens can still rise.
+2. Dynamic sampling: groups whose rewards are all equal carry no signal; drop them and draw more
+   tasks until the batch holds ``tasks_per_step`` informative groups (at most ``max_extra_draws``
+   extra draws).
+3. Token-level policy-gradient loss: every token of the batch weighs the same ("token-mean").
+4. Overlong reward shaping: a soft penalty as completions approach the budget; truncated completions
+   can also be masked out of the loss.
+5. No KL term.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from agents import functional as F
+from agents.base import AgentConfig
+from agents.grpo import GRPO, GRPOConfig
+from llmgym.batch import Batch
+from llmgym.rollout import collect_episodes
+
+__all__ = ["DAPOConfig", "DAPO"]
+
+
+@dataclasses.dataclass
+class DAPOConfig(GRPOConfig):
+    """DAPO settings.
+
+    Attributes:
+        dynamic_sampling: drop all-equal groups and draw more.
+        max_extra_draws: cap on extra draws per step (each draws ``tasks_per_step`` more tasks).
+        overlong_shaping: add DAPO's soft overlong penalty to the reward.
+        overlong_cache: the penalty band ``L_cache`` in tokens (default: a quarter of max_new_tokens).
+        mask_truncated: exclude completions cut at the token budget from the loss (overlong filtering).
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    loss_agg: str = "token-mean"
+    dynamic_sampling: bool = True
+    max_extra_draws: int = 3
+    overlong_shaping: bool = True
+    overlong_cache: int | None = None
+    mask_truncated: bool = True
+
+
+class DAPO(GRPO):
+    """Decoupled clip and dynamic sampling policy optimisation.
+
+    Example:
+        >>> import gymnasium, llmgym
+        >>> from llmgym.models import load_model
+        >>> from agents import DAPO
+        >>> model, tok = load_model("tiny")
+        >>> agent = DAPO(model, tok, tasks_per_step=2, group_size=4, max_new_tokens=4)
+        >>> (agent.config.clip_low, agent.config.clip_high, agent.ref_model)
+        (0.2, 0.28, None)
+    """
+
+    config_class = DAPOConfig
+    name = "dapo"
+
+    def collect(self, env, num_tasks=None) -> Batch:
+        c = self.config
+        want = num_tasks or c.tasks_per_step
+        kept, draws = [], 0
+        self._extra_draws = 0
+        last = None
+        while True:
+            batch = super().collect(env, want)
+            last = batch
+            groups = [batch.episodes[i:i + c.group_size] for i in range(0, len(batch.episodes), c.group_size)]
+            informative = [g for g in groups if len({e.total_reward for e in g}) > 1] if c.dynamic_sampling else groups
+            kept += informative
+            if len(kept) >= want or not c.dynamic_sampling or draws >= c.max_extra_draws:
+                break
+            draws += 1
+            self._extra_draws = draws  # a fresh seed for the next draw within this step
+        self._extra_draws = 0
+        if not kept:  # nothing informative within the cap: learn nothing from this step, honestly
+            kept = [last.episodes[i:i + c.group_size] for i in range(0, len(last.episodes), c.group_size)]
+        kept = kept[:want]
+        episodes = []
+        for g, group in enumerate(kept):
+            for e in group:
+                e.group = g
+                episodes.append(e)
+        out = Batch.from_episodes(episodes, self.engine.pad_id)
+        out.stats = {**last.stats, "extra_draws": float(draws), "kept_groups": float(len(kept))}
+        out.episodes = episodes
+        return out
+
+    def compute_advantages(self, batch: Batch) -> None:
+        c = self.config
+        rewards = batch.rewards
+        if c.overlong_shaping:
+            cache = c.overlong_cache or max(1, c.max_new_tokens // 4)
+            rewards = rewards + F.overlong_penalty(batch.lengths, c.max_new_tokens, cache)
+        advantages = F.group_advantages(rewards.view(-1, c.group_size), normalize_std=c.normalize_std).view(-1)
+        batch.advantages = advantages[:, None] * batch.action_mask
+
+    def loss_mask(self, batch: Batch):
+        if self.config.mask_truncated:
+            return batch.action_mask * (~batch.truncated).float()[:, None]
+        return batch.action_mask

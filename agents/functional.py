@@ -1,0 +1,1057 @@
+"""Shared math of the agents: advantages, policy/value losses, KL estimators, loss aggregation.
+
+Every function here is a pure function of tensors: no module state, no config objects, no
+Python loop over samples (the only loops are the reversed loops over time steps of the recursive
+GAE / discounted-return computations). An agent is a short composition of these functions.
+
+Conventions
+-----------
+* ``B`` is the batch size (number of sequences), ``T`` the padded number of completion positions,
+  ``V`` the vocabulary size.
+* ``mask`` is a float or bool tensor ``[B, T]``: 1 (True) at positions that count — the tokens the
+  policy generated — and 0 (False) at padding *and* at environment tokens of multi-turn episodes.
+  A float mask may carry weights; only ``mask != 0`` decides which positions are valid.
+* Values at masked positions never leak into outputs: they are selected away with ``torch.where``
+  (not multiplied by 0), so even ``inf``/``nan`` padding cannot turn a result into NaN.
+* All-masked rows and all-equal groups give 0, never NaN.
+* Advantages, returns and old/ref log-probs are data, not functions of the parameters being
+  trained: the losses detach them, so a stray graph cannot leak gradients into the wrong place.
+
+References: PPO (Schulman et al. 2017), GAE (Schulman et al. 2016), dual-clip PPO (Ye et al. 2020),
+GRPO (Shao et al. 2024, DeepSeekMath), DAPO (Yu et al. 2025), RLOO (Ahmadian et al. 2024),
+Dr. GRPO (Liu et al. 2025), GSPO (Zheng et al. 2025), REINFORCE++ (Hu 2025), ReMax (Li et al. 2023),
+KL estimators k1/k2/k3 (Schulman 2020, "Approximating KL divergence").
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    # masked statistics
+    "masked_sum",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    # returns and advantages
+    "discounted_returns",
+    "gae_advantages",
+    "baseline_advantages",
+    "group_advantages",
+    "rloo_advantages",
+    "batch_whitened_advantages",
+    "remax_advantages",
+    # rewards
+    "token_level_rewards",
+    "kl_penalised_rewards",
+    "overlong_penalty",
+    # log-probs, entropy and KL
+    "logprobs_from_logits",
+    "entropy_from_logits",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "kl_estimate",
+    "KL_ESTIMATORS",
+    # losses
+    "policy_gradient_loss",
+    "clipped_surrogate_loss",
+    "sequence_ratio_surrogate_loss",
+    "clipped_value_loss",
+    "aggregate_loss",
+    "LOSS_AGG_MODES",
+    # diagnostics
+    "explained_variance",
+    "clip_fraction",
+]
+
+# exp() of a log-ratio above this overflows float16/bfloat16-friendly ranges and only happens for
+# samples so off-policy that their ratio is clipped anyway; clamping keeps the loss finite.
+_MAX_LOG_RATIO = 20.0
+
+
+# --------------------------------------------------------------------------------------------
+# helpers (private)
+# --------------------------------------------------------------------------------------------
+
+
+def _valid(mask: Tensor) -> Tensor:
+    """Bool view of a float/bool mask: True where the position counts."""
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _weights(mask: Tensor, like: Tensor) -> Tensor:
+    """Mask as a floating tensor of ``like``'s dtype (bool -> 0./1.; float weights kept)."""
+    return mask.to(like.dtype) if like.is_floating_point() else mask.to(torch.get_default_dtype())
+
+
+def _as_float(x: Tensor) -> Tensor:
+    return x if x.is_floating_point() else x.to(torch.get_default_dtype())
+
+
+def _expand_to(x: Tensor, ref: Tensor) -> Tensor:
+    """Broadcast per-sequence ``x [B]`` against per-token ``ref [B, T]`` (adds a trailing dim)."""
+    while x.dim() < ref.dim():
+        x = x.unsqueeze(-1)
+    return x
+
+
+# --------------------------------------------------------------------------------------------
+# masked statistics
+# --------------------------------------------------------------------------------------------
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
+    """Sum of ``x`` over the valid positions of ``mask``.
+
+    Formula: ``Σ_t m_t · x_t`` (masked entries of ``x`` are ignored, even if they are inf/nan).
+
+    Args:
+        x: any shape, e.g. ``[B, T]``.
+        mask: same shape as ``x`` (bool or float).
+        dim: dimension to reduce; ``None`` reduces everything to a scalar.
+
+    Returns:
+        scalar if ``dim is None`` else ``x`` reduced over ``dim`` (e.g. ``[B]``).
+
+    Example:
+        >>> x = torch.tensor([[1., 2., 3.], [4., 5., 6.]])
+        >>> m = torch.tensor([[1, 1, 0], [1, 0, 0]])
+        >>> masked_sum(x, m)
+        tensor(7.)
+        >>> masked_sum(x, m, dim=1)
+        tensor([3., 4.])
+    """
+    x = _as_float(x)
+    w = _weights(mask, x)
+    xw = torch.where(_valid(mask), x, torch.zeros_like(x)) * w
+    return xw.sum() if dim is None else xw.sum(dim=dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
+    """Mean of ``x`` over the valid positions of ``mask``; 0 where nothing is valid.
+
+    Formula: ``Σ_t m_t x_t / Σ_t m_t`` (denominator clamped so an empty row gives 0, not NaN).
+
+    Args:
+        x: any shape, e.g. ``[B, T]``.
+        mask: same shape as ``x`` (bool or float).
+        dim: dimension to reduce; ``None`` reduces everything to a scalar.
+
+    Returns:
+        scalar if ``dim is None`` else ``x`` reduced over ``dim``.
+
+    Example:
+        >>> x = torch.tensor([[1., 2., 3.], [4., 5., 6.]])
+        >>> m = torch.tensor([[1, 1, 0], [0, 0, 0]])
+        >>> masked_mean(x, m)
+        tensor(1.5000)
+        >>> masked_mean(x, m, dim=1)  # empty second row -> 0
+        tensor([1.5000, 0.0000])
+    """
+    x = _as_float(x)
+    num = masked_sum(x, mask, dim)
+    den = _weights(mask, x).sum() if dim is None else _weights(mask, x).sum(dim=dim)
+    return num / den.clamp(min=torch.finfo(x.dtype).tiny)
+
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance of ``x`` over all valid positions of ``mask`` (a scalar).
+
+    Formula: ``μ = masked_mean(x)``, ``var = Σ m (x − μ)² / (n − 1)`` with ``n = Σ m``
+    (``unbiased=True``, Bessel's correction, as ``torch.var``), or ``/ n`` when ``unbiased=False``.
+    With fewer than two valid entries (``n ≤ 1`` unbiased, ``n = 0`` biased) the result is 0.
+
+    Args:
+        x: any shape.
+        mask: same shape as ``x``.
+        unbiased: apply Bessel's correction.
+
+    Returns:
+        scalar tensor.
+
+    Example:
+        >>> masked_var(torch.tensor([1., 3., 100.]), torch.tensor([1, 1, 0]))  # (1+1)/(2-1)
+        tensor(2.)
+        >>> masked_var(torch.tensor([1., 3., 100.]), torch.tensor([1, 1, 0]), unbiased=False)
+        tensor(1.)
+    """
+    x = _as_float(x)
+    mean = masked_mean(x, mask)
+    sq_dev = masked_sum((x - mean) ** 2, mask)
+    n = _weights(mask, x).sum()
+    den = n - 1 if unbiased else n
+    var = sq_dev / den.clamp(min=torch.finfo(x.dtype).tiny)
+    return torch.where(den > 0, var, torch.zeros_like(var))
+
+
+def masked_whiten(
+    x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> Tensor:
+    """Standardise ``x`` with the mean and (unbiased) variance of its valid positions.
+
+    Formula: ``(x − μ) / sqrt(var + eps)``; with ``shift_mean=False`` the mean is added back,
+    ``(x − μ) / sqrt(var + eps) + μ`` (scale only). Masked positions of the output are 0.
+
+    Args:
+        x: any shape, e.g. ``[B, T]``.
+        mask: same shape as ``x``.
+        shift_mean: subtract the mean (True) or only rescale (False).
+        eps: added to the variance so constant inputs give 0, not NaN.
+
+    Returns:
+        tensor of ``x``'s shape.
+
+    Example:
+        >>> x = torch.tensor([[1., 3.], [5., 99.]])
+        >>> m = torch.tensor([[1, 1], [1, 0]])
+        >>> masked_whiten(x, m)  # μ = 3, var = (4 + 0 + 4)/2 = 4 -> (x - 3)/2
+        tensor([[-1.,  0.],
+                [ 1.,  0.]])
+    """
+    x = _as_float(x)
+    mean = masked_mean(x, mask)
+    var = masked_var(x, mask)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(_valid(mask), whitened, torch.zeros_like(whitened))
+
+
+# --------------------------------------------------------------------------------------------
+# returns and advantages
+# --------------------------------------------------------------------------------------------
+
+
+def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """Reward-to-go over policy positions: ``G_t = r_t + γ G_{t'}``.
+
+    ``t'`` is the next *valid* position after ``t`` (``G = 0`` after the last one). Masked positions
+    (padding, environment tokens) are skipped: they add no reward and do not count as a step of
+    discount. The output is 0 at masked positions. Put rewards at policy positions (see
+    :func:`token_level_rewards`); a reward at a masked position is ignored.
+
+    Args:
+        rewards: ``[B, T]`` per-position rewards.
+        mask: ``[B, T]``.
+        gamma: discount factor γ.
+
+    Returns:
+        ``[B, T]`` returns (detached: they are regression / advantage targets).
+
+    Example:
+        >>> r = torch.tensor([[0., 0., 1.], [1., 0., 2.]])
+        >>> m = torch.tensor([[1, 1, 1], [1, 0, 1]])  # row 2: position 1 is an env token
+        >>> discounted_returns(r, m, gamma=0.5)  # row 2: G_2 = 2, G_0 = 1 + 0.5*2 (one step)
+        tensor([[0.2500, 0.5000, 1.0000],
+                [2.0000, 0.0000, 2.0000]])
+    """
+    rewards = _as_float(rewards).detach()
+    valid = _valid(mask)
+    rewards = torch.where(valid, rewards, torch.zeros_like(rewards))
+    running = torch.zeros_like(rewards[:, 0])
+    out = []
+    for t in reversed(range(rewards.shape[1])):
+        # a masked step leaves the running return untouched, so it is not a step of discount
+        running = torch.where(valid[:, t], rewards[:, t] + gamma * running, running)
+        out.append(torch.where(valid[:, t], running, torch.zeros_like(running)))
+    return torch.stack(out[::-1], dim=1)
+
+
+def gae_advantages(
+    rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    *,
+    last_values: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation GAE(γ, λ) over policy positions only.
+
+    Formulas (Schulman et al. 2016), with ``t'`` the next *valid* position after ``t``:
+
+    * ``δ_t = r_t + γ V_{t'} − V_t`` (``V_{t'} = 0`` after the last valid position, or
+      ``last_values`` to bootstrap a truncated episode);
+    * ``A_t = δ_t + γ λ A_{t'}`` (``A = 0`` after the last valid position);
+    * ``returns_t = A_t + V_t`` (the λ-return, the value-function target).
+
+    Masked positions are skipped entirely, so environment tokens between two turns do not count
+    as time steps, and the rewards/values stored there cannot change any output at a valid
+    position. Both outputs are 0 at masked positions.
+
+    Args:
+        rewards: ``[B, T]``.
+        values: ``[B, T]`` value estimates ``V(s_t)``.
+        mask: ``[B, T]``.
+        gamma: discount factor γ.
+        lam: GAE λ (λ = 1: Monte-Carlo return minus V; λ = 0: one-step TD error).
+        last_values: optional ``[B]`` value of the state after the last valid position
+            (for episodes cut by a limit rather than terminated); default 0.
+
+    Returns:
+        ``(advantages [B, T], returns [B, T])``, both detached.
+
+    Example:
+        >>> r = torch.tensor([[0., 0., 1.]])
+        >>> v = torch.tensor([[0.5, 0.5, 0.5]])
+        >>> m = torch.ones(1, 3)
+        >>> adv, ret = gae_advantages(r, v, m, gamma=1.0, lam=0.5)
+        >>> adv  # δ = [0, 0, 0.5]; A_2 = 0.5, A_1 = 0 + 0.5*0.5, A_0 = 0 + 0.5*0.25
+        tensor([[0.1250, 0.2500, 0.5000]])
+        >>> ret
+        tensor([[0.6250, 0.7500, 1.0000]])
+    """
+    rewards = _as_float(rewards).detach()
+    values = values.to(rewards.dtype).detach()
+    valid = _valid(mask)
+    zeros = torch.zeros_like(rewards)
+    rewards = torch.where(valid, rewards, zeros)
+    values = torch.where(valid, values, zeros)
+
+    next_value = (
+        torch.zeros_like(rewards[:, 0])
+        if last_values is None
+        else last_values.to(rewards.dtype).detach().reshape(-1)
+    )
+    next_adv = torch.zeros_like(rewards[:, 0])
+    out = []
+    for t in reversed(range(rewards.shape[1])):
+        v_t = valid[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv_t = delta + gamma * lam * next_adv
+        # carry V and A of the last *valid* position backwards across masked positions
+        next_value = torch.where(v_t, values[:, t], next_value)
+        next_adv = torch.where(v_t, adv_t, next_adv)
+        out.append(torch.where(v_t, adv_t, torch.zeros_like(adv_t)))
+    advantages = torch.stack(out[::-1], dim=1)
+    returns = advantages + values  # values are already 0 at masked positions
+    return advantages, returns
+
+
+def baseline_advantages(rewards: Tensor, baseline: Tensor) -> Tensor:
+    """REINFORCE with a baseline: ``A = r − b``.
+
+    Args:
+        rewards: ``[B]`` sequence rewards or ``[B, T]`` per-token returns.
+        baseline: scalar, ``[B]`` (broadcast over ``T`` when ``rewards`` is ``[B, T]``) or the
+            shape of ``rewards``.
+
+    Returns:
+        tensor of ``rewards``' shape.
+
+    Example:
+        >>> baseline_advantages(torch.tensor([1., 0., 1.]), torch.tensor(0.5))
+        tensor([ 0.5000, -0.5000,  0.5000])
+        >>> baseline_advantages(torch.tensor([[1., 1.], [0., 0.]]), torch.tensor([0.5, 0.25]))
+        tensor([[ 0.5000,  0.5000],
+                [-0.2500, -0.2500]])
+    """
+    rewards = _as_float(rewards)
+    baseline = torch.as_tensor(baseline, dtype=rewards.dtype, device=rewards.device)
+    return rewards - _expand_to(baseline, rewards)
+
+
+def _check_groups(rewards: Tensor, name: str) -> Tensor:
+    if rewards.dim() != 2:
+        raise ValueError(
+            f"{name} expects rewards of shape [num_groups, group_size], got {tuple(rewards.shape)};"
+            " reshape a flat batch with rewards.view(-1, group_size)."
+        )
+    return _as_float(rewards)
+
+
+def group_advantages(
+    rewards: Tensor, normalize_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Group-relative advantages of GRPO (and Dr. GRPO).
+
+    Formula: ``A_i = (r_i − mean(r)) / (std(r) + eps)`` over the group of completions of one prompt
+    (DeepSeekMath's outcome supervision). ``std`` is the **unbiased** sample standard deviation
+    (``torch.std``, divisor ``G − 1``), as DeepSeekMath's reference code, TRL and verl use.
+    With ``normalize_std=False`` this is Dr. GRPO's ``A_i = r_i − mean(r)`` (no std division,
+    which removes the question-difficulty bias).
+
+    A group whose rewards are all equal (including a group of size 1) carries no learning signal:
+    its advantages are exactly 0 — never NaN and never float round-off.
+
+    Args:
+        rewards: ``[num_groups, group_size]`` sequence rewards.
+        normalize_std: divide by the group std (GRPO) or not (Dr. GRPO).
+        eps: added to the std.
+
+    Returns:
+        ``[num_groups, group_size]``.
+
+    Example:
+        >>> r = torch.tensor([[1., 0., 1., 0.], [2., 2., 2., 2.]])
+        >>> group_advantages(r)  # mean 0.5, unbiased std sqrt(1/3) = 0.5774
+        tensor([[ 0.8660, -0.8660,  0.8660, -0.8660],
+                [ 0.0000,  0.0000,  0.0000,  0.0000]])
+        >>> group_advantages(r, normalize_std=False)
+        tensor([[ 0.5000, -0.5000,  0.5000, -0.5000],
+                [ 0.0000,  0.0000,  0.0000,  0.0000]])
+    """
+    rewards = _check_groups(rewards, "group_advantages")
+    mean = rewards.mean(dim=-1, keepdim=True)
+    centred = rewards - mean
+    if normalize_std:
+        if rewards.shape[-1] > 1:
+            std = rewards.std(dim=-1, keepdim=True)  # unbiased (correction=1)
+        else:
+            std = torch.zeros_like(mean)  # torch.std of one sample is NaN
+        centred = centred / (std + eps)
+    # mean() of equal floats may differ from them in the last bit; force exact zeros
+    all_equal = (rewards == rewards[..., :1]).all(dim=-1, keepdim=True)
+    return torch.where(all_equal, torch.zeros_like(centred), centred)
+
+
+def rloo_advantages(rewards: Tensor) -> Tensor:
+    """REINFORCE leave-one-out advantages (Ahmadian et al. 2024).
+
+    Formula: ``A_i = r_i − (1 / (k − 1)) Σ_{j ≠ i} r_j`` for a group of ``k`` completions of one
+    prompt (equivalently ``k / (k − 1) · (r_i − mean(r))``). Sample ``i``'s baseline excludes
+    ``r_i``, which keeps the estimator unbiased.
+
+    Args:
+        rewards: ``[num_groups, group_size]``, ``group_size ≥ 2``.
+
+    Returns:
+        ``[num_groups, group_size]``.
+
+    Raises:
+        ValueError: if ``group_size < 2`` (the leave-one-out baseline needs another sample).
+
+    Example:
+        >>> rloo_advantages(torch.tensor([[1., 0., 0., 1.]]))  # 1 - (0+0+1)/3, 0 - (1+0+1)/3
+        tensor([[ 0.6667, -0.6667, -0.6667,  0.6667]])
+    """
+    rewards = _check_groups(rewards, "rloo_advantages")
+    k = rewards.shape[-1]
+    if k < 2:
+        raise ValueError(
+            f"rloo_advantages needs at least 2 completions per prompt (group_size={k}): the "
+            "leave-one-out baseline of a sample is the mean of the *other* samples of its group."
+        )
+    baseline = (rewards.sum(dim=-1, keepdim=True) - rewards) / (k - 1)
+    return rewards - baseline
+
+
+def batch_whitened_advantages(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """REINFORCE++ global advantage normalisation over all valid tokens of the batch.
+
+    Formula: ``A' = (A − μ_batch) / sqrt(var_batch + eps)`` where μ and var (unbiased) are taken
+    over every valid token of the whole batch (not per prompt group). Masked positions give 0.
+
+    Args:
+        advantages: ``[B, T]`` (e.g. KL-penalised reward-to-go from :func:`discounted_returns`).
+        mask: ``[B, T]``.
+        eps: added to the variance.
+
+    Returns:
+        ``[B, T]``, detached.
+
+    Example:
+        >>> a = torch.tensor([[1., 3.], [5., 0.]])
+        >>> batch_whitened_advantages(a, torch.tensor([[1, 1], [1, 0]]))
+        tensor([[-1.,  0.],
+                [ 1.,  0.]])
+    """
+    return masked_whiten(advantages.detach(), mask, shift_mean=True, eps=eps)
+
+
+def remax_advantages(rewards: Tensor, greedy_rewards: Tensor) -> Tensor:
+    """ReMax advantages (Li et al. 2023): the greedy completion's reward is the baseline.
+
+    Formula: ``A_i = r(x, y_i) − r(x, ŷ_greedy)``.
+
+    Args:
+        rewards: ``[B]`` (or ``[B, T]``) rewards of the sampled completions.
+        greedy_rewards: ``[B]`` rewards of the greedy completions of the same prompts.
+
+    Returns:
+        tensor of ``rewards``' shape.
+
+    Example:
+        >>> remax_advantages(torch.tensor([1., 0., 1.]), torch.tensor([1., 1., 0.]))
+        tensor([ 0., -1.,  1.])
+    """
+    return baseline_advantages(rewards, greedy_rewards)
+
+
+# --------------------------------------------------------------------------------------------
+# rewards
+# --------------------------------------------------------------------------------------------
+
+
+def token_level_rewards(sequence_rewards: Tensor, mask: Tensor) -> Tensor:
+    """Place each sequence's reward at its last valid (policy) position; 0 elsewhere.
+
+    Formula: ``r_{i,t} = R_i · [t = max{t' : m_{i,t'} = 1}]``. A row without valid positions gets
+    all zeros.
+
+    Args:
+        sequence_rewards: ``[B]``.
+        mask: ``[B, T]``.
+
+    Returns:
+        ``[B, T]``.
+
+    Example:
+        >>> m = torch.tensor([[1, 1, 0], [1, 0, 1], [0, 0, 0]])
+        >>> token_level_rewards(torch.tensor([2., 3., 4.]), m)
+        tensor([[0., 2., 0.],
+                [0., 0., 3.],
+                [0., 0., 0.]])
+    """
+    sequence_rewards = _as_float(sequence_rewards)
+    valid = _valid(mask)
+    positions = torch.arange(valid.shape[-1], device=valid.device).expand_as(valid)
+    last = torch.where(valid, positions, torch.full_like(positions, -1)).max(dim=-1).values
+    is_last = (positions == last.unsqueeze(-1)) & valid  # empty rows: last = -1 matches nothing
+    return torch.where(
+        is_last,
+        sequence_rewards.unsqueeze(-1).expand(valid.shape),
+        torch.zeros((), dtype=sequence_rewards.dtype, device=sequence_rewards.device),
+    )
+
+
+def kl_penalised_rewards(
+    sequence_rewards: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    kl_coef: float = 0.05,
+    estimator: str = "k1",
+) -> Tensor:
+    """Per-token rewards with the KL penalty *in the reward* (PPO-RLHF / RLOO / REINFORCE++).
+
+    Formula: ``r_t = −β · KL_t + R · [t = last valid position]`` with ``KL_t`` one of the k1/k2/k3
+    estimates of ``KL(π ‖ π_ref)`` at token ``t``. Masked positions are 0.
+
+    Args:
+        sequence_rewards: ``[B]`` verifier / reward-model scores.
+        logprobs: ``[B, T]`` log π of the sampled tokens (at sampling time).
+        ref_logprobs: ``[B, T]`` log π_ref of the same tokens.
+        mask: ``[B, T]``.
+        kl_coef: β.
+        estimator: ``"k1"`` (InstructGPT's ``log π − log π_ref``), ``"k2"`` or ``"k3"``.
+
+    Returns:
+        ``[B, T]``, detached.
+
+    Example:
+        >>> lp = torch.tensor([[-1.0, -1.0, -2.0]])
+        >>> ref = torch.tensor([[-1.5, -1.0, -1.0]])
+        >>> m = torch.tensor([[1, 1, 0]])
+        >>> kl_penalised_rewards(torch.tensor([1.]), lp, ref, m, kl_coef=0.1)  # -0.1*0.5, 1 - 0
+        tensor([[-0.0500,  1.0000,  0.0000]])
+    """
+    kl = kl_estimate(logprobs.detach(), ref_logprobs.detach(), estimator)
+    rewards = token_level_rewards(sequence_rewards, mask).to(kl.dtype) - kl_coef * kl
+    return torch.where(_valid(mask), rewards, torch.zeros_like(rewards)).detach()
+
+
+def overlong_penalty(lengths: Tensor, max_length: int, cache_length: int) -> Tensor:
+    """DAPO's soft overlong punishment (a length-aware reward term added to the task reward).
+
+    Formula, with ``L_max = max_length`` and ``L_cache = cache_length``::
+
+        R(L) = 0                               if L ≤ L_max − L_cache
+             = ((L_max − L_cache) − L) / L_cache if L_max − L_cache < L ≤ L_max
+             = −1                              if L > L_max
+
+    Args:
+        lengths: ``[B]`` completion lengths in tokens.
+        max_length: ``L_max``.
+        cache_length: ``L_cache`` (the width of the linear ramp), ``0 < L_cache ≤ L_max``.
+
+    Returns:
+        ``[B]`` penalties in ``[−1, 0]``.
+
+    Example:
+        >>> overlong_penalty(torch.tensor([10, 16, 18, 20, 21]), max_length=20, cache_length=4)
+        tensor([ 0.0000,  0.0000, -0.5000, -1.0000, -1.0000])
+    """
+    if not 0 < cache_length <= max_length:
+        raise ValueError(
+            "overlong_penalty needs 0 < cache_length <= max_length, got "
+            f"cache_length={cache_length}, max_length={max_length}"
+        )
+    lengths = _as_float(lengths)
+    soft_start = max_length - cache_length
+    ramp = (soft_start - lengths) / cache_length
+    penalty = torch.where(lengths <= soft_start, torch.zeros_like(lengths), ramp)
+    return torch.where(lengths > max_length, torch.full_like(lengths, -1.0), penalty)
+
+
+# --------------------------------------------------------------------------------------------
+# log-probs, entropy, KL
+# --------------------------------------------------------------------------------------------
+
+
+def logprobs_from_logits(logits: Tensor, token_ids: Tensor) -> Tensor:
+    """Log-probability of the chosen tokens: ``log softmax(logits)[token_ids]``.
+
+    Args:
+        logits: ``[B, T, V]`` (already aligned: ``logits[:, t]`` predicts ``token_ids[:, t]``).
+        token_ids: ``[B, T]`` int64.
+
+    Returns:
+        ``[B, T]``.
+
+    Example:
+        >>> logits = torch.log(torch.tensor([[[0.25, 0.75], [0.5, 0.5]]]))
+        >>> logprobs_from_logits(logits, torch.tensor([[1, 0]])).exp()
+        tensor([[0.7500, 0.5000]])
+    """
+    # gather - logsumexp avoids materialising the whole [B, T, V] log-softmax a second time
+    picked = logits.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the next-token distribution at every position.
+
+    Formula: ``H = −Σ_v p_v log p_v = logsumexp(z) − Σ_v p_v z_v`` with ``p = softmax(z)``,
+    computed on ``z − max(z)`` (H is shift-invariant) so large logits lose no precision;
+    ``−inf`` logits (banned tokens) contribute 0.
+
+    Args:
+        logits: ``[B, T, V]``.
+
+    Returns:
+        ``[B, T]`` in nats.
+
+    Example:
+        >>> entropy_from_logits(torch.zeros(1, 1, 4))  # uniform over 4: log 4
+        tensor([[1.3863]])
+        >>> entropy_from_logits(torch.tensor([[[1000., 0.]]]))  # one-hot
+        tensor([[0.]])
+    """
+    # H is shift-invariant; shifting by the max first avoids the cancellation of two large
+    # numbers (logsumexp(z) ≈ Σ p z ≈ 1e4 would lose all digits of H in float32)
+    z_max = logits.detach().amax(dim=-1, keepdim=True)
+    z = logits - torch.where(torch.isfinite(z_max), z_max, torch.zeros_like(z_max))
+    probs = torch.softmax(z, dim=-1)
+    p_z = torch.where(probs > 0, probs * z, torch.zeros_like(z))  # 0·(−inf) -> 0
+    return torch.logsumexp(z, dim=-1) - p_z.sum(dim=-1)
+
+
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k1 estimator of ``KL(π ‖ π_ref)`` from samples of π: ``log π − log π_ref``.
+
+    Unbiased, high variance, can be negative per token.
+
+    Args:
+        logprobs, ref_logprobs: ``[B, T]``.
+
+    Returns:
+        ``[B, T]``.
+
+    Example:
+        >>> kl_k1(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]))
+        tensor([[ 0.5000, -1.0000]])
+    """
+    return logprobs - ref_logprobs
+
+
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k2 estimator of ``KL(π ‖ π_ref)``: ``½ (log π − log π_ref)²``.
+
+    Biased, low variance, ≥ 0; its gradient is that of the true KL's (Schulman 2020).
+
+    Args:
+        logprobs, ref_logprobs: ``[B, T]``.
+
+    Returns:
+        ``[B, T]``, ≥ 0.
+
+    Example:
+        >>> kl_k2(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]))
+        tensor([[0.1250, 0.5000]])
+    """
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k3 estimator of ``KL(π ‖ π_ref)`` (GRPO's KL term): ``exp(ρ) − ρ − 1``.
+
+    Here ``ρ = log π_ref − log π``.
+
+    Unbiased and ≥ 0 (since ``e^x ≥ 1 + x``), lower variance than k1.
+
+    Args:
+        logprobs, ref_logprobs: ``[B, T]``.
+
+    Returns:
+        ``[B, T]``, ≥ 0.
+
+    Example:
+        >>> kl_k3(torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.0, 0.0]]))  # ρ = 0, 1: e − 2
+        tensor([[0.0000, 0.7183]])
+    """
+    log_ratio = ref_logprobs - logprobs
+    return torch.expm1(log_ratio) - log_ratio  # expm1 keeps precision near ρ = 0
+
+
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token estimate of ``KL(π ‖ π_ref)`` by estimator name (``"k1"``, ``"k2"``, ``"k3"``).
+
+    Args:
+        logprobs, ref_logprobs: ``[B, T]``.
+        estimator: name in :data:`KL_ESTIMATORS`.
+
+    Returns:
+        ``[B, T]``.
+
+    Raises:
+        ValueError: unknown estimator name.
+
+    Example:
+        >>> kl_estimate(torch.tensor([[-1.0]]), torch.tensor([[-1.5]]), "k2")
+        tensor([[0.1250]])
+    """
+    try:
+        fn = KL_ESTIMATORS[estimator]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown KL estimator {estimator!r}; choose one of {sorted(KL_ESTIMATORS)}"
+        ) from None
+    return fn(logprobs, ref_logprobs)
+
+
+# --------------------------------------------------------------------------------------------
+# losses (per token, [B, T]; reduce with aggregate_loss)
+# --------------------------------------------------------------------------------------------
+
+
+def policy_gradient_loss(logprobs: Tensor, advantages: Tensor) -> Tensor:
+    """Vanilla policy-gradient (REINFORCE) loss per token: ``−A · log π``.
+
+    Its gradient is ``−A ∇ log π``. Advantages are constants (detached).
+
+    Args:
+        logprobs: ``[B, T]`` log π of the sampled tokens (with grad).
+        advantages: ``[B, T]`` or ``[B]`` (broadcast over tokens).
+
+    Returns:
+        ``[B, T]``.
+
+    Example:
+        >>> policy_gradient_loss(torch.tensor([[-1.0, -2.0]]), torch.tensor([0.5]))
+        tensor([[0.5000, 1.0000]])
+    """
+    return -_expand_to(advantages.detach(), logprobs) * logprobs
+
+
+def clipped_surrogate_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: Optional[float] = None,
+) -> tuple[Tensor, Tensor]:
+    """PPO's clipped surrogate loss per token, with DAPO's clip-higher and optional dual-clip.
+
+    Formulas::
+
+        ratio    = exp(log π − log π_old)
+        pg_loss1 = −A · ratio
+        pg_loss2 = −A · clip(ratio, 1 − ε_low, 1 + ε_high)
+        loss     = max(pg_loss1, pg_loss2)                 # = −min(ratio·A, clip(ratio)·A)
+        if dual_clip = c > 1 and A < 0:  loss = min(loss, −A · c)   (Ye et al. 2020)
+
+    ``ε_low = ε_high`` is PPO; ``ε_high > ε_low`` is DAPO's clip-higher. Dual-clip bounds the loss
+    of a negative-advantage token whose ratio has exploded (> c) so that one stale sample cannot
+    dominate the batch. ``is_clipped`` marks tokens whose gradient the clipping removed
+    (``pg_loss2 > pg_loss1``, or the dual clip active). The log-ratio is clamped to ±20 so
+    ``exp`` never overflows (such tokens are clipped anyway).
+
+    Args:
+        logprobs: ``[B, T]`` log π (with grad).
+        old_logprobs: ``[B, T]`` log π_old (sampling policy; detached).
+        advantages: ``[B, T]`` or ``[B]`` (broadcast over tokens; detached).
+        clip_low: ε_low.
+        clip_high: ε_high.
+        dual_clip: c > 1, or ``None`` to disable.
+
+    Returns:
+        ``(loss [B, T], is_clipped [B, T] bool)``.
+
+    Example:
+        >>> lp = torch.log(torch.tensor([[1.5, 1.5, 0.5]]))   # old log-probs 0 -> ratio = p
+        >>> adv = torch.tensor([[1.0, -1.0, 1.0]])
+        >>> loss, clipped = clipped_surrogate_loss(lp, torch.zeros(1, 3), adv, 0.2, 0.28)
+        >>> loss  # -min(1.5, 1.28), -min(-1.5, -1.28) = 1.5, -min(0.5, 0.8)
+        tensor([[-1.2800,  1.5000, -0.5000]])
+        >>> clipped
+        tensor([[ True, False, False]])
+    """
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (it caps the ratio for A < 0), got {dual_clip}")
+    advantages = _expand_to(advantages.detach(), logprobs)
+    log_ratio = (logprobs - old_logprobs.detach()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(pg_loss1, pg_loss2)
+    is_clipped = pg_loss2 > pg_loss1
+    if dual_clip is not None:
+        pg_loss3 = -advantages * dual_clip
+        dual_active = (advantages < 0) & (loss > pg_loss3)
+        loss = torch.where(dual_active, pg_loss3, loss)
+        is_clipped = is_clipped | dual_active
+    return loss, is_clipped
+
+
+def sequence_ratio_surrogate_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+) -> tuple[Tensor, Tensor]:
+    """GSPO's clipped surrogate with a sequence-level importance ratio, in per-token form.
+
+    GSPO (Zheng et al. 2025) uses the length-normalised sequence ratio
+    ``s_i = exp( (1/|y_i|) Σ_t (log π_{i,t} − log π_old_{i,t}) )`` and clips it per sequence:
+    ``J = mean_i min(s_i A_i, clip(s_i, 1 − ε_low, 1 + ε_high) A_i)``.
+
+    To keep per-token aggregation available, each token gets
+    ``s_{i,t} = sg[s_i] · π_{i,t} / sg[π_{i,t}]`` (``sg`` = stop-gradient): its *value* is ``s_i``
+    and its gradient is ``s_i ∇ log π_{i,t}``. Aggregated with ``"seq-mean-token-mean"``, the
+    gradient is exactly GSPO's ``mean_i s_i A_i (1/|y_i|) Σ_t ∇ log π_{i,t}`` (unclipped sequences).
+    Then, per token: ``pg_loss1 = −A s_{i,t}``, ``pg_loss2 = −A clip(s_{i,t})``,
+    ``loss = max(pg_loss1, pg_loss2)``. Clipping is decided per sequence, so ``is_clipped`` is
+    constant along each row. The paper's defaults are ε_low = 3e-4, ε_high = 4e-4.
+
+    Args:
+        logprobs: ``[B, T]`` (with grad).
+        old_logprobs: ``[B, T]`` (detached).
+        advantages: ``[B]`` or ``[B, T]`` (GSPO uses one advantage per sequence).
+        mask: ``[B, T]``; the mean log-ratio runs over valid tokens only.
+        clip_low, clip_high: ε_low, ε_high.
+
+    Returns:
+        ``(loss [B, T], is_clipped [B, T] bool)``.
+
+    Example:
+        >>> lp = torch.tensor([[-1.0, -1.0, -9.0], [-1.0, -1.0, -1.0]])
+        >>> old = torch.tensor([[-1.0, -1.2, 0.0], [-1.0, -1.0, -1.0]])
+        >>> m = torch.tensor([[1, 1, 0], [1, 1, 1]])
+        >>> adv = torch.tensor([1., -1.])
+        >>> loss, clipped = sequence_ratio_surrogate_loss(lp, old, adv, m, 0.2, 0.2)
+        >>> loss  # row 1: s = exp(0.1) = 1.105 (inside 1.2); row 2: s = 1
+        tensor([[-1.1052, -1.1052, -1.1052],
+                [ 1.0000,  1.0000,  1.0000]])
+        >>> clipped.any().item()
+        False
+    """
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    advantages = _expand_to(advantages.detach(), logprobs)
+    token_log_ratio = logprobs - old_logprobs.detach()
+    seq_log_ratio = masked_mean(token_log_ratio, mask, dim=-1)  # [B], NaN-safe on padding
+    seq_log_ratio = seq_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).unsqueeze(-1)
+    # value s_i, gradient s_i · ∇log π_t: sg[log s_i] + log π_t − sg[log π_t]
+    log_ratio = seq_log_ratio.detach() + logprobs - logprobs.detach()
+    ratio = torch.exp(log_ratio)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(pg_loss1, pg_loss2)
+    is_clipped = pg_loss2 > pg_loss1
+    return loss, is_clipped
+
+
+def clipped_value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, clip: Optional[float] = 0.2
+) -> Tensor:
+    """PPO's clipped value loss per token.
+
+    Formula: ``½ · max((V − R)², (clip(V, V_old − c, V_old + c) − R)²)``; with ``clip=None`` it is
+    the plain ``½ (V − R)²``.
+
+    Args:
+        values: ``[B, T]`` current value predictions (with grad).
+        old_values: ``[B, T]`` value predictions at rollout time (detached).
+        returns: ``[B, T]`` targets, e.g. GAE returns (detached).
+        clip: c.
+
+    Returns:
+        ``[B, T]``.
+
+    Example:
+        >>> v = torch.tensor([[1.0, 0.5]])
+        >>> v_old = torch.tensor([[0.0, 0.0]])
+        >>> R = torch.tensor([[2.0, -1.0]])
+        >>> clipped_value_loss(v, v_old, R, clip=0.2)  # 0.5*max(1, 1.8²), 0.5*max(1.5², 1.2²)
+        tensor([[1.6200, 1.1250]])
+    """
+    returns = returns.detach()
+    vf_loss1 = (values - returns) ** 2
+    if clip is None:
+        return 0.5 * vf_loss1
+    old_values = old_values.detach()
+    values_clipped = old_values + (values - old_values).clamp(-clip, clip)
+    vf_loss2 = (values_clipped - returns) ** 2
+    return 0.5 * torch.maximum(vf_loss1, vf_loss2)
+
+
+LOSS_AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
+
+
+def aggregate_loss(
+    loss: Tensor,
+    mask: Tensor,
+    mode: str = "token-mean",
+    *,
+    num_tokens: Optional[float] = None,
+    num_sequences: Optional[float] = None,
+    normalizer: Optional[float] = None,
+) -> Tensor:
+    """Reduce a per-token loss ``[B, T]`` to the scalar that is back-propagated.
+
+    With ``m`` the mask, ``n_i = Σ_t m_{i,t}`` the valid tokens of sequence ``i``,
+    ``N = num_tokens`` (default ``Σ_i n_i``, the batch's valid tokens) and
+    ``S = num_sequences`` (default ``B``, the number of rows — an all-masked row counts as a
+    sequence with loss 0, so drop padding rows or pass ``num_sequences``):
+
+    * ``"token-mean"`` (DAPO; every token weighs the same):
+      ``Σ_{i,t} m ℓ / N``.
+    * ``"seq-mean-token-mean"`` (original GRPO; every sequence weighs the same, so tokens of
+      short sequences weigh more): ``(1/S) Σ_i (Σ_t m ℓ / n_i)`` (a row with ``n_i = 0`` gives 0).
+    * ``"seq-mean-token-sum"``: ``(1/S) Σ_i Σ_t m ℓ``.
+    * ``"seq-mean-token-sum-norm"`` (Dr. GRPO; a constant normaliser, no length bias):
+      ``Σ_{i,t} m ℓ / (S · normalizer)`` with ``normalizer`` defaulting to ``T = loss.shape[1]``
+      — pass the max generation length explicitly so the constant does not depend on padding.
+
+    Micro-batching / data parallelism. Every mode is a *sum over sequences* divided by a constant,
+    so splitting a batch into micro-batches (or ranks) and summing their gradients reproduces the
+    full-batch gradient exactly **if each part is given the full batch's denominators**:
+
+    * ``"token-mean"``: pass ``num_tokens`` = valid tokens of the whole (global) batch. Without it,
+      each part divides by its own count and the sum of parts is *not* the full-batch loss when
+      the parts have different token counts.
+    * ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"``: pass ``num_sequences`` = rows of the
+      whole batch (the per-sequence term only depends on its own row).
+    * ``"seq-mean-token-sum-norm"``: pass ``num_sequences`` and the same fixed ``normalizer`` to
+      every part (the default ``T`` changes with each part's padding).
+
+    Under DDP, which *averages* gradients over ``world_size`` ranks, multiply each rank's loss by
+    ``world_size`` (or pass ``num_tokens``/``num_sequences`` divided by ``world_size``).
+
+    Args:
+        loss: ``[B, T]`` per-token loss.
+        mask: ``[B, T]``.
+        mode: one of :data:`LOSS_AGG_MODES`.
+        num_tokens: token-mean denominator override (e.g. the global valid-token count).
+        num_sequences: sequence-mean denominator override (e.g. the global number of sequences).
+        normalizer: Dr. GRPO's constant (default ``T``).
+
+    Returns:
+        scalar tensor.
+
+    Raises:
+        ValueError: unknown mode.
+
+    Example:
+        >>> loss = torch.tensor([[1., 1., 1., 1.], [4., 0., 0., 0.]])
+        >>> m = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])
+        >>> aggregate_loss(loss, m, "token-mean")           # (4 + 4) / 5
+        tensor(1.6000)
+        >>> aggregate_loss(loss, m, "seq-mean-token-mean")  # (1 + 4) / 2
+        tensor(2.5000)
+        >>> aggregate_loss(loss, m, "seq-mean-token-sum")   # (4 + 4) / 2
+        tensor(4.)
+        >>> aggregate_loss(loss, m, "seq-mean-token-sum-norm")  # 8 / (2 * 4)
+        tensor(1.)
+    """
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(
+            f"unknown loss aggregation mode {mode!r}; valid modes: {list(LOSS_AGG_MODES)}"
+        )
+    if loss.dim() != 2:
+        raise ValueError(f"aggregate_loss expects a per-token loss [B, T], got {tuple(loss.shape)}")
+    tiny = torch.finfo(loss.dtype).tiny
+    w = _weights(mask, loss)
+    seq_sums = masked_sum(loss, mask, dim=-1)  # [B]
+    n_seq = loss.shape[0] if num_sequences is None else num_sequences
+
+    if mode == "token-mean":
+        den = w.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=loss.dtype)
+        return seq_sums.sum() / den.clamp(min=tiny)
+    if mode == "seq-mean-token-mean":
+        seq_means = seq_sums / w.sum(dim=-1).clamp(min=tiny)
+        return seq_means.sum() / max(n_seq, tiny)
+    if mode == "seq-mean-token-sum":
+        return seq_sums.sum() / max(n_seq, tiny)
+    # seq-mean-token-sum-norm
+    norm = loss.shape[1] if normalizer is None else normalizer
+    return seq_sums.sum() / max(n_seq * norm, tiny)
+
+
+# --------------------------------------------------------------------------------------------
+# diagnostics
+# --------------------------------------------------------------------------------------------
+
+
+def explained_variance(predicted: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+    """Explained variance of a value head: ``1 − Var[R − V] / Var[R]`` over valid positions.
+
+    1 is perfect, 0 is no better than a constant, < 0 is worse than a constant. When the target
+    has zero variance (or nothing is valid) the quantity is undefined; 0 is returned instead of
+    NaN so logs and plots stay clean.
+
+    Args:
+        predicted: ``[B, T]`` values V.
+        target: ``[B, T]`` returns R.
+        mask: ``[B, T]``.
+
+    Returns:
+        scalar tensor (detached).
+
+    Example:
+        >>> R = torch.tensor([[1., 2., 3., 4.]])
+        >>> explained_variance(R, R, torch.ones(1, 4))
+        tensor(1.)
+        >>> explained_variance(torch.full((1, 4), 2.5), R, torch.ones(1, 4))
+        tensor(0.)
+    """
+    predicted, target = predicted.detach(), target.detach()
+    var_target = masked_var(target, mask)
+    var_residual = masked_var(target - predicted, mask)
+    ev = 1.0 - var_residual / var_target.clamp(min=torch.finfo(var_target.dtype).tiny)
+    return torch.where(var_target > 0, ev, torch.zeros_like(ev))
+
+
+def clip_fraction(is_clipped: Tensor, mask: Tensor) -> Tensor:
+    """Fraction of valid tokens whose gradient the clipping removed: ``Σ m·clipped / Σ m``.
+
+    Args:
+        is_clipped: ``[B, T]`` bool (from :func:`clipped_surrogate_loss`).
+        mask: ``[B, T]``.
+
+    Returns:
+        scalar in ``[0, 1]`` (0 if nothing is valid).
+
+    Example:
+        >>> clip_fraction(torch.tensor([[True, False, True]]), torch.tensor([[1, 1, 0]]))
+        tensor(0.5000)
+    """
+    return masked_mean(is_clipped.detach().to(torch.get_default_dtype()), mask)

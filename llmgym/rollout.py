@@ -1,0 +1,255 @@
+"""Collecting episodes: an engine drives groups of env copies through the plain Gymnasium API.
+
+:func:`collect_episodes` draws ``num_tasks`` tasks, pins each on ``group_size`` env copies
+(``reset(options={"task": task})``), and steps every live episode with completions sampled in one
+batched engine call per turn — single-turn and multi-turn envs alike. At token level (an env whose
+action space is ``Discrete``) every live episode is stepped one token at a time, with the same keyed
+sampling, so the same seed yields the same tokens and rewards at both levels.
+
+The result is a list of :class:`Episode`; :class:`llmgym.batch.Batch` pads them into tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import gymnasium as gym
+import torch
+
+from llmgym.engines.base import Completion, SamplingParams
+from llmgym.engines.sampling import row_keys, sample_next_token
+from llmgym.types import Task
+from llmgym.vector import clone_env
+
+__all__ = ["Episode", "collect_episodes", "draw_tasks", "turn_keys", "is_token_level"]
+
+
+@dataclasses.dataclass
+class Episode:
+    """One episode as token ids with per-token annotations (all lists have ``len(token_ids)``).
+
+    Attributes:
+        task: the task.
+        group: index of the task within the collected batch (samples of one task share it).
+        token_ids: prompt, then each completion and each env reply, exactly as the policy saw them.
+        action_mask: 1 where the policy sampled the token, 0 for prompt and env tokens.
+        logprobs: generation-time log-prob of each sampled token (0 elsewhere).
+        rewards: each turn's reward placed on that turn's last sampled token (0 elsewhere).
+        prompt_length: tokens before the first completion.
+        finish_reasons: per turn, ``"stop"`` or ``"length"``.
+        terminated / truncated: how the episode ended (Gymnasium's flags).
+        info: the last ``step`` info.
+    """
+
+    task: Task
+    group: int
+    token_ids: list[int]
+    action_mask: list[int]
+    logprobs: list[float]
+    rewards: list[float]
+    prompt_length: int
+    finish_reasons: list[str] = dataclasses.field(default_factory=list)
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.rewards))
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.finish_reasons)
+
+    @property
+    def completion_ids(self) -> list[int]:
+        """Every token after the prompt (completions and env replies)."""
+        return self.token_ids[self.prompt_length:]
+
+
+def is_token_level(env: gym.Env) -> bool:
+    """Whether ``env`` takes one token id per step (``Discrete`` action space)."""
+    return isinstance(env.action_space, gym.spaces.Discrete)
+
+
+def turn_keys(seed: int, num_rows: int, turn: int) -> list[int]:
+    """Sampling keys of every row for one turn: distinct per (seed, row, turn).
+
+    Example:
+        >>> from llmgym.rollout import turn_keys
+        >>> turn_keys(0, 2, 0) != turn_keys(0, 2, 1)
+        True
+    """
+    return row_keys(seed * 1_000_003 + turn, num_rows)
+
+
+def draw_tasks(env: gym.Env, num_tasks: int, seed: int | None = None) -> list[Task]:
+    """Draw tasks through ``env.reset`` (so the env's own seeded task source decides).
+
+    Example:
+        >>> import gymnasium, llmgym
+        >>> from llmgym.rollout import draw_tasks
+        >>> env = gymnasium.make("llmgym/Copy-v0")
+        >>> [t.id for t in draw_tasks(env, 2, seed=0)] == [t.id for t in draw_tasks(env, 2, seed=0)]
+        True
+    """
+    tasks = []
+    for i in range(num_tasks):
+        _, info = env.reset(seed=seed if i == 0 else None)
+        if "task" not in info:
+            raise ValueError("env.reset() must return info['task'] (llmgym envs do) to pin groups of samples")
+        tasks.append(info["task"])
+    return tasks
+
+
+def _ensure_tokenizer(env: gym.Env, tokenizer: Any) -> None:
+    inner = env.unwrapped
+    if getattr(inner, "tokenizer", None) is None:
+        if not hasattr(inner, "set_tokenizer"):
+            raise TypeError(f"{type(inner).__name__} is not an llmgym env (no set_tokenizer)")
+        inner.set_tokenizer(tokenizer)
+
+
+def collect_episodes(
+    env: gym.Env,
+    engine: Any,
+    *,
+    num_tasks: int,
+    group_size: int,
+    sampling: SamplingParams,
+    seed: int,
+    tasks: Sequence[Task] | None = None,
+    max_steps: int = 10_000,
+) -> tuple[list[Episode], dict[str, float]]:
+    """Run ``num_tasks × group_size`` episodes to the end; return them and timing stats.
+
+    Episodes ``g * group_size … (g+1) * group_size - 1`` share task ``g``. ``seed`` fixes the task
+    draw (through ``env.reset(seed=seed)``) and every sampled token; ``tasks`` pins the tasks instead.
+
+    Example:
+        >>> import gymnasium, llmgym
+        >>> from llmgym.models import load_model
+        >>> from llmgym.engines import HFEngine, SamplingParams
+        >>> from llmgym.rollout import collect_episodes
+        >>> model, tok = load_model("tiny")
+        >>> env = gymnasium.make("llmgym/Copy-v0", tokenizer=tok)
+        >>> episodes, stats = collect_episodes(env, HFEngine(model, tok), num_tasks=2, group_size=3,
+        ...                                    sampling=SamplingParams(max_new_tokens=4), seed=0)
+        >>> len(episodes), episodes[0].task == episodes[2].task, episodes[0].group, episodes[3].group
+        (6, True, 0, 1)
+    """
+    tokenizer = engine.tokenizer
+    _ensure_tokenizer(env, tokenizer)
+    if tasks is None:
+        tasks = draw_tasks(env, num_tasks, seed)
+    n = len(tasks) * group_size
+    envs = [clone_env(env) for _ in range(n)]
+    episodes: list[Episode] = []
+    observations = []
+    for i, e in enumerate(envs):
+        task = tasks[i // group_size]
+        obs, _ = e.reset(options={"task": task})
+        ids = [int(t) for t in obs["prompt_ids"]]
+        episodes.append(Episode(task, i // group_size, ids, [0] * len(ids), [0.0] * len(ids),
+                                [0.0] * len(ids), len(ids)))
+        observations.append(obs)
+    started = time.perf_counter()
+    sampled = 0
+    if is_token_level(env):
+        sampled = _run_token_level(envs, episodes, observations, engine, sampling, seed, max_steps)
+    else:
+        sampled = _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_steps)
+    elapsed = time.perf_counter() - started
+    return episodes, {"rollout_s": elapsed, "tokens_sampled": float(sampled),
+                      "tokens_per_s": sampled / max(elapsed, 1e-9)}
+
+
+def _record_turn(ep: Episode, completion_ids: list[int], logprobs: list[float], reward: float,
+                 finish: str, next_obs: dict[str, Any], terminated: bool, truncated: bool, info: dict) -> None:
+    ep.token_ids += completion_ids
+    ep.action_mask += [1] * len(completion_ids)
+    ep.logprobs += list(logprobs)
+    ep.rewards += [0.0] * len(completion_ids)
+    ep.rewards[-1] += float(reward)  # on the last sampled token (the last context token if none)
+    ep.finish_reasons.append(finish)
+    ep.terminated, ep.truncated, ep.info = terminated, truncated, info
+    if not (terminated or truncated):
+        # the env's reply: whatever the observation adds beyond what the policy wrote
+        context = [int(t) for t in next_obs["prompt_ids"]]
+        if context[: len(ep.token_ids)] != ep.token_ids:
+            raise RuntimeError(
+                "the env's new observation does not extend the previous context + completion: "
+                "multi-turn envs must append to prompt_ids, not re-tokenise the transcript"
+            )
+        reply = context[len(ep.token_ids):]
+        ep.token_ids += reply
+        ep.action_mask += [0] * len(reply)
+        ep.logprobs += [0.0] * len(reply)
+        ep.rewards += [0.0] * len(reply)
+
+
+def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_steps) -> int:
+    live = list(range(len(envs)))
+    turn, sampled = 0, 0
+    per_turn = dataclasses.replace(sampling, n=1)
+    while live and turn < max_steps:
+        keys_all = turn_keys(seed, len(envs), turn)
+        prompts = [observations[i]["prompt_ids"].tolist() for i in live]
+        groups = engine.generate(prompts, per_turn, keys=[keys_all[i] for i in live])
+        still = []
+        for i, group in zip(live, groups):
+            c: Completion = group[0]
+            sampled += len(c.token_ids)
+            obs, reward, terminated, truncated, info = envs[i].step(list(c.token_ids))
+            _record_turn(episodes[i], list(c.token_ids), c.logprobs, reward, c.finish_reason, obs,
+                         terminated, truncated, info)
+            observations[i] = obs
+            if not (terminated or truncated):
+                still.append(i)
+        live, turn = still, turn + 1
+    return sampled
+
+
+def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_steps) -> int:
+    if not hasattr(engine, "next_token_logits"):
+        raise TypeError(
+            f"{type(engine).__name__} cannot drive a token-level env (it has no next_token_logits); "
+            f"use HFEngine, or the sequence-level env"
+        )
+    live = list(range(len(envs)))
+    turn_of = [0] * len(envs)
+    buffers: list[list[int]] = [[] for _ in envs]
+    buffer_lps: list[list[float]] = [[] for _ in envs]
+    keys_cache: dict[int, list[int]] = {}
+    sampled, steps = 0, 0
+    while live and steps < max_steps * 4096:
+        steps += 1
+        contexts = [observations[i]["prompt_ids"].tolist() for i in live]
+        logits = engine.next_token_logits(contexts)
+        keys = []
+        for i in live:
+            if turn_of[i] not in keys_cache:
+                keys_cache[turn_of[i]] = turn_keys(seed, len(envs), turn_of[i])
+            keys.append(keys_cache[turn_of[i]][i])
+        positions = torch.tensor([len(buffers[i]) for i in live])
+        tokens, lps = sample_next_token(logits, torch.tensor(keys, device=logits.device),
+                                        positions.to(logits.device), sampling.temperature, sampling.top_p)
+        still = []
+        for i, tok, lp in zip(live, tokens.tolist(), lps.tolist()):
+            sampled += 1
+            buffers[i].append(tok)
+            buffer_lps[i].append(lp)
+            obs, reward, terminated, truncated, info = envs[i].step(tok)
+            turn_over = "finish_reason" in info
+            if turn_over:
+                _record_turn(episodes[i], buffers[i], buffer_lps[i], reward, info["finish_reason"], obs,
+                             terminated, truncated, info)
+                buffers[i], buffer_lps[i] = [], []
+                turn_of[i] += 1
+            observations[i] = obs
+            if not (terminated or truncated):
+                still.append(i)
+        live = still
+    return sampled
