@@ -16,6 +16,7 @@ import time
 from typing import Any, Sequence
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from llmgym.engines.base import Completion, SamplingParams
@@ -23,7 +24,7 @@ from llmgym.engines.sampling import row_keys, sample_next_token
 from llmgym.types import Task
 from llmgym.vector import clone_env
 
-__all__ = ["Episode", "collect_episodes", "draw_tasks", "turn_keys", "is_token_level"]
+__all__ = ["Episode", "collect_episodes", "evaluate", "draw_tasks", "turn_keys", "is_token_level"]
 
 
 @dataclasses.dataclass
@@ -253,3 +254,34 @@ def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_s
                 still.append(i)
         live = still
     return sampled
+
+
+def evaluate(
+    env: gym.Env,
+    engine: Any,
+    tasks: Sequence[Task],
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
+    success_reward: float = 1.0,
+) -> dict[str, float]:
+    """Mean episode reward and success rate (reward ≥ ``success_reward``) on fixed ``tasks``.
+
+    Greedy decoding by default, so before/after comparisons are not sampling noise.
+
+    Example:
+        >>> import gymnasium, llmgym
+        >>> from llmgym import Task
+        >>> from llmgym.models import load_model
+        >>> from llmgym.engines import HFEngine
+        >>> from llmgym.rollout import evaluate
+        >>> model, tok = load_model("tiny")
+        >>> env = gymnasium.make("llmgym/Copy-v0", tokenizer=tok)
+        >>> sorted(evaluate(env, HFEngine(model, tok), [Task("copy:12=", answer="12")]))
+        ['mean_reward', 'success_rate']
+    """
+    sampling = sampling or SamplingParams(temperature=0.0, max_new_tokens=32)
+    episodes, _ = collect_episodes(env, engine, num_tasks=len(tasks), group_size=1, sampling=sampling,
+                                   seed=seed, tasks=list(tasks))
+    rewards = [e.total_reward for e in episodes]
+    return {"mean_reward": float(np.mean(rewards)),
+            "success_rate": float(np.mean([r >= success_reward for r in rewards]))}
