@@ -1,0 +1,161 @@
+"""Agents: one interface, level-agnostic rollouts, no redundant passes, algorithm specifics."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import llmgym
+from agents import AGENTS, DAPO, GRPO, PPO, REINFORCE, RLOO
+from llmgym import SequenceEnv, Task
+from llmgym.engines import sequence_logprobs
+
+FIVE = [REINFORCE, RLOO, PPO, GRPO, DAPO]
+SMALL = dict(tasks_per_step=2, group_size=2, max_new_tokens=5, seed=3)
+
+
+def small(cls, model, tok, **kw):
+    args = {**SMALL, **kw}
+    if cls is PPO:
+        args.setdefault("minibatch_size", 2)
+    return cls(model, tok, **args)
+
+
+def test_import_names():
+    from agents import DAPO, GRPO, PPO, REINFORCE, RLOO  # noqa: F401
+
+    assert {"reinforce", "rloo", "ppo", "grpo", "dapo", "drgrpo", "gspo", "reinforce++", "remax"} <= set(AGENTS)
+
+
+@pytest.mark.parametrize("cls", list(AGENTS.values()), ids=list(AGENTS))
+def test_learn_returns_the_documented_metrics(cls, tiny_model, tokenizer):
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    history = small(cls, tiny_model, tokenizer).learn(env, steps=2)
+    assert [row["step"] for row in history] == [1, 2]
+    for key in ("step", "reward_mean", "reward_std", "loss", "kl", "entropy", "clip_frac", "tokens_per_s", "wall_s"):
+        assert key in history[0], key
+    assert all(math.isfinite(row["loss"]) and math.isfinite(row["entropy"]) for row in history)
+
+
+@pytest.mark.parametrize("cls", FIVE, ids=lambda c: c.name)
+def test_same_first_batch_at_sequence_and_token_level(cls, tiny_model, tokenizer):
+    seq_env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    tok_env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer, level="token", max_new_tokens=5)
+    a = small(cls, tiny_model, tokenizer).collect(seq_env)
+    b = small(cls, tiny_model, tokenizer).collect(tok_env)
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert torch.equal(a.rewards, b.rewards)
+    assert torch.equal(a.action_mask, b.action_mask)
+    assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-4)
+
+
+def test_same_seed_same_batch_and_other_seed_differs(tiny_model, tokenizer):
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    a = small(GRPO, tiny_model, tokenizer).collect(env)
+    b = small(GRPO, tiny_model, tokenizer).collect(env)
+    c = small(GRPO, tiny_model, tokenizer, seed=4).collect(env)
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert not torch.equal(a.input_ids, c.input_ids) if a.input_ids.shape == c.input_ids.shape else True
+
+
+def test_act_gives_an_action_at_each_level(tiny_model, tokenizer):
+    agent = small(GRPO, tiny_model, tokenizer)
+    seq = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    obs, _ = seq.reset(seed=0)
+    action = agent.act(obs)
+    assert isinstance(action, np.ndarray) and 1 <= len(action) <= 5
+    seq.step(action)
+    tok = gym.make("llmgym/Copy-v0", tokenizer=tokenizer, level="token", max_new_tokens=5)
+    obs, _ = tok.reset(seed=0)
+    token = agent.act(obs, level="token")
+    assert isinstance(token, int) and token in tok.action_space
+
+
+def test_generation_logprobs_are_pi_old_and_first_ratio_is_one(tiny_model, tokenizer):
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    agent = small(GRPO, tiny_model, tokenizer, kl_coef=0.0)
+    batch = agent.collect(env)
+    with torch.no_grad():
+        learner = sequence_logprobs(tiny_model, batch.input_ids, batch.attention_mask)
+    mask = batch.action_mask.bool()
+    assert (learner[mask] - batch.old_logprobs[mask]).abs().max() < 1e-4
+    metrics = agent.update(batch)
+    assert metrics["clip_frac"] == 0.0 and abs(metrics["approx_kl_old_k3"]) < 1e-8
+
+
+def test_reference_model_only_where_kl_is_used(tiny_model, tokenizer):
+    assert small(GRPO, tiny_model, tokenizer, kl_coef=0.0).ref_model is None
+    assert small(DAPO, tiny_model, tokenizer).ref_model is None
+    ref = small(GRPO, tiny_model, tokenizer, kl_coef=0.04).ref_model
+    assert ref is not None and ref is not tiny_model and not any(p.requires_grad for p in ref.parameters())
+
+
+def test_kl_placement_and_estimator_are_configuration(tiny_model, tokenizer):
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    for placement in ("loss", "reward"):
+        for estimator in ("k1", "k2", "k3"):
+            row = small(GRPO, tiny_model, tokenizer, kl_coef=0.1, kl_placement=placement,
+                        kl_estimator=estimator).learn(env, steps=1)[0]
+            assert row["kl"] == pytest.approx(0.0, abs=1e-6)  # first step: policy == reference
+    with pytest.raises(ValueError, match="kl_estimator"):
+        GRPO(tiny_model, tokenizer, kl_estimator="k4")
+    with pytest.raises(TypeError, match="unknown GRPOConfig field"):
+        GRPO(tiny_model, tokenizer, not_a_field=1)
+
+
+def test_multi_turn_episodes_mask_the_env_replies(tiny_model, tokenizer):
+    env = gym.make("llmgym/CopyRetry-v0", tokenizer=tokenizer)
+    batch = small(GRPO, tiny_model, tokenizer).collect(env)
+    episode = batch.episodes[0]
+    assert episode.num_turns == 3  # a random model does not solve Copy
+    reply = tokenizer.encode("\nIncorrect, try again.\n", add_special_tokens=False)
+    ids, mask = episode.token_ids, episode.action_mask
+    starts = [i for i in range(len(ids)) if ids[i:i + len(reply)] == reply]
+    assert len(starts) == 2
+    assert all(mask[s + j] == 0 for s in starts for j in range(len(reply)))
+
+
+def _constant_for_some_tasks_env(tokenizer):
+    tasks = [Task(f"copy:{i}{i}=", answer=f"{i}{i}", id=str(i)) for i in range(10)]
+
+    def reward(task, completion):  # tasks 0-4 always score 0.5: their groups carry no signal
+        if int(task.id) < 5:
+            return 0.5
+        return float(len(completion) % 2)
+
+    return SequenceEnv(tasks, reward, tokenizer)
+
+
+def test_dapo_dynamic_sampling_keeps_only_informative_groups(tiny_model, tokenizer):
+    agent = DAPO(tiny_model, tokenizer, tasks_per_step=3, group_size=4, max_new_tokens=5, max_extra_draws=6, seed=1)
+    batch = agent.collect(_constant_for_some_tasks_env(tokenizer))
+    groups = batch.rewards.view(-1, 4)
+    assert len(groups) <= 3 and batch.stats["extra_draws"] <= 6
+    assert all(len(set(g.tolist())) > 1 for g in groups)
+
+
+def test_dapo_masks_truncated_completions(tiny_model, tokenizer):
+    agent = DAPO(tiny_model, tokenizer, tasks_per_step=2, group_size=2, max_new_tokens=2, dynamic_sampling=False)
+    batch = agent.collect(gym.make("llmgym/Copy-v0", tokenizer=tokenizer))
+    mask = agent.loss_mask(batch)
+    assert torch.equal(mask.sum(-1) == 0, batch.truncated | (batch.lengths == 0))
+
+
+def test_state_dict_round_trip_resumes_exactly(tokenizer, tiny_config):
+    from llmgym.models import build_tiny_model
+
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    straight = small(PPO, build_tiny_model(tokenizer, tiny_config), tokenizer).learn(env, steps=3)
+    first = small(PPO, build_tiny_model(tokenizer, tiny_config), tokenizer)
+    part = first.learn(env, steps=2)
+    state = first.state_dict()
+    resumed = small(PPO, build_tiny_model(tokenizer, tiny_config), tokenizer)
+    resumed.load_state_dict(state)
+    rest = resumed.learn(env, steps=1)
+    for a, b in zip(straight, part + rest):
+        assert a["step"] == b["step"] and a["reward_mean"] == b["reward_mean"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)

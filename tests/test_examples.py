@@ -1,0 +1,36 @@
+"""Every example runs (training examples with a few steps)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def run(name: str, *args: str, timeout: int = 300) -> str:
+    result = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
+                            timeout=timeout, cwd=EXAMPLES.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_custom_loop_example():
+    out = run("custom_loop.py")
+    assert out.count("reward=") == 4
+
+
+def test_plug_in_example_is_at_most_20_lines_of_user_code_and_runs():
+    code = [l for l in (EXAMPLES / "plug_in_env.py").read_text().splitlines()
+            if l.strip() and not l.strip().startswith(("#", '"""'))]
+    assert len(code) <= 20, f"{len(code)} lines of user code"
+    assert "What is" in run("plug_in_env.py")
+
+
+@pytest.mark.parametrize("algo", ["reinforce", "rloo", "ppo", "grpo", "dapo"])
+def test_training_example_runs(algo):
+    out = run(f"train_{algo}.py", "2")
+    assert "held-out reward" in out
