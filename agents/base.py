@@ -16,10 +16,12 @@ import numpy as np
 import torch
 
 from agents import functional as F
+from agents.corrections import TIS_LEVELS, truncated_importance_weights
+from llmgym import distributed
 from llmgym.batch import Batch
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.engines.sampling import row_keys, sample_next_token
-from llmgym.rollout import collect_episodes, is_token_level
+from llmgym.rollout import collect_episodes, draw_tasks, is_token_level
 
 __all__ = ["AgentConfig", "Agent", "ForwardOutput"]
 
@@ -47,6 +49,11 @@ class AgentConfig:
         loss_agg: how per-token losses become a scalar (see ``agents.functional.aggregate_loss``).
         clip_low, clip_high: PPO ratio clipping ε (clip-higher when ``clip_high > clip_low``).
         dual_clip: dual-clip bound c > 1 for negative advantages (``None`` = off).
+        tis: truncated importance sampling against the engine/learner log-prob gap: ``None`` (off),
+            ``"token"`` or ``"sequence"``; see ``agents.corrections.truncated_importance_weights``.
+            The engine's generation-time log-probs are compared with the learner's log-probs of the
+            same tokens before the update; the weight multiplies the per-token policy-gradient loss.
+        tis_cap: the truncation C of the TIS weight ``min(ratio, C)``.
     """
 
     seed: int = 0
@@ -68,8 +75,14 @@ class AgentConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
+    tis: str | None = None
+    tis_cap: float = 2.0
 
     def __post_init__(self) -> None:
+        if self.tis is not None and self.tis not in TIS_LEVELS:
+            raise ValueError(f"tis must be None, 'token' or 'sequence', got {self.tis!r}")
+        if not self.tis_cap > 0:
+            raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
         if self.kl_placement not in ("loss", "reward"):
             raise ValueError(f"kl_placement must be 'loss' or 'reward', got {self.kl_placement!r}")
         if self.kl_estimator not in F.KL_ESTIMATORS:
@@ -126,6 +139,7 @@ class Agent:
         self.step_count = 0
         self._act_calls = 0
         self._rng = torch.Generator().manual_seed(config.seed)
+        self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
 
     # -- pieces subclasses may extend -------------------------------------------------------------
     def parameters(self) -> Iterable[torch.nn.Parameter]:
@@ -168,9 +182,17 @@ class Agent:
         """Roll out ``tasks_per_step × group_size`` episodes of ``env`` (any level) into a :class:`Batch`."""
         self.level = "token" if is_token_level(env) else "sequence"
         seed = self.config.seed * 1_000_003 + self.step_count * 7_919 + getattr(self, "_extra_draws", 0)
+        num_tasks, tasks = num_tasks or self.config.tasks_per_step, None
+        if distributed.is_distributed():
+            # data parallel: every rank draws the same tasks and rolls out its contiguous share
+            tasks = distributed.shard(draw_tasks(env, num_tasks, seed))
+            if not tasks:
+                raise ValueError(f"{num_tasks} tasks per step cannot be shared by {distributed.world_size()} "
+                                 f"ranks: set tasks_per_step >= the number of processes")
+            num_tasks, seed = len(tasks), seed + 7_777_777 * distributed.rank()
         episodes, stats = collect_episodes(
-            env, self.engine, num_tasks=num_tasks or self.config.tasks_per_step,
-            group_size=self.config.group_size, sampling=self.sampling(), seed=seed,
+            env, self.engine, num_tasks=num_tasks,
+            group_size=self.config.group_size, sampling=self.sampling(), seed=seed, tasks=tasks,
         )
         batch = Batch.from_episodes(episodes, self.engine.pad_id)
         batch.stats = stats
@@ -232,23 +254,41 @@ class Agent:
         return batch
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """Optimise on ``batch`` (``update_epochs`` passes over minibatches); return mean diagnostics."""
+        """Optimise on ``batch`` (``update_epochs`` passes over minibatches); return mean diagnostics.
+
+        Data parallel (inside a ``torchrun`` process group; see :mod:`llmgym.distributed`): ``batch``
+        is this rank's share of the global batch. Each rank's loss is multiplied by
+        ``local_count · world_size / global_count`` (tokens for ``"token-mean"``, sequences for the
+        ``seq-mean-*`` modes; counts all-reduced), so after DDP/FSDP averages gradients over ranks the
+        step is the single-process step on the global batch. ``minibatch_size`` is global (each rank
+        takes ``minibatch_size / world_size``). The returned diagnostics are averaged over ranks.
+        """
         batch = self.prepare(batch.to(self.device))
         c = self.config
-        size = c.minibatch_size or len(batch)
+        parallel = distributed.is_distributed()
+        size = self._local_minibatch_size(len(batch)) if parallel else (c.minibatch_size or len(batch))
         # one step on the whole batch: the current log-probs detached are π_old exactly (ratio 1)
         on_policy = c.update_epochs == 1 and size >= len(batch)
+        learner = self._data_parallel_module() if parallel else None  # None: self.model
         sums: dict[str, float] = {}
         count = 0
         self.model.train()
+        tis_stats = self._apply_tis(batch) if c.tis is not None and not on_policy else {}
         for _ in range(c.update_epochs):
             for mb in (batch.minibatches(size, self._rng) if size < len(batch) else [batch]):
-                out = self.forward(mb, with_values=getattr(self, "uses_values", False))
+                out = self.forward(mb, model=learner, with_values=getattr(self, "uses_values", False))
                 if on_policy:
+                    if c.tis is not None:
+                        tis_stats = self._apply_tis(mb, out.logprobs.detach())
                     mb.old_logprobs = out.logprobs.detach()
                 loss, stats = self.loss(mb, out)
+                stats.update(tis_stats)
+                if parallel:
+                    loss = loss * self._data_parallel_loss_scale(mb)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                if parallel:
+                    distributed.average_gradients(self._extra_parameters())
                 if c.max_grad_norm is not None:
                     stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.parameters(), c.max_grad_norm))
                 self.optimizer.step()
@@ -257,7 +297,77 @@ class Agent:
                     sums[k] = sums.get(k, 0.0) + float(v)
                 count += 1
         self.step_count += 1
-        return {k: v / count for k, v in sums.items()}
+        self.engine.sync_weights(self.model)  # a no-op for an HFEngine over this very model
+        metrics = {k: v / count for k, v in sums.items()}
+        return distributed.all_reduce_mean(metrics) if parallel else metrics
+
+    # -- truncated importance sampling (engine/learner mismatch) ----------------------------------
+    @torch.no_grad()
+    def _learner_logprobs(self, batch: Batch) -> torch.Tensor:
+        size = self.config.minibatch_size or len(batch)
+        parts = [self.forward(batch.select(range(s, min(s + size, len(batch))))).logprobs
+                 for s in range(0, len(batch), size)]
+        return torch.cat(parts, dim=0)
+
+    def _apply_tis(self, batch: Batch, learner_logprobs: torch.Tensor | None = None) -> dict[str, float]:
+        """Scale ``batch.advantages`` by the TIS weight; make the learner's log-probs π_old.
+
+        ``batch.old_logprobs`` holds the engine's generation-time log-probs on entry; the weight
+        compares them with ``learner_logprobs`` (the learner's log-probs of the same tokens before
+        the update; computed here when not given). Scaling the advantage by ``w > 0`` multiplies the
+        per-token policy-gradient loss by ``w`` in every surrogate (plain, clipped, dual-clip, GSPO).
+        """
+        c = self.config
+        if learner_logprobs is None:
+            learner_logprobs = self._learner_logprobs(batch)
+        mask = batch.action_mask
+        weights = truncated_importance_weights(learner_logprobs, batch.old_logprobs, mask, c.tis, c.tis_cap)
+        adv = batch.advantages
+        batch.advantages = (adv[:, None] if adv.dim() == 1 else adv) * weights
+        batch.old_logprobs = learner_logprobs
+        truncated = (weights >= c.tis_cap * (1 - 1e-6)).float()
+        return {"tis_weight_mean": float(F.masked_mean(weights, mask)),
+                "tis_truncated_frac": float(F.masked_mean(truncated, mask))}
+
+    # -- data parallel ----------------------------------------------------------------------------
+    def _extra_parameters(self) -> list[torch.nn.Parameter]:
+        """Trained parameters outside ``self.model`` (e.g. PPO's value head): synced by hand."""
+        own = {id(p) for p in self.model.parameters()}
+        return [p for p in self.parameters() if id(p) not in own]
+
+    def _data_parallel_module(self):
+        if self._dp_module is None:
+            if getattr(self, "uses_values", False) and self.config.loss_agg != "token-mean":
+                raise ValueError("data-parallel PPO needs loss_agg='token-mean' (its value loss is token-mean; "
+                                 "one loss scale must fit both terms)")
+            self._dp_module = (self.model if distributed.is_fsdp_module(self.model)
+                               else distributed.wrap_ddp(self.model))
+            distributed.broadcast_parameters(self._extra_parameters())
+        return self._dp_module
+
+    def _local_minibatch_size(self, local_len: int) -> int:
+        c = self.config
+        if c.minibatch_size is None:
+            return local_len
+        world = distributed.world_size()
+        if c.minibatch_size % world:
+            raise ValueError(f"minibatch_size ({c.minibatch_size}) is global under data parallel: make it a "
+                             f"multiple of the number of processes ({world})")
+        sizes = distributed.all_gather_ints(local_len)
+        if len(set(sizes)) > 1 and c.minibatch_size // world < max(sizes):
+            raise ValueError(f"minibatches under data parallel need equal per-rank batches (got {sizes}): "
+                             f"make tasks_per_step a multiple of the number of processes")
+        return c.minibatch_size // world
+
+    def _data_parallel_loss_scale(self, mb: Batch) -> float:
+        """``local · world_size / global`` count of the loss's denominator (see ``F.aggregate_loss``)."""
+        if self.config.loss_agg == "token-mean":
+            mask = self.loss_mask(mb) if hasattr(self, "loss_mask") else mb.action_mask
+            local = float(mask.float().sum())
+        else:  # seq-mean-*: the number of rows
+            local = float(len(mb))
+        total = distributed.all_reduce_sum(local)
+        return local * distributed.world_size() / total if total > 0 else 0.0
 
     def policy_stats(self, batch: Batch, out: ForwardOutput, is_clipped=None, kl=None) -> dict[str, float]:
         """Diagnostics common to every agent: entropy, KL (both estimators), clip fraction."""

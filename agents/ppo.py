@@ -31,6 +31,7 @@ class PPOConfig(AgentConfig):
 
     group_size: int = 1
     tasks_per_step: int = 16
+    lr: float = 5e-4  # several optimiser steps per batch: a smaller step than the on-policy agents
     update_epochs: int = 2
     minibatch_size: int | None = 8
     kl_coef: float = 0.05

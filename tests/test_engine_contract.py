@@ -1,0 +1,225 @@
+"""The rollout-engine contract, one suite for every engine.
+
+Engines: ``hf-cpu`` (always), ``hf-cuda`` (when CUDA is available) and ``vllm`` (when vLLM is
+importable *and* CUDA is available; skipped with the reason otherwise). The same tiny Llama model
+(random weights, byte tokenizer) backs each engine; a separate copy of it is "the learner", used for
+teacher-forced log-probs and for pushing weights with ``sync_weights``.
+
+Log-prob tolerance per token (nats): HF float32 1e-4 (incremental KV-cache decoding vs one full
+forward pass); vLLM 1e-2 in float32 (other kernels and sampler; ``LLMGYM_VLLM_LOGPROB_TOL`` overrides,
+``LLMGYM_VLLM_DTYPE=bfloat16`` needs ~1e-1). With ``top_p < 1`` vLLM reports the log-prob under the
+nucleus-renormalised distribution (``engine.top_p_renormalised_logprobs``); the expected value is
+computed the same way from the teacher-forced logits.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+import os
+import types
+
+import pytest
+import torch
+
+from llmgym.engines import Engine, HFEngine, SamplingParams, sequence_logprobs
+
+ENGINES = ("hf-cpu", "hf-cuda", "vllm")
+MAX_NEW = 8
+
+
+def _skip_reason(kind: str) -> str | None:
+    cuda = torch.cuda.is_available()
+    if kind == "hf-cuda" and not cuda:
+        return "hf-cuda needs a CUDA GPU"
+    if kind == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            return "vLLM is not installed (pip install 'llmgym[vllm]'; CUDA GPU only)"
+        if not cuda:
+            return "VLLMEngine needs a CUDA GPU"
+    return None
+
+
+def force_token(model, token_id: int, strength: float = 100.0) -> None:
+    """Perturb a Llama/Qwen-style model in place so that it emits ``token_id`` at every step.
+
+    Adds ``strength`` to embedding dimension 0 of every token (and again for ``token_id``): the
+    residual stream is then dominated by dimension 0, the final RMSNorm maps it to ≈ √d·e₀, and the
+    (tied or untied) output row of ``token_id`` wins by ≈ √d·strength nats.
+    """
+    with torch.no_grad():
+        for table in {id(m.weight): m.weight for m in (model.get_input_embeddings(), model.get_output_embeddings())
+                      if m is not None}.values():
+            table[:, 0] += strength
+            table[token_id, 0] += strength
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def setup(request):
+    reason = _skip_reason(request.param)
+    if reason:
+        pytest.skip(reason)
+    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+
+    tok = build_tokenizer()
+    # head_dim 64: a size every vLLM attention backend supports
+    learner = build_tiny_model(tok, TinyModelConfig(hidden_size=128, num_layers=2, num_heads=2,
+                                                    intermediate_size=256, seed=3))
+    device = "cpu" if request.param == "hf-cpu" else "cuda"
+    learner = learner.to(device).eval()
+    ns = types.SimpleNamespace(kind=request.param, tok=tok, learner=learner, device=device)
+    if request.param.startswith("hf"):
+        ns.engine = HFEngine(copy.deepcopy(learner), tok)
+        ns.tol, ns.exact = 1e-4, True
+    else:
+        from llmgym.engines.vllm import VLLMEngine
+
+        dtype = os.environ.get("LLMGYM_VLLM_DTYPE", "float32")
+        ns.engine = VLLMEngine(learner, tok, dtype=dtype, gpu_memory_utilization=0.25, enforce_eager=True)
+        ns.tol = float(os.environ.get("LLMGYM_VLLM_LOGPROB_TOL", "1e-2" if dtype == "float32" else "1e-1"))
+        ns.exact = False  # vLLM's logits can differ slightly between batches: seeded draws may flip
+    yield ns
+    if hasattr(ns.engine, "close"):
+        ns.engine.close()
+
+
+def _prompts(tok):
+    return [tok.encode("12+3="), tok.encode("hello"), tok.encode("a much longer prompt, to pad:")]
+
+
+def _same(a, b) -> bool:
+    return a.token_ids == b.token_ids
+
+
+def test_is_an_engine(setup):
+    assert isinstance(setup.engine, Engine)
+    assert setup.engine.tokenizer is setup.tok and isinstance(setup.engine.pad_id, int)
+
+
+def test_shapes_and_finish_reasons(setup):
+    prompts = _prompts(setup.tok)
+    groups = setup.engine.generate(prompts, SamplingParams(n=4, max_new_tokens=MAX_NEW, seed=0))
+    assert len(groups) == len(prompts)
+    eos = setup.tok.eos_token_id
+    for prompt, group in zip(prompts, groups):
+        assert len(group) == 4
+        for c in group:
+            assert c.prompt_ids == prompt
+            assert 1 <= len(c.token_ids) == len(c.logprobs) <= MAX_NEW
+            assert all(math.isfinite(lp) and -1e4 < lp <= 1e-6 for lp in c.logprobs)
+            assert c.finish_reason in ("stop", "length")
+            if c.finish_reason == "length":
+                assert len(c.token_ids) == MAX_NEW and eos not in c.token_ids
+            else:  # no stop strings here: only EOS stops, and it is kept as the last token
+                assert c.token_ids[-1] == eos and eos not in c.token_ids[:-1]
+            assert c.text == setup.tok.decode(c.token_ids, skip_special_tokens=True)
+
+
+def _agreement(a: list, b: list, exact: bool) -> None:
+    same = [x.token_ids == y.token_ids for x, y in zip(a, b)]
+    if exact:
+        assert all(same)
+    else:
+        assert sum(same) >= 0.75 * len(same), f"only {sum(same)}/{len(same)} rows reproduced"
+
+
+def test_seeds_reproduce_and_differ(setup):
+    prompts = _prompts(setup.tok)
+    flat = lambda groups: [c for g in groups for c in g]
+    sampling = SamplingParams(n=3, max_new_tokens=MAX_NEW, seed=11)
+    a = flat(setup.engine.generate(prompts, sampling))
+    b = flat(setup.engine.generate(prompts, sampling))
+    _agreement(a, b, setup.exact)
+    if setup.exact:
+        assert all(x.logprobs == pytest.approx(y.logprobs, abs=1e-5) for x, y in zip(a, b))
+    c = flat(setup.engine.generate(prompts, SamplingParams(n=3, max_new_tokens=MAX_NEW, seed=12)))
+    assert sum(x.token_ids != y.token_ids for x, y in zip(a, c)) >= len(a) // 2
+    # a row's key fixes its tokens whatever batch it is generated in
+    keys = [x.key for x in a]
+    alone = setup.engine.generate([prompts[1]], SamplingParams(n=1, max_new_tokens=MAX_NEW), keys=[keys[4]])[0][0]
+    _agreement([alone], [a[4]], setup.exact)
+    # the n samples of one prompt are distinct draws
+    assert len({tuple(x.token_ids) for x in a[:3]}) > 1
+
+
+def test_stop_strings(setup):
+    tok = setup.tok
+    stops = tuple("aeiou0123456789 ")
+    sampling = SamplingParams(n=8, max_new_tokens=16, seed=5, stop=stops)
+    completions = [c for g in setup.engine.generate(_prompts(tok)[:2], sampling) for c in g]
+    stopped_on_string = 0
+    for c in completions:
+        text = tok.decode(c.token_ids, skip_special_tokens=True)
+        before = tok.decode(c.token_ids[:-1], skip_special_tokens=True)
+        assert not any(s in before for s in stops), f"generation ran past a stop string: {text!r}"
+        if c.finish_reason == "stop" and c.token_ids[-1] != tok.eos_token_id:
+            assert any(s in text for s in stops)  # the tokens completing the stop string are kept
+            stopped_on_string += 1
+        elif c.finish_reason == "length":
+            assert len(c.token_ids) == 16 and not any(s in text for s in stops)
+    assert stopped_on_string > 0
+
+
+def _expected_logprobs(setup, c, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced log-probs of ``c``'s tokens under the learner, and whether each is in the nucleus."""
+    ids = torch.tensor([c.prompt_ids + c.token_ids], device=setup.device)
+    with torch.no_grad():
+        _, logits = sequence_logprobs(setup.learner, ids, torch.ones_like(ids), temperature, return_logits=True)
+    logp = torch.log_softmax(logits[0, len(c.prompt_ids) - 1:].double(), dim=-1)  # [n, V], tempered
+    tokens = torch.tensor(c.token_ids, device=logp.device)
+    chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
+    sorted_lp, order = logp.sort(dim=-1, descending=True)
+    mass_before = sorted_lp.exp().cumsum(-1) - sorted_lp.exp()
+    keep = torch.zeros_like(logp, dtype=torch.bool).scatter(-1, order, mass_before < top_p)
+    in_nucleus = keep.gather(-1, tokens[:, None]).squeeze(-1)
+    if top_p < 1 and getattr(setup.engine, "top_p_renormalised_logprobs", False):
+        chosen = chosen - torch.logsumexp(logp.masked_fill(~keep, float("-inf")), dim=-1)
+    return chosen.float().cpu(), in_nucleus.cpu()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_logprobs_match_teacher_forcing(setup, temperature, top_p):
+    sampling = SamplingParams(n=4, max_new_tokens=MAX_NEW, temperature=temperature, top_p=top_p, seed=7)
+    worst = 0.0
+    for group in setup.engine.generate(_prompts(setup.tok), sampling):
+        for c in group:
+            expected, in_nucleus = _expected_logprobs(setup, c, temperature, top_p)
+            assert bool(in_nucleus.all()), "a token outside the top-p nucleus was sampled"
+            worst = max(worst, float((torch.tensor(c.logprobs) - expected).abs().max()))
+    assert worst <= setup.tol, f"{setup.kind}: log-probs differ from teacher forcing by {worst:.3g} > {setup.tol}"
+
+
+def test_sync_weights_changes_the_samples(setup):
+    tok, engine = setup.tok, setup.engine
+    prompts = _prompts(tok)[:2]
+    sampling = SamplingParams(n=4, max_new_tokens=MAX_NEW, seed=21)
+    target = tok.encode("Z", add_special_tokens=False)[0]
+    before = [c for g in engine.generate(prompts, sampling) for c in g]
+    assert not all(set(c.token_ids) == {target} for c in before)
+    try:
+        forced = copy.deepcopy(setup.learner)
+        force_token(forced, target)
+        engine.sync_weights(forced)
+        after = [c for g in engine.generate(prompts, sampling) for c in g]
+        assert all(c.token_ids == [target] * MAX_NEW and c.finish_reason == "length" for c in after)
+        assert all(lp > -1e-3 for c in after for lp in c.logprobs)  # the forced token has p ≈ 1
+        stopper = copy.deepcopy(setup.learner)
+        force_token(stopper, tok.eos_token_id)
+        engine.sync_weights(stopper)
+        ended = [c for g in engine.generate(prompts, sampling) for c in g]
+        assert all(c.token_ids == [tok.eos_token_id] and c.finish_reason == "stop" and c.text == "" for c in ended)
+    finally:
+        engine.sync_weights(setup.learner)  # back to the original weights for the other tests
+    restored = [c for g in engine.generate(prompts, sampling) for c in g]
+    _agreement(restored, before, setup.exact)
+
+
+def test_importing_vllm_engine_without_vllm_says_what_to_install():
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    with pytest.raises(ImportError, match=r"pip install 'llmgym\[vllm\]'.*GPU"):
+        import llmgym.engines.vllm  # noqa: F401
+    with pytest.raises(ImportError, match="GPU"):
+        from llmgym.engines import VLLMEngine  # noqa: F401
