@@ -246,6 +246,15 @@ class Agent:
             return self.config.kl_coef * kl, kl
         return torch.zeros_like(out.logprobs), kl
 
+    def policy_loss(self, batch: Batch, out: ForwardOutput, pg_loss: torch.Tensor, is_clipped=None,
+                    mask: torch.Tensor | None = None, **aggregate_kw) -> tuple[torch.Tensor, dict[str, float]]:
+        """``aggregate(pg_loss + β·KL − c_H·H)`` over ``mask`` (default: the action mask) and diagnostics."""
+        kl_term, kl = self.kl_loss_term(batch, out)
+        token_loss = pg_loss + kl_term - self.config.entropy_coef * out.entropy
+        mask = batch.action_mask if mask is None else mask
+        loss = F.aggregate_loss(token_loss, mask, self.config.loss_agg, **aggregate_kw)
+        return loss, self.policy_stats(batch, out, is_clipped, kl)
+
     def prepare(self, batch: Batch) -> Batch:
         """Everything computed once per batch before the optimiser steps."""
         if self.ref_model is not None:

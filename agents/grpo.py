@@ -83,14 +83,9 @@ class GRPO(Agent):
         return batch.action_mask
 
     def loss(self, batch: Batch, out: ForwardOutput):
-        c = self.config
-        pg_loss, is_clipped = self.surrogate(batch, out)
-        kl_term, kl = self.kl_loss_term(batch, out)
-        token_loss = pg_loss + kl_term - c.entropy_coef * out.entropy
-        mask = self.loss_mask(batch)
-        normalizer = c.loss_normalizer or c.max_new_tokens
-        loss = F.aggregate_loss(token_loss, mask, c.loss_agg, normalizer=normalizer)
-        return loss, self.policy_stats(batch, out, is_clipped, kl)
+        pg_loss, is_clipped = self.surrogate(batch, out)  # clipped surrogate; + β·KL (k3) below
+        normalizer = self.config.loss_normalizer or self.config.max_new_tokens
+        return self.policy_loss(batch, out, pg_loss, is_clipped, mask=self.loss_mask(batch), normalizer=normalizer)
 
 
 @dataclasses.dataclass

@@ -94,11 +94,8 @@ class PPO(Agent):
             out.logprobs, batch.old_logprobs, batch.advantages, c.clip_low, c.clip_high, c.dual_clip
         )
         v_loss = F.clipped_value_loss(out.values, batch.values, batch.returns, c.value_clip)
-        kl_term, kl = self.kl_loss_term(batch, out)
-        token_loss = pg_loss + kl_term - c.entropy_coef * out.entropy
-        pg = F.aggregate_loss(token_loss, mask, c.loss_agg)
+        pg, stats = self.policy_loss(batch, out, pg_loss, is_clipped)
         vf = F.aggregate_loss(v_loss, mask, "token-mean")
-        stats = self.policy_stats(batch, out, is_clipped, kl)
         stats.update(
             pg_loss=float(pg.detach()),
             value_loss=float(vf.detach()),

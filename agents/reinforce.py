@@ -78,11 +78,8 @@ class REINFORCE(Agent):
         batch.returns = returns
 
     def loss(self, batch: Batch, out: ForwardOutput):
-        pg_loss = F.policy_gradient_loss(out.logprobs, batch.advantages)
-        kl_term, kl = self.kl_loss_term(batch, out)
-        token_loss = pg_loss + kl_term - self.config.entropy_coef * out.entropy
-        loss = F.aggregate_loss(token_loss, batch.action_mask, self.config.loss_agg)
-        return loss, self.policy_stats(batch, out, kl=kl)
+        pg_loss = F.policy_gradient_loss(out.logprobs, batch.advantages)  # −(G_t − b)·log π
+        return self.policy_loss(batch, out, pg_loss)
 
     def extra_state(self):
         return {"running_baseline": self.running_baseline}
@@ -159,10 +156,7 @@ class REINFORCEPlusPlus(REINFORCE):
         c = self.config
         pg_loss, is_clipped = F.clipped_surrogate_loss(out.logprobs, batch.old_logprobs, batch.advantages,
                                                        c.clip_low, c.clip_high, c.dual_clip)
-        kl_term, kl = self.kl_loss_term(batch, out)
-        token_loss = pg_loss + kl_term - c.entropy_coef * out.entropy
-        loss = F.aggregate_loss(token_loss, batch.action_mask, c.loss_agg)
-        return loss, self.policy_stats(batch, out, is_clipped, kl)
+        return self.policy_loss(batch, out, pg_loss, is_clipped)
 
 
 __all__ += ["REINFORCEPlusPlusConfig", "REINFORCEPlusPlus"]

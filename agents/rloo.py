@@ -57,9 +57,6 @@ class RLOO(Agent):
         batch.advantages = advantages[:, None] * batch.action_mask
 
     def loss(self, batch: Batch, out: ForwardOutput):
-        pg_loss = F.policy_gradient_loss(out.logprobs, batch.advantages)
-        kl_term, kl = self.kl_loss_term(batch, out)
-        token_loss = pg_loss + kl_term - self.config.entropy_coef * out.entropy
-        loss = F.aggregate_loss(token_loss, batch.action_mask, self.config.loss_agg)
-        return loss, self.policy_stats(batch, out, kl=kl)
+        pg_loss = F.policy_gradient_loss(out.logprobs, batch.advantages)  # −A_i·log π(y_i | x)
+        return self.policy_loss(batch, out, pg_loss)
 
