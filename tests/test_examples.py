@@ -34,3 +34,8 @@ def test_plug_in_example_is_at_most_20_lines_of_user_code_and_runs():
 def test_training_example_runs(algo):
     out = run(f"train_{algo}.py", "2")
     assert "held-out reward" in out
+
+
+def test_code_benchmark_example():
+    out = run("benchmark_code.py", "--problems", "2", "--samples", "2", "--k", "1")
+    assert "pass@1" in out
