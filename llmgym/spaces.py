@@ -30,6 +30,15 @@ class AnyText(spaces.Text):
     def contains(self, x: Any) -> bool:
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
 
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        """A random printable string of at most 64 characters (a million-character sample helps no check)."""
+        if mask is not None or probability is not None:
+            return super().sample(mask=mask, probability=probability)
+        high = min(self.max_length, max(self.min_length, 64))
+        length = int(self.np_random.integers(self.min_length, high + 1))
+        chars = self.np_random.choice(np.array(list(string.printable)), size=length)
+        return "".join(chars.tolist())
+
     def __repr__(self) -> str:
         return f"AnyText({self.min_length}, {self.max_length})"
 

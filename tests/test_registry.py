@@ -13,6 +13,16 @@ from gymnasium.utils.env_checker import check_env
 import llmgym
 
 
+from pathlib import Path
+
+DATA = Path(__file__).parent / "data"
+# envs that read the user's data files: checked on the small samples shipped with the tests
+DATA_KWARGS = {
+    "llmgym/GSM8K-v0": {"path": str(DATA / "gsm8k_sample.jsonl")},
+    "llmgym/MATH-v0": {"path": str(DATA / "math_sample.jsonl")},
+}
+
+
 def _ids():
     return [e.id for e in llmgym.registered_envs()]
 
@@ -34,16 +44,18 @@ def test_check_env_passes_at_both_levels(env_id, tokenizer):
         pytest.importorskip(module)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # check_env's advice (e.g. "wrapped env") is not a failure
-        try:
-            seq = gym.make(env_id, tokenizer=tokenizer)
-        except TypeError as exc:
-            if "path" in str(exc) or "requires" in str(exc):
-                pytest.skip(f"{env_id} needs user data: {exc}")
-            raise
+        kwargs = DATA_KWARGS.get(env_id, {})
+        seq = gym.make(env_id, tokenizer=tokenizer, **kwargs)
         check_env(seq.unwrapped)
-        tok = gym.make(env_id, tokenizer=tokenizer, level="token", max_new_tokens=8)
+        tok = gym.make(env_id, tokenizer=tokenizer, level="token", max_new_tokens=8, **kwargs)
         check_env(tok)
     assert isinstance(tok.action_space, gym.spaces.Discrete)
+
+
+@pytest.mark.parametrize("env_id", sorted(DATA_KWARGS))
+def test_data_envs_without_a_path_say_what_to_do(env_id):
+    with pytest.raises((TypeError, ValueError, FileNotFoundError), match="path"):
+        gym.make(env_id)
 
 
 def test_unknown_id_error_suggests_close_ids():

@@ -1,0 +1,244 @@
+"""Every offline ``reasoning-gym`` dataset as an env, ``llmgym/RG-<dataset>-v0``, scored by its own ``score_answer``.
+
+Items are generated lazily, one per reset: the env's seeded generator draws a seed, and the item is
+``reasoning_gym.create_dataset(name, size=1, seed=seed, **config)[0]`` — never a pre-built list
+(some datasets take seconds per thousand items, and a few build time grows with ``size``). Recent
+items are cached per process by ``(dataset, config, seed)``, so a group of resets with the same seed
+(and ``gymnasium``'s env checker) pays once. Same seed, same item. A generator that finds no item for
+a seed (``word_ladder`` can run out of word pairs) is retried with a seed derived from it.
+
+The answer handed to the dataset's ``score_answer`` is the content of the completion's last
+``<answer>…</answer>`` block, else the whole completion, stripped (reasoning-gym's own convention).
+Datasets with several valid answers (``boxnet``, ``graph_color``, ``propositional_logic``,
+``rubiks_cube``, ``rush_hour``) store no single answer (``task.answer`` is ``None``); their
+``score_answer`` checks a proposed solution itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import re
+import threading
+from typing import Any
+
+import numpy as np
+
+from llmgym import Score, SequenceEnv, Task, Verifier
+
+__all__ = [
+    "ANSWER_INSTRUCTION",
+    "REUSABLE_DATASETS",
+    "extract_tagged_answer",
+    "reasoning_gym_datasets",
+    "reasoning_gym_task",
+    "ReasoningGymVerifier",
+    "make_env",
+]
+
+ANSWER_INSTRUCTION = "Give your final answer inside <answer></answer> tags."
+
+_CACHE_SIZE = 512
+_ATTEMPTS, _RETRY_STRIDE = 5, 7919
+_cache: collections.OrderedDict[tuple, tuple[Any, dict]] = collections.OrderedDict()
+_cache_lock = threading.Lock()
+_ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def _rg() -> Any:
+    try:
+        import reasoning_gym
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            "reasoning-gym envs need the 'reasoning-gym' package: pip install 'llmgym[math]' "
+            "(or pip install reasoning-gym)"
+        ) from exc
+    return reasoning_gym
+
+
+def reasoning_gym_datasets() -> list[str]:
+    """Names of the datasets the installed ``reasoning_gym`` registers (offline or not).
+
+    Example:
+        >>> from envs.math.reasoning import reasoning_gym_datasets
+        >>> "basic_arithmetic" in reasoning_gym_datasets()
+        True
+    """
+    _rg()
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(DATASETS)
+
+
+def extract_tagged_answer(completion: str) -> str:
+    """The last ``<answer>…</answer>`` content (an unclosed tag runs to the end), else the whole text; stripped.
+
+    Example:
+        >>> from envs.math.reasoning import extract_tagged_answer
+        >>> extract_tagged_answer("<think>hmm</think><answer> 42 </answer>"), extract_tagged_answer(" 42\\n")
+        ('42', '42')
+    """
+    found = _ANSWER.findall(completion)
+    return (found[-1] if found else completion).strip()
+
+
+# Datasets whose constructor loads a data file (0.1-0.3 s) and does not depend on the seed, and whose
+# items depend only on ``self.seed`` (``Random(self.seed + idx)``): one loaded instance is copied and
+# re-seeded instead of loading the file at every draw. A test checks this against fresh instances.
+REUSABLE_DATASETS = frozenset({"arc_agi", "codeio", "figlet_font", "group_anagrams", "word_ladder"})
+_templates: dict[tuple[str, str], Any] = {}
+
+
+def _config_key(config: dict[str, Any]) -> str:
+    return repr(sorted(config.items()))
+
+
+def _build(dataset: str, config: dict[str, Any], seed: int) -> Any:
+    """A size-1 dataset object for ``seed``."""
+    if dataset not in REUSABLE_DATASETS:
+        return _rg().create_dataset(dataset, size=1, seed=seed, **config)
+    key = (dataset, _config_key(config))
+    with _cache_lock:
+        template = _templates.get(key)
+    if template is None:
+        template = _rg().create_dataset(dataset, size=1, seed=0, **config)
+        with _cache_lock:
+            _templates[key] = template
+    ds = copy.copy(template)  # shares the loaded (read-only) data
+    ds.seed = seed
+    return ds
+
+
+def _item(dataset: str, config: dict[str, Any], seed: int) -> tuple[Any, dict]:
+    """``(dataset object, item)`` for one seed, through the per-process cache."""
+    key = (dataset, _config_key(config), seed)
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
+    ds = _build(dataset, config, seed)
+    entry = ds[0]
+    with _cache_lock:
+        _cache[key] = (ds, entry)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return ds, entry
+
+
+def _scorer(dataset: str, config: dict[str, Any], seed: int) -> Any:
+    """The dataset object whose ``score_answer`` judges an item (cached one, else a fresh size-1 one)."""
+    with _cache_lock:
+        cached = _cache.get((dataset, _config_key(config), seed))
+    if cached is not None:
+        return cached[0]
+    return _build(dataset, config, seed)
+
+
+def reasoning_gym_task(
+    dataset: str, seed: int, config: dict[str, Any] | None = None, instruction: str | None = ANSWER_INSTRUCTION
+) -> Task:
+    """The item of ``dataset`` for ``seed`` as a :class:`~llmgym.Task` (the raw entry in ``metadata``).
+
+    Example:
+        >>> from envs.math.reasoning import reasoning_gym_task
+        >>> task = reasoning_gym_task("basic_arithmetic", seed=7)
+        >>> task.id, task.metadata["entry"]["answer"] == task.answer
+        ('basic_arithmetic/7', True)
+    """
+    config = dict(config or {})
+    for attempt in range(_ATTEMPTS):
+        try:
+            _, entry = _item(dataset, config, seed)
+            break
+        except (IndexError, RuntimeError):  # a generator that found no valid item for this seed
+            if attempt == _ATTEMPTS - 1:
+                raise
+            seed = (seed + _RETRY_STRIDE) % (2**31 - 1)  # deterministic: same seed, same retries
+    question = entry["question"]
+    prompt = f"{question}\n\n{instruction}" if instruction else question
+    return Task(
+        prompt,
+        answer=entry.get("answer"),
+        metadata={"dataset": dataset, "seed": seed, "config": config, "entry": entry},
+        id=f"{dataset}/{seed}",
+    )
+
+
+class ReasoningGymVerifier(Verifier):
+    """Score with the dataset's own ``score_answer(answer, entry)`` (a float in ``[0, 1]``).
+
+    The answer is :func:`extract_tagged_answer` of the completion. ``info["extracted"]`` holds it.
+
+    Example:
+        >>> from envs.math.reasoning import ReasoningGymVerifier, reasoning_gym_task
+        >>> task = reasoning_gym_task("chain_sum", seed=1)
+        >>> v = ReasoningGymVerifier()
+        >>> v(task, f"<answer>{task.answer}</answer>").reward, v(task, "<answer>no</answer>").reward
+        (1.0, 0.0)
+    """
+
+    time_limit = 5.0
+
+    def __init__(self, time_limit: float | None = 5.0):
+        super().__init__()
+        self.time_limit = time_limit
+
+    def verify(self, task: Task, completion: str) -> Score:
+        meta = task.metadata
+        if "entry" not in meta or "dataset" not in meta:
+            raise ValueError(
+                "this task is not a reasoning-gym item (metadata lacks 'dataset'/'entry'): make it with "
+                "envs.math.reasoning.reasoning_gym_task"
+            )
+        ds = _scorer(meta["dataset"], dict(meta.get("config", {})), int(meta.get("seed", 0)))
+        answer = extract_tagged_answer(completion)
+        reward = ds.score_answer(answer, meta["entry"])
+        return Score(float(reward or 0.0), {"extracted": answer})
+
+
+def make_env(
+    tokenizer: Any = None,
+    render_mode: str | None = None,
+    *,
+    dataset: str,
+    instruction: str | None = ANSWER_INSTRUCTION,
+    time_limit: float | None = 5.0,
+    **config: Any,
+) -> SequenceEnv:
+    """``llmgym/RG-<dataset>-v0``: one lazily generated item per reset, scored by the dataset itself.
+
+    Keywords other than the ones named here are the dataset's configuration (its ``*Config`` fields,
+    e.g. ``min_terms=2`` for ``chain_sum``). ``size`` and ``seed`` are not: items come from the env's
+    seeded generator, so use ``env.reset(seed=...)``. ``instruction`` is appended to each question
+    (``None`` for none).
+
+    Example:
+        >>> import gymnasium, llmgym
+        >>> env = gymnasium.make("llmgym/RG-basic_arithmetic-v0")
+        >>> obs, info = env.reset(seed=0)
+        >>> env.step("<answer>" + info["task"].answer + "</answer>")[1]
+        1.0
+    """
+    for reserved in ("size", "seed"):
+        if reserved in config:
+            raise TypeError(
+                f"{reserved}= is not a dataset option here: items are drawn one at a time from the env's "
+                f"seeded generator; pin them with env.reset(seed=...)"
+            )
+    _rg()
+    from reasoning_gym.factory import DATASETS
+
+    if dataset not in DATASETS:
+        import difflib
+
+        close = difflib.get_close_matches(dataset, list(DATASETS), n=3)
+        raise ValueError(f"unknown reasoning-gym dataset {dataset!r}" + (f"; did you mean {close}?" if close else ""))
+    try:  # check the configuration now (cheap) rather than at the first reset
+        DATASETS[dataset][1](**config)
+    except TypeError as exc:
+        raise TypeError(f"bad configuration for reasoning-gym dataset {dataset!r}: {exc}") from None
+
+    def draw(rng: np.random.Generator) -> Task:
+        return reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
+
+    return SequenceEnv(draw, ReasoningGymVerifier(time_limit), tokenizer, render_mode=render_mode)

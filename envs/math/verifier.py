@@ -1,0 +1,511 @@
+r"""Math answer checking on top of ``math-verify``: extraction, gold normalisation, time limits.
+
+How an answer is taken from a completion (:func:`extract_answer`), first rule that applies wins:
+
+0. **Region.** If the completion has ``<answer>…</answer>``, only the content of the last such block
+   is read (an unclosed last ``<answer>`` runs to the end). Otherwise, if it has ``</think>``, only
+   the text after the last ``</think>`` is read (when that is not blank).
+1. **Boxed.** The content of the last ``\boxed{…}`` (or ``\fbox{…}``), braces balanced.
+2. **Answer marker.** After the last ``####`` (GSM8K), ``answer is``, ``answer:`` or ``answer =``
+   (any case, so "The final answer is" too), up to the end of that line and sentence: the first
+   ``$…$`` math in it, else the whole phrase when it is mathematical, else its first number.
+3. **Bare answer.** The whole region, when it is one line of mathematics (no prose words outside
+   LaTeX commands): ``\frac{1}{2}``, ``(1, 2)``, ``x = 3``, ``1,000``.
+4. **Math span.** The last ``$…$``, ``$$…$$``, ``\(…\)`` or ``\[…\]`` whose content is mathematical
+   (so currency such as "$5 and $3" is skipped).
+5. **Last number.** The last number in the region: integer, decimal, ``a/b``, ``1,234`` (commas
+   dropped), with its sign.
+6. **Short text.** The whole region, when it is one line of at most three words ("Monday").
+
+Nothing found: reward 0, ``info["error"]`` says so.
+
+**Gold answers** go through the same rules, so a gold stored the way datasets store it works: bare
+LaTeX without ``$`` (MATH: ``\frac{1}{2}``), a plain number, GSM8K's ``"...reasoning... #### 18"``, a
+``\boxed{}`` solution; an ``int``/``float``/``Fraction`` is turned into text first. A gold from
+which no rule extracts anything is used whole. math-verify parses bare LaTeX unreliably
+(``\dfrac12`` and ``\sqrt{2}`` parse to nothing, ``3\sqrt{3}`` to ``3``, ``(1, 2)`` to ``2``), so
+every extracted answer, gold and prediction alike, is wrapped as ``$…$`` before parsing (falling
+back to math-verify's plain-expression parser when that yields nothing). Two answers whose
+normalised text is equal match without parsing (word answers such as "Monday").
+
+**Time limits.** math-verify's own time-out uses ``signal.alarm``, which raises off the main thread;
+it is switched off (``parsing_timeout=None``, ``timeout_seconds=None``) and the limit is enforced
+here: a single call uses the :class:`~llmgym.Verifier` watchdog thread (works from any thread or
+worker process; the caller gets its 0.0 on time, but a computation that never ends keeps its daemon
+thread busy), and :meth:`MathVerifier.verify_batch` with ``max_workers`` runs in worker processes
+where a hung check's process is killed and replaced. A watchdog thread cannot interrupt one long C
+call that holds the GIL, such as SymPy computing ``9^{9^{9}}`` exactly, so answers holding numbers
+over :data:`MAX_NUMBER_BITS` bits (power towers, huge factorials) are refused before comparison.
+"""
+
+from __future__ import annotations
+
+import fractions
+import functools
+import logging
+import math
+import re
+import threading
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+from llmgym import Score, Task, Verifier
+from llmgym.verifiers import RegexFormat, WeightedSum
+
+__all__ = [
+    "MAX_NUMBER_BITS",
+    "extract_answer",
+    "normalize_gold",
+    "MathVerifier",
+    "ThinkAnswerFormat",
+    "math_reward",
+]
+
+
+# -- extraction ----------------------------------------------------------------------------------
+
+_ANSWER_OPEN = re.compile(r"<answer>", re.IGNORECASE)
+_ANSWER_CLOSE = re.compile(r"</answer>", re.IGNORECASE)
+_THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_MARKER = re.compile(r"####|\banswer\b\s*(?:is\b|:|=)\s*:?", re.IGNORECASE)
+_MATH_SPAN = re.compile(
+    r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL
+)
+_NUMBER = re.compile(
+    r"(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:\s*/\s*\d+)?|\.\d+)"
+)
+_TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{[^{}]*\}")
+_LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
+_SENTENCE_END = re.compile(r"\.(?=\s|$)")
+
+
+def _region(text: str) -> str:
+    opens = list(_ANSWER_OPEN.finditer(text))
+    if opens:
+        rest = text[opens[-1].end():]
+        close = _ANSWER_CLOSE.search(rest)
+        return rest[: close.start()] if close else rest
+    closes = list(_THINK_CLOSE.finditer(text))
+    if closes and text[closes[-1].end():].strip():
+        return text[closes[-1].end():]
+    return text
+
+
+def _last_boxed(text: str) -> str | None:
+    matches = list(_BOXED.finditer(text))
+    for match in reversed(matches):  # a truncated last box (no closing brace) yields to the one before
+        depth, start = 1, match.end()
+        for i in range(start, len(text)):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start:i]
+    return None
+
+
+def _is_math(text: str) -> bool:
+    """One line, and no word of two or more letters outside LaTeX commands and ``\\text{}``."""
+    text = text.strip()
+    if not text or "\n" in text:
+        return False
+    bare = _LATEX_COMMAND.sub(" ", _TEXT_COMMAND.sub(" ", text))
+    return re.search(r"[A-Za-z]{2,}", bare) is None
+
+
+def _tidy(candidate: str) -> str:
+    candidate = candidate.strip().strip("*").strip()  # markdown bold around an answer
+    candidate = re.sub(r"[.。]+$", "", candidate).strip()
+    if len(candidate) > 1 and candidate[0] == candidate[-1] == "$":
+        candidate = candidate.strip("$").strip()
+    return candidate
+
+
+def _math_spans(text: str) -> list[str]:
+    return [next(g for g in m.groups() if g is not None) for m in _MATH_SPAN.finditer(text)]
+
+
+def _last_number(text: str) -> str | None:
+    numbers = _NUMBER.findall(text)
+    return re.sub(r"[,\s]", "", numbers[-1]) if numbers else None
+
+
+def _after_marker(text: str) -> str | None:
+    markers = list(_MARKER.finditer(text))
+    if not markers:
+        return None
+    phrase = text[markers[-1].end():].strip().split("\n", 1)[0]
+    spans = _math_spans(phrase)
+    if spans:
+        return spans[0]
+    phrase = _SENTENCE_END.split(phrase, 1)[0]  # "42. I hope it is correct" -> "42"
+    if _is_math(phrase):
+        return phrase
+    numbers = _NUMBER.findall(phrase)
+    return re.sub(r"[,\s]", "", numbers[0]) if numbers else None
+
+
+def _extract(text: str) -> tuple[str | None, str | None]:
+    region = _region(text)
+    boxed = _last_boxed(region)
+    if boxed is not None:
+        return _tidy(boxed), "boxed"
+    marked = _after_marker(region)
+    if marked is not None and _tidy(marked):
+        return _tidy(marked), "marker"
+    whole = _tidy(region)
+    if whole and "$" not in whole and _is_math(whole):
+        return whole, "bare"
+    spans = [s for s in _math_spans(region) if _is_math(s)]
+    if spans:
+        return _tidy(spans[-1]), "math_span"
+    number = _last_number(region)
+    if number is not None:
+        return number, "last_number"
+    if whole and "\n" not in whole and len(whole.split()) <= 3:
+        return whole, "short_text"
+    return None, None
+
+
+def extract_answer(text: str) -> str | None:
+    r"""The answer a completion gives, as LaTeX without ``$`` (rules in the module docstring), or ``None``.
+
+    Example:
+        >>> from envs.math import extract_answer
+        >>> extract_answer(r"so $x = 2$ and the result is \boxed{\frac{1}{2}}.")
+        '\\frac{1}{2}'
+        >>> extract_answer("<think>3 + 4 = 7</think><answer>7</answer>")
+        '7'
+        >>> extract_answer("Natalia sold 48/2 = 24 clips in May.\n#### 72")
+        '72'
+        >>> extract_answer("The answer is 42.")
+        '42'
+        >>> extract_answer(r"\left( 3, \frac{\pi}{2} \right)")
+        '\\left( 3, \\frac{\\pi}{2} \\right)'
+        >>> extract_answer("He paid $5 for pens and $3 for paper, 8 dollars in total")
+        '8'
+        >>> extract_answer("Monday"), extract_answer("I am not sure how to solve this one.")
+        ('Monday', None)
+    """
+    return _extract(text)[0]
+
+
+def normalize_gold(answer: Any) -> str:
+    r"""A dataset's stored answer as LaTeX without ``$``: the rules of :func:`extract_answer`, else whole.
+
+    Example:
+        >>> from envs.math import normalize_gold
+        >>> normalize_gold("Weng earns 12/60 = $0.2 per minute... #### 10")
+        '10'
+        >>> normalize_gold(r"\frac{1}{2}"), normalize_gold(18), normalize_gold("Monday")
+        ('\\frac{1}{2}', '18', 'Monday')
+    """
+    if answer is None:
+        raise ValueError("the task has no reference answer (task.answer is None)")
+    if isinstance(answer, bool):
+        raise TypeError(f"a math gold answer must be text or a number, got {answer!r}")
+    if isinstance(answer, (int, Decimal)):
+        return str(answer)
+    if isinstance(answer, fractions.Fraction):
+        return str(answer) if answer.denominator != 1 else str(answer.numerator)
+    if isinstance(answer, float):
+        return repr(answer)
+    if not isinstance(answer, str):
+        raise TypeError(
+            f"a math gold answer must be text or a number, got {type(answer).__name__}: {answer!r:.80}"
+        )
+    candidate, _ = _extract(answer)
+    return candidate if candidate is not None else _tidy(answer)
+
+
+def _plain(text: str) -> str:
+    """Text for the string fast path: no ``\\text{}`` wrapper, spaces or case."""
+    text = re.sub(r"\\(?:text|mathrm|textbf)\s*\{([^{}]*)\}", r"\1", text)
+    return re.sub(r"\s+", "", text).lower()
+
+
+# -- math-verify, without its signal-based time-out -----------------------------------------------
+
+
+def _verify_in_worker(verifier: Verifier, task: Task, completion: str) -> Score:
+    # No watchdog thread here: the parent process enforces the limit by killing this worker.
+    return verifier._guarded(task, completion)
+
+
+def _warm_up() -> None:
+    """Import math-verify and run SymPy once in a new worker, so no check's clock pays for it."""
+    _parse("1")
+    _math_verify().verify(list(_parse("1")), list(_parse("2")), timeout_seconds=None)
+
+
+class _DropDisabledTimeoutWarning(logging.Filter):
+    # We pass parsing_timeout=None on purpose and enforce the limit ourselves.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+_MV_LOCK = threading.Lock()
+_MV: Any = None
+
+
+def _math_verify() -> Any:
+    global _MV
+    if _MV is None:
+        with _MV_LOCK:
+            if _MV is None:
+                try:
+                    import math_verify
+                except ModuleNotFoundError as exc:
+                    raise ModuleNotFoundError(
+                        "MathVerifier needs the 'math-verify' package: pip install 'llmgym[math]' "
+                        "(or pip install math-verify)"
+                    ) from exc
+                for name in ("math_verify.parser", "math_verify.grader"):
+                    logging.getLogger(name).addFilter(_DropDisabledTimeoutWarning())
+                _MV = math_verify
+    return _MV
+
+
+@functools.lru_cache(maxsize=8192)  # a group of G completions shares one gold: parse it once
+def _parse(candidate: str) -> tuple:
+    mv = _math_verify()
+    parsed = mv.parse(f"${candidate}$", parsing_timeout=None)
+    if not parsed:
+        parsed = mv.parse(candidate, parsing_timeout=None)
+    return tuple(parsed)
+
+
+# Numbers beyond this many bits are refused before comparison: SymPy would compute them exactly
+# (9^{9^{9}} has ~1.2e9 bits) inside single long C calls that hold the GIL, which no watchdog thread
+# can interrupt. 2^20 bits (~315,000 digits) is far beyond any real answer and still quick to handle.
+MAX_NUMBER_BITS = 1 << 20
+
+
+def _log2_size(expr: Any) -> float:
+    """An upper bound on log2 of the magnitude of ``expr``'s numbers (``inf`` when astronomical)."""
+    if getattr(expr, "is_Integer", False):
+        return float(abs(int(expr)).bit_length())
+    if getattr(expr, "is_Rational", False):
+        return float(max(abs(int(expr.p)).bit_length(), int(expr.q).bit_length()))
+    if getattr(expr, "is_Float", False):
+        value = abs(float(expr))
+        return math.log2(value + 1.0) if math.isfinite(value) else math.inf
+    args = getattr(expr, "args", ())
+    if not args:
+        return 0.0
+    name = type(expr).__name__
+    if getattr(expr, "is_Pow", False):
+        base, exponent = _log2_size(args[0]), _log2_size(args[1])
+        if base == 0.0:
+            return 0.0
+        return math.inf if exponent > 60 else base * 2.0 ** exponent
+    if name in ("factorial", "factorial2", "subfactorial", "binomial", "gamma", "RisingFactorial", "FallingFactorial"):
+        n_bits = max(_log2_size(a) for a in args)
+        return math.inf if n_bits > 60 else 2.0 ** n_bits * n_bits
+    return sum(_log2_size(a) for a in args)
+
+
+def _too_large(parsed: tuple) -> bool:
+    return any(not isinstance(p, str) and _log2_size(p) > MAX_NUMBER_BITS for p in parsed)
+
+
+class MathVerifier(Verifier):
+    r"""1.0 when the completion's answer equals ``task.answer`` mathematically (math-verify), else 0.0.
+
+    Extraction and gold normalisation follow :mod:`envs.math.verifier` (last ``\boxed{}``,
+    ``<answer>`` tags, "answer is X", ``#### X``, bare math, last math span, last number). Equality is
+    math-verify's: numeric within ``float_rounding`` digits, symbolic, sets/tuples/intervals,
+    equations ``x = 3`` vs ``3``, percentages.
+
+    Args:
+        time_limit: seconds per check (watchdog thread for single calls; worker kill in batches).
+        float_rounding, numeric_precision, strict: passed to ``math_verify.verify``.
+        mp_context: start method (or context) of :meth:`verify_batch`'s worker processes; default
+            ``forkserver`` where available, else ``spawn``.
+
+    ``info`` holds ``extracted`` (the prediction's answer), ``extracted_by`` (the rule) and ``gold``.
+
+    Example:
+        >>> from llmgym import Task
+        >>> from envs.math import MathVerifier
+        >>> v = MathVerifier()
+        >>> task = Task("What is 1/2 as a decimal?", answer=r"\frac{1}{2}")
+        >>> v(task, "It is 0.5").reward, v(task, r"\boxed{\frac12}").reward, v(task, "0.25").reward
+        (1.0, 1.0, 0.0)
+        >>> v(Task("q", answer="... so she has 18 left. #### 18"), "The answer is 18.").reward
+        1.0
+        >>> v(task, "I am not sure how to solve this one.").info["error"]
+        'no answer found in the completion'
+    """
+
+    time_limit = 5.0
+
+    def __init__(
+        self,
+        time_limit: float | None = 5.0,
+        *,
+        float_rounding: int = 6,
+        numeric_precision: int = 15,
+        strict: bool = True,
+        mp_context: Any = None,
+    ):
+        super().__init__()
+        self.time_limit = time_limit
+        self.float_rounding, self.numeric_precision, self.strict = float_rounding, numeric_precision, strict
+        self.mp_context = mp_context
+        self._pool: Any = None
+        self._pool_lock = threading.Lock()
+
+    def verify(self, task: Task, completion: str) -> Score:
+        gold = normalize_gold(task.answer)
+        predicted, rule = _extract(completion)
+        info = {"extracted": predicted, "extracted_by": rule, "gold": gold}
+        if predicted is None:
+            return Score(0.0, {**info, "error": "no answer found in the completion"})
+        if _plain(predicted) == _plain(gold):
+            return Score(1.0, info)
+        gold_parsed, predicted_parsed = _parse(gold), _parse(predicted)
+        if not gold_parsed:
+            return Score(0.0, {**info, "error": f"the gold answer {gold!r} could not be parsed"})
+        if not predicted_parsed:
+            return Score(0.0, info)
+        for side, parsed in (("gold answer", gold_parsed), ("answer", predicted_parsed)):
+            if _too_large(parsed):
+                return Score(0.0, {**info, "error": f"the {side} holds a number over {MAX_NUMBER_BITS} bits: not compared"})
+        equal = _math_verify().verify(
+            list(gold_parsed),
+            list(predicted_parsed),
+            float_rounding=self.float_rounding,
+            numeric_precision=self.numeric_precision,
+            strict=self.strict,
+            timeout_seconds=None,
+        )
+        return Score(float(bool(equal)), info)
+
+    # -- batches in worker processes ------------------------------------------------------------
+    def verify_batch(
+        self, tasks: Sequence[Task], completions: Sequence[str], max_workers: int | None = None
+    ) -> list[Score]:
+        """Score many completions; with ``max_workers`` > 1 in that many worker processes.
+
+        Each check gets ``time_limit`` seconds from the moment a worker takes it; a worker past it is
+        killed (a hung parse is abandoned, not waited for) and replaced, and that item scores 0.0
+        with ``info["error"]`` starting "timeout". The workers persist between calls; :meth:`close`
+        stops them.
+
+        Example:
+            >>> from llmgym import Task
+            >>> from envs.math import MathVerifier
+            >>> with MathVerifier() as v:
+            ...     scores = v.verify_batch([Task("q", answer="2")] * 3, ["2", "3", r"\\boxed{2}"], max_workers=2)
+            >>> [s.reward for s in scores]
+            [1.0, 0.0, 1.0]
+        """
+        if len(tasks) != len(completions):
+            raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
+        if not max_workers or max_workers <= 1 or len(tasks) <= 1:
+            return [self(t, c) for t, c in zip(tasks, completions)]
+        from envs.math.pool import DeadlinePool
+
+        with self._pool_lock:
+            if self._pool is None or self._pool.max_workers != max_workers:
+                if self._pool is not None:
+                    self._pool.close()
+                self._pool = DeadlinePool(_verify_in_worker, max_workers, self.mp_context, initializer=_warm_up)
+            pool = self._pool
+        # the verifier travels with each item, so later changes to its settings reach the workers
+        outcomes = pool.map([(self, t, c) for t, c in zip(tasks, completions)], self.time_limit)
+        scores = []
+        for status, value in outcomes:
+            if status == "ok":
+                scores.append(value)
+            elif status == "timeout":
+                scores.append(Score(0.0, {"error": f"timeout: verification took longer than {self.time_limit} s"}))
+            else:
+                scores.append(Score(0.0, {"error": value}))
+        return scores
+
+    def close(self) -> None:
+        """Stop :meth:`verify_batch`'s worker processes (they restart on the next batch)."""
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    def __enter__(self) -> MathVerifier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Workers receive a copy of the verifier: without the pool and its lock (not picklable).
+        state = dict(self.__dict__)
+        state["_pool"], state["_pool_lock"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pool_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"MathVerifier(time_limit={self.time_limit})"
+
+
+# -- format and combined reward -------------------------------------------------------------------
+
+
+class ThinkAnswerFormat(RegexFormat):
+    """1.0 for exactly ``<think>…</think><answer>…</answer>`` (whitespace around allowed), else 0.0.
+
+    Each tag appears once, in that order, the answer is not empty, and nothing else is outside them.
+
+    Example:
+        >>> from llmgym import Task
+        >>> from envs.math import ThinkAnswerFormat
+        >>> fmt = ThinkAnswerFormat()
+        >>> fmt(Task("q"), "<think>2+2=4</think>\\n<answer>4</answer>").reward
+        1.0
+        >>> fmt(Task("q"), "<answer>4</answer>").reward, fmt(Task("q"), "<think>a</think><answer>4</answer> ok").reward
+        (0.0, 0.0)
+    """
+
+    PATTERN = (
+        r"\A\s*<think>(?:(?!</?think>|</?answer>).)*</think>\s*"
+        r"<answer>(?:(?!</?think>|</?answer>).)*\S(?:(?!</?think>|</?answer>).)*</answer>\s*\Z"
+    )
+
+    def __init__(self, time_limit: float | None = None):
+        super().__init__(self.PATTERN, time_limit=time_limit)
+
+
+def math_reward(format_weight: float = 0.1, time_limit: float | None = 5.0) -> WeightedSum:
+    """``format_weight · ThinkAnswerFormat + (1 − format_weight) · MathVerifier`` (best reward 1.0).
+
+    ``info["format"]`` and ``info["correct"]`` hold each part's details.
+
+    Example:
+        >>> from llmgym import Task
+        >>> from envs.math import math_reward
+        >>> reward = math_reward(format_weight=0.1)
+        >>> task = Task("2+2?", answer="4")
+        >>> [round(reward(task, c).reward, 2) for c in ("<think>easy</think><answer>4</answer>", "4", "<think>?</think><answer>5</answer>")]
+        [1.0, 0.9, 0.1]
+    """
+    if not 0.0 <= format_weight <= 1.0:
+        raise ValueError(f"format_weight must be within [0, 1], got {format_weight}")
+    return WeightedSum(
+        {
+            "format": (format_weight, ThinkAnswerFormat()),
+            "correct": (1.0 - format_weight, MathVerifier(time_limit=time_limit)),
+        }
+    )

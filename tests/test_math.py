@@ -1,0 +1,388 @@
+"""Math: answer equivalence, extraction, time limits, batches, format reward, math envs, reasoning-gym."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import gymnasium
+import numpy as np
+import pytest
+
+import llmgym
+from llmgym import Task
+
+pytest.importorskip("math_verify")
+
+from envs.math import (
+    MathVerifier,
+    ThinkAnswerFormat,
+    arithmetic_task,
+    extract_answer,
+    load_gsm8k,
+    load_math,
+    math_reward,
+    normalize_gold,
+)
+from envs.math.pool import default_mp_context
+
+DATA = Path(__file__).parent / "data"
+GSM8K_SAMPLE = DATA / "gsm8k_sample.jsonl"
+MATH_SAMPLE = DATA / "math_sample.jsonl"
+
+# Expanding and comparing degree-5000 polynomials takes SymPy minutes: a check that must be abandoned.
+HANGING = ("(x+1)^{5000}", r"\boxed{(x+2)^{5000}}")
+# Slow but finite (under a second here): a timed-out watchdog thread finishes soon after the test.
+SLOW = ("(x+1)^{150}", r"\boxed{(x+2)^{150}}")
+
+GSM8K_GOLD = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
+)
+
+# (a, b, equal): each pair is checked both ways, a as gold and b as the completion, then swapped.
+EQUIVALENCE = [
+    (r"\frac{1}{2}", "0.5", True),
+    (r"\frac{1}{2}", "1/2", True),
+    (r"\frac{1}{2}", r"\boxed{\frac12}", True),
+    (r"\frac{1}{2}", r"$\dfrac{1}{2}$", True),
+    (r"\frac{1}{2}", "0.25", False),
+    (r"\frac{1}{2}", "2", False),
+    ("42", "The answer is 42.", True),
+    ("42", "The answer is 41.", False),
+    ("The answer is 42.", r"\boxed{42}", True),
+    (GSM8K_GOLD, "72", True),
+    (GSM8K_GOLD, "24", False),
+    ("#### 18", r"so she has \boxed{18} eggs", True),
+    ("#### 18", "17", False),
+    ("#### 1,250", "1250", True),
+    ("1,000", "1000", True),
+    (r"\{1, 2\}", r"\{2, 1\}", True),
+    (r"\{1, 2\}", r"\{1, 3\}", False),
+    ("1, 2", r"\{2, 1\}", True),
+    ("(1, 2)", r"\left(1, 2\right)", True),
+    ("(1, 2)", "(2, 1)", False),
+    (r"\left( 3, \frac{\pi}{2} \right)", r"$(3, \pi/2)$", True),
+    (r"\left( 3, \frac{\pi}{2} \right)", r"$(3, \pi)$", False),
+    (r"\sqrt{2}", "2^{1/2}", True),
+    (r"3\sqrt{3}", r"\sqrt{27}", True),
+    (r"3\sqrt{3}", "3", False),
+    ("x = 3", "3", True),
+    ("-7", "The final answer is -7", True),
+    ("-7", "7", False),
+    (r"10\%", "0.1", True),
+    (r"\text{Monday}", "Monday", True),
+    ("5", "<think>2 + 2 = 4, and 4 + 1 is 5</think><answer>5</answer>", True),
+    ("5", "<think>it is 5</think><answer>6</answer>", False),
+]
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with MathVerifier(time_limit=10.0) as v:
+        yield v
+
+
+@pytest.mark.parametrize("a, b, equal", EQUIVALENCE, ids=[f"{i}" for i in range(len(EQUIVALENCE))])
+def test_answer_equivalence_both_directions(verifier, a, b, equal):
+    forward = verifier(Task("q", answer=a), b)
+    backward = verifier(Task("q", answer=b), a)
+    assert forward.reward == float(equal), forward.info
+    assert backward.reward == float(equal), backward.info
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"first $x=1$, then \boxed{2} and finally \boxed{\frac{3}{4}}", r"\frac{3}{4}"),
+        ("<answer>7</answer> but \\boxed{8} outside", "7"),
+        ("<think>maybe \\boxed{3}</think> It is 4", "4"),
+        ("The final answer is $\\frac{1}{2}$. I hope it is correct.", r"\frac{1}{2}"),
+        ("Answer: 12 apples", "12"),
+        ("#### 1,250", "1,250"),
+        ("He bought 3 pens for $5 and paid $7 in total", "7"),
+        ("It costs 12.50 dollars", "12.50"),
+        ("so x = 48/2", "48/2"),
+        ("x = 48/2", "x = 48/2"),
+        ("I am not sure how to solve this one.", None),
+    ],
+)
+def test_extraction_rules(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_gold_normalisation_of_stored_forms():
+    assert normalize_gold("some work... #### 1,250") == "1,250"
+    assert normalize_gold(r"\frac{1}{2}") == r"\frac{1}{2}"
+    assert normalize_gold(r"We get $\boxed{\sqrt{2}}$.") == r"\sqrt{2}"
+    assert normalize_gold(7) == "7" and normalize_gold(0.5) == "0.5"
+    with pytest.raises(ValueError, match="no reference answer"):
+        normalize_gold(None)
+
+
+def test_numbers_and_missing_answers_score_safely(verifier):
+    from fractions import Fraction
+
+    assert verifier(Task("q", answer=Fraction(1, 2)), "0.5").reward == 1.0
+    assert verifier(Task("q", answer=18), "#### 18").reward == 1.0
+    missing = verifier(Task("q"), "5")
+    assert missing.reward == 0.0 and "no reference answer" in missing.info["error"]
+    nothing = verifier(Task("q", answer="5"), "I am not sure how to solve this one.")
+    assert nothing.reward == 0.0 and "no answer found" in nothing.info["error"]
+
+
+# -- time limits ------------------------------------------------------------------------------------
+
+
+def test_works_and_times_out_off_the_main_thread():
+    results = {}
+
+    def run():
+        results["ok"] = MathVerifier(time_limit=10.0)(Task("q", answer="1/2"), r"\boxed{0.5}")
+        start = time.perf_counter()
+        results["slow"] = MathVerifier(time_limit=0.05)(Task("q", answer=SLOW[0]), SLOW[1])
+        results["elapsed"] = time.perf_counter() - start
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    assert results["ok"].reward == 1.0, results["ok"].info  # no "signal only works in main thread"
+    assert results["slow"].reward == 0.0 and results["slow"].info["error"].startswith("timeout")
+    assert results["elapsed"] < 1.0
+
+
+def test_astronomical_numbers_are_refused_quickly():
+    # SymPy would compute 9^(9^9) exactly, in C calls that hold the GIL for minutes
+    start = time.perf_counter()
+    score = MathVerifier(time_limit=5.0)(Task("q", answer="1"), r"\boxed{9^{9^{9}}}")
+    assert score.reward == 0.0 and "bits" in score.info["error"]
+    assert MathVerifier()(Task("q", answer="1"), r"\boxed{(10^{7})!}").info["error"].endswith("not compared")
+    assert time.perf_counter() - start < 2.0
+    assert MathVerifier()(Task("q", answer="1024"), r"\boxed{2^{10}}").reward == 1.0
+    assert MathVerifier()(Task("q", answer="3628800"), r"\boxed{10!}").reward == 1.0
+
+
+def test_works_inside_a_worker_process():
+    ctx = default_mp_context()
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        good = pool.submit(MathVerifier(time_limit=10.0), Task("q", answer=r"\frac{1}{2}"), "0.5").result(60)
+        slow = pool.submit(MathVerifier(time_limit=0.05), Task("q", answer=SLOW[0]), SLOW[1]).result(60)
+    assert good.reward == 1.0, good.info
+    assert slow.reward == 0.0 and slow.info["error"].startswith("timeout")
+
+
+def test_verify_batch_matches_sequential_and_abandons_a_hung_check():
+    tasks = [Task("q", answer=r"\frac{1}{2}"), Task("q", answer=HANGING[0]), Task("q", answer="#### 18"),
+             Task("q", answer="(1, 2)"), Task("q", answer="3")]
+    completions = ["0.5", HANGING[1], "The answer is 18.", "(2, 1)", "<answer>3</answer>"]
+    with MathVerifier(time_limit=1.5) as v:
+        start = time.perf_counter()
+        scores = v.verify_batch(tasks, completions, max_workers=2)
+        elapsed = time.perf_counter() - start
+        assert [s.reward for s in scores] == [1.0, 0.0, 1.0, 0.0, 1.0]
+        assert scores[1].info["error"].startswith("timeout")
+        assert elapsed < 30  # the hung check was abandoned, not waited for (minutes)
+        # the killed worker was replaced: the next batch runs normally, same results as one by one
+        again = v.verify_batch(tasks[:1] + tasks[2:], completions[:1] + completions[2:], max_workers=2)
+        sequential = v.verify_batch(tasks[:1] + tasks[2:], completions[:1] + completions[2:])
+        assert [s.reward for s in again] == [s.reward for s in sequential] == [1.0, 1.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="2 tasks but 1 completions"):
+        MathVerifier().verify_batch(tasks[:2], completions[:1])
+
+
+# -- format and combined reward ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "completion, ok",
+    [
+        ("<think>2+2=4</think><answer>4</answer>", True),
+        ("  <think>\nlong\nthought\n</think>\n\n<answer> 4 </answer>\n", True),
+        ("<answer>4</answer>", False),
+        ("<think>a</think>", False),
+        ("<think>a</think><answer></answer>", False),
+        ("<think>a</think><answer>4</answer> trailing text", False),
+        ("<think>a</think><think>b</think><answer>4</answer>", False),
+        ("<answer>4</answer><think>a</think>", False),
+    ],
+)
+def test_think_answer_format(completion, ok):
+    assert ThinkAnswerFormat()(Task("q"), completion).reward == float(ok)
+
+
+def test_math_reward_weights_format_and_correctness():
+    reward = math_reward(format_weight=0.2)
+    task = Task("q", answer=r"\frac{1}{2}")
+    both = reward(task, "<think>half</think><answer>0.5</answer>")
+    assert both.reward == pytest.approx(1.0)
+    assert both.info["format"]["reward"] == 1.0 and both.info["correct"]["reward"] == 1.0
+    assert reward(task, "0.5").reward == pytest.approx(0.8)
+    assert reward(task, "<think>x</think><answer>3</answer>").reward == pytest.approx(0.2)
+    with pytest.raises(ValueError):
+        math_reward(format_weight=1.5)
+
+
+# -- arithmetic -----------------------------------------------------------------------------------
+
+
+def test_arithmetic_tasks_are_seeded_and_correct():
+    for seed in range(200):
+        task = arithmetic_task(np.random.default_rng(seed), min_ops=1, max_ops=4)
+        expression = task.metadata["expression"]
+        assert eval(expression.replace("/", "//")) == int(task.answer)  # "/" only where exact
+        assert arithmetic_task(np.random.default_rng(seed), min_ops=1, max_ops=4) == task
+    n_ops = {len(re.findall(r" [-+*/] ", arithmetic_task(np.random.default_rng(s), 2, 4).metadata["expression"]))
+             for s in range(50)}
+    assert n_ops == {2, 3, 4}
+
+
+def test_arithmetic_env_through_gymnasium():
+    env = gymnasium.make("llmgym/Arithmetic-v0", max_ops=3)
+    obs, info = env.reset(seed=5)
+    answer = info["task"].answer
+    assert obs["prompt"] == info["task"].prompt and "\\boxed{}" in obs["prompt"]
+    assert env.step(f"Working... \\boxed{{{answer}}}")[1] == 1.0
+    env.reset(seed=5)
+    assert env.step(f"\\boxed{{{int(answer) + 1}}}")[1] == 0.0
+
+
+# -- GSM8K / MATH files --------------------------------------------------------------------------
+
+
+def test_load_gsm8k_sample():
+    tasks = load_gsm8k(GSM8K_SAMPLE)
+    assert [t.answer for t in tasks] == ["18", "84", "1250", "11"]
+    assert tasks[0].metadata["solution"].endswith("#### 18") and tasks[0].id == "gsm8k/0"
+    assert "\\boxed{}" in tasks[0].prompt and tasks[0].metadata["question"] in tasks[0].prompt
+    assert len(load_gsm8k(GSM8K_SAMPLE, limit=2, prompt="Q: {question}\nA:")) == 2
+    verifier = MathVerifier()
+    for task in tasks:  # the stored worked solution is itself a correct completion
+        assert verifier(task, task.metadata["solution"]).reward == 1.0
+
+
+def test_load_math_sample():
+    tasks = load_math(MATH_SAMPLE)
+    assert [t.answer for t in tasks] == [r"\frac{1}{2}", r"\sqrt{3}", r"\left( 3, \frac{\pi}{2} \right)", "1, 2"]
+    assert tasks[0].id == "sample/prealgebra/1.json" and tasks[1].id == "math/1"  # answer from \boxed{}
+    assert tasks[0].metadata["level"] == "Level 2" and tasks[0].metadata["type"] == "Prealgebra"
+    verifier = MathVerifier()
+    for task in tasks:
+        assert verifier(task, task.metadata["solution"]).reward == 1.0, task.id
+
+
+def test_loaders_read_json_and_report_bad_files(tmp_path):
+    rows = [json.loads(line) for line in GSM8K_SAMPLE.read_text().splitlines()]
+    (tmp_path / "g.json").write_text(json.dumps(rows))
+    assert [t.answer for t in load_gsm8k(tmp_path / "g.json")] == ["18", "84", "1250", "11"]
+    (tmp_path / "bad.jsonl").write_text('{"question": "q", "answer": "no marker"}\n')
+    with pytest.raises(ValueError, match="####"):
+        load_gsm8k(tmp_path / "bad.jsonl")
+    with pytest.raises(FileNotFoundError):
+        load_math(tmp_path / "missing.jsonl")
+
+
+def test_loaders_use_the_datasets_cache_when_no_path(monkeypatch):
+    calls = []
+    fake = types.ModuleType("datasets")
+
+    def load_dataset(name, config=None, split=None):
+        calls.append((name, config, split))
+        return [{"problem": "1+1?", "solution": r"\boxed{2}", "answer": "2"}]
+
+    fake.load_dataset = load_dataset
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    assert load_math(split="test")[0].answer == "2"
+    assert calls == [("HuggingFaceH4/MATH-500", None, "test")]
+
+
+def test_dataset_envs_need_a_path_or_a_cache(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if `datasets` were not installed
+    for env_id in ("llmgym/GSM8K-v0", "llmgym/MATH-v0"):
+        with pytest.raises(TypeError, match="path="):
+            gymnasium.make(env_id)
+    with pytest.raises(ModuleNotFoundError, match="pip install datasets"):
+        load_gsm8k()
+    env = gymnasium.make("llmgym/MATH-v0", path=str(MATH_SAMPLE))
+    obs, info = env.reset(seed=1)
+    assert env.step(f"The answer is $\\boxed{{{info['task'].answer}}}$")[1] == 1.0
+
+
+def test_parquet_loading(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    rows = [json.loads(line) for line in MATH_SAMPLE.read_text().splitlines()]
+    keys = ["problem", "solution", "level", "type"]
+    pq.write_table(pa.Table.from_pylist([{k: r[k] for k in keys} for r in rows]), tmp_path / "m.parquet")
+    assert load_math(tmp_path / "m.parquet")[0].answer == r"\frac{1}{2}"
+
+
+# -- reasoning-gym --------------------------------------------------------------------------------
+
+
+def test_reasoning_gym_static_list_matches_the_library():
+    pytest.importorskip("reasoning_gym")
+    import reasoning_gym
+    from reasoning_gym.factory import DATASETS
+
+    offline = []
+    for name in sorted(DATASETS):
+        try:
+            reasoning_gym.create_dataset(name, size=1, seed=0)[0]
+        except Exception:  # needs a configuration (composite) or a download
+            continue
+        offline.append(name)
+    assert list(llmgym.registry.REASONING_GYM_DATASETS) == offline
+    ids = {e.id for e in llmgym.registered_envs("reasoning-gym")}
+    assert ids == {f"llmgym/RG-{name}-v0" for name in offline}
+    assert all(e.requires == ("reasoning_gym",) for e in llmgym.registered_envs("reasoning-gym"))
+
+
+@pytest.mark.parametrize("dataset", ["basic_arithmetic", "chain_sum", "word_sorting", "letter_counting", "gcd"])
+def test_reasoning_gym_own_answer_scores_one(dataset):
+    pytest.importorskip("reasoning_gym")
+    env = gymnasium.make(f"llmgym/RG-{dataset}-v0")
+    for seed in range(3):
+        obs, info = env.reset(seed=seed)
+        task = info["task"]
+        assert task.metadata["entry"]["question"] in obs["prompt"]
+        obs, reward, terminated, truncated, info = env.step(f"<think>easy</think><answer>{task.answer}</answer>")
+        assert (reward, terminated) == (1.0, True), info
+        env.reset(seed=seed)
+        assert env.step(str(task.answer))[1] == 1.0  # no tags: the whole completion is the answer
+
+
+def test_reasoning_gym_env_is_lazy_seeded_and_configurable():
+    pytest.importorskip("reasoning_gym")
+    from envs.math import reasoning
+
+    env = gymnasium.make("llmgym/RG-chain_sum-v0", min_terms=5, max_terms=5, instruction=None)
+    first = env.reset(seed=11)[1]["task"]
+    assert env.reset(seed=11)[1]["task"] == first and env.reset(seed=12)[1]["task"] != first
+    assert first.prompt == first.metadata["entry"]["question"]  # instruction=None: the bare question
+    assert first.metadata["entry"]["metadata"]["num_terms"] == 5
+    before = len(reasoning._cache)
+    gymnasium.make("llmgym/RG-sudoku-v0")  # making builds nothing ...
+    assert len(reasoning._cache) == before
+    with pytest.raises(TypeError, match="reset\\(seed="):
+        gymnasium.make("llmgym/RG-chain_sum-v0", size=1000)
+    with pytest.raises(ValueError, match="unknown reasoning-gym dataset"):
+        reasoning.make_env(dataset="chain_summ")
+
+
+def test_reused_dataset_instances_give_the_same_items_as_fresh_ones():
+    pytest.importorskip("reasoning_gym")
+    import reasoning_gym
+
+    from envs.math import reasoning
+
+    for dataset in sorted(reasoning.REUSABLE_DATASETS):
+        for seed in (3, 1234567):
+            fresh = reasoning_gym.create_dataset(dataset, size=1, seed=seed)[0]
+            assert reasoning._build(dataset, {}, seed)[0] == fresh, dataset
