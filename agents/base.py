@@ -104,6 +104,14 @@ class ForwardOutput:
     values: torch.Tensor | None = None
 
 
+def _disable_dropout(model: torch.nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
 class Agent:
     """Base class of all agents: ``act``, ``collect``, ``update``, ``learn``.
 
@@ -136,6 +144,7 @@ class Agent:
         self.device = next(model.parameters()).device
         if self.device.type == "cpu":
             flush_denormals()  # Adam on a small model slows 10x+ on denormal floats otherwise
+        _disable_dropout(model)  # the engine samples without dropout: π_old and π must be the same function
         self.ref_model = self._make_reference() if config.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(self.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.level = "sequence"
@@ -223,6 +232,11 @@ class Agent:
     @torch.no_grad()
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
         return self.forward(batch, model=self.ref_model).logprobs
+
+    def sequence_scores(self, batch: Batch) -> torch.Tensor:
+        """``[N]`` episode scores: the env's reward, minus β·Σ_t KL_t when KL is placed in the reward."""
+        return F.masked_sum(self.kl_rewards(batch), batch.action_mask, dim=-1) if (
+            self.ref_model is not None and self.config.kl_placement == "reward") else batch.rewards
 
     def kl_rewards(self, batch: Batch) -> torch.Tensor:
         """Per-token rewards with −β·KL folded in when ``kl_placement == "reward"``."""
@@ -425,8 +439,9 @@ class Agent:
                 metrics = self.update(batch)
                 row = {
                     "step": self.step_count,
-                    "reward_mean": float(batch.rewards.mean()),
-                    "reward_std": float(batch.rewards.std()) if len(batch) > 1 else 0.0,
+                    # over every sampled episode (DAPO reports them before dropping uninformative groups)
+                    "reward_mean": batch.stats.get("reward_mean", float(batch.rewards.mean())),
+                    "reward_std": batch.stats.get("reward_std", float(batch.rewards.std()) if len(batch) > 1 else 0.0),
                     "kl": math.nan,
                     "clip_frac": math.nan,
                     **metrics,

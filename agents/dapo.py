@@ -67,12 +67,13 @@ class DAPO(GRPO):
     def collect(self, env, num_tasks=None) -> Batch:
         c = self.config
         want = num_tasks or c.tasks_per_step
-        kept, draws = [], 0
+        kept, draws, all_rewards = [], 0, []
         self._extra_draws = 0
         last = None
         while True:
             batch = super().collect(env, want)
             last = batch
+            all_rewards.append(batch.rewards)
             groups = [batch.episodes[i:i + c.group_size] for i in range(0, len(batch.episodes), c.group_size)]
             informative = [g for g in groups if len({e.total_reward for e in g}) > 1] if c.dynamic_sampling else groups
             kept += informative
@@ -90,16 +91,18 @@ class DAPO(GRPO):
                 e.group = g
                 episodes.append(e)
         out = Batch.from_episodes(episodes, self.engine.pad_id)
-        out.stats = {**last.stats, "extra_draws": float(draws), "kept_groups": float(len(kept))}
+        drawn = torch.cat(all_rewards)
+        out.stats = {**last.stats, "extra_draws": float(draws), "kept_groups": float(len(kept)),
+                     "reward_mean": float(drawn.mean()), "reward_std": float(drawn.std()) if len(drawn) > 1 else 0.0}
         out.episodes = episodes
         return out
 
     def compute_advantages(self, batch: Batch) -> None:
         c = self.config
-        rewards = batch.rewards
-        if c.overlong_shaping:
+        rewards = self.sequence_scores(batch)
+        if c.overlong_shaping:  # the budget is per completion: judge each episode by its longest turn
             cache = c.overlong_cache or max(1, c.max_new_tokens // 4)
-            rewards = rewards + F.overlong_penalty(batch.lengths, c.max_new_tokens, cache)
+            rewards = rewards + F.overlong_penalty(batch.longest_turn, c.max_new_tokens, cache)
         advantages = F.group_advantages(rewards.view(-1, c.group_size), normalize_std=c.normalize_std).view(-1)
         batch.advantages = advantages[:, None] * batch.action_mask
 

@@ -67,7 +67,7 @@ class GRPO(Agent):
     name = "grpo"
 
     def compute_advantages(self, batch: Batch) -> None:
-        rewards = batch.rewards.view(-1, self.config.group_size)
+        rewards = self.sequence_scores(batch).view(-1, self.config.group_size)
         advantages = F.group_advantages(rewards, normalize_std=self.config.normalize_std).view(-1)
         batch.advantages = advantages[:, None] * batch.action_mask
 

@@ -125,7 +125,7 @@ class ReMax(REINFORCE):
         return super().update(batch)
 
     def compute_advantages(self, batch: Batch) -> None:
-        advantages = F.remax_advantages(batch.rewards, self._greedy)
+        advantages = F.remax_advantages(self.sequence_scores(batch), self._greedy)
         batch.advantages = advantages[:, None] * batch.action_mask
 
 

@@ -27,6 +27,7 @@ class Batch:
         rewards: ``[N]`` episode returns (sum of turn rewards).
         groups: ``[N]`` long, which task (group) each episode belongs to.
         truncated: ``[N]`` bool, a completion hit the token budget.
+        longest_turn: ``[N]`` sampled tokens of each episode's longest turn (the per-turn budget's unit).
         ref_logprobs, values, advantages, returns: filled by agents where they need them.
     """
 
@@ -38,6 +39,7 @@ class Batch:
     rewards: torch.Tensor
     groups: torch.Tensor
     truncated: torch.Tensor
+    longest_turn: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
@@ -80,6 +82,7 @@ class Batch:
             rewards=torch.tensor([e.total_reward for e in episodes], dtype=torch.float32),
             groups=torch.tensor([e.group for e in episodes], dtype=torch.long),
             truncated=torch.tensor(["length" in e.finish_reasons for e in episodes], dtype=torch.bool),
+            longest_turn=torch.tensor([max(e.turn_lengths, default=0) for e in episodes], dtype=torch.float32),
         )
 
     def __len__(self) -> int:

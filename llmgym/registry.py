@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -97,6 +98,14 @@ def _load(factory: str | Callable[..., gym.Env]) -> Callable[..., gym.Env]:
     return getattr(module, attr)
 
 
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def make_env(
     factory: str | Callable[..., gym.Env],
     level: str = "sequence",
@@ -110,9 +119,15 @@ def make_env(
         raise ValueError(f"level must be 'sequence' or 'token', got {level!r}")
     if level == "token" and tokenizer is None:
         raise ValueError("level='token' needs a tokenizer: gymnasium.make(id, level='token', tokenizer=tok)")
-    if render_mode is not None:  # user factories need not know about rendering
+    fn = _load(factory)
+    takes_render_mode = _accepts(fn, "render_mode")
+    if render_mode is not None and takes_render_mode:
         kwargs["render_mode"] = render_mode
-    env = _load(factory)(tokenizer=tokenizer, **kwargs)
+    env = fn(tokenizer=tokenizer, **kwargs)
+    if render_mode is not None and not takes_render_mode:  # user factories need not know about rendering
+        if render_mode not in env.metadata.get("render_modes", []):
+            raise ValueError(f"render_mode {render_mode!r} is not one of {env.metadata.get('render_modes', [])}")
+        env.unwrapped.render_mode = render_mode
     if level == "token":
         from llmgym.token_level import TokenLevel
 

@@ -40,6 +40,7 @@ class Episode:
         rewards: each turn's reward placed on that turn's last sampled token (0 elsewhere).
         prompt_length: tokens before the first completion.
         finish_reasons: per turn, ``"stop"`` or ``"length"``.
+        turn_lengths: per turn, the number of sampled tokens.
         terminated / truncated: how the episode ended (Gymnasium's flags).
         info: the last ``step`` info.
     """
@@ -52,6 +53,7 @@ class Episode:
     rewards: list[float]
     prompt_length: int
     finish_reasons: list[str] = dataclasses.field(default_factory=list)
+    turn_lengths: list[int] = dataclasses.field(default_factory=list)
     terminated: bool = False
     truncated: bool = False
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -167,14 +169,19 @@ def collect_episodes(
                       "tokens_per_s": sampled / max(elapsed, 1e-9)}
 
 
-def _record_turn(ep: Episode, completion_ids: list[int], logprobs: list[float], reward: float,
+def _record_turn(ep: Episode, completion_ids: list[int], logprobs: list[float], rewards: list[float],
                  finish: str, next_obs: dict[str, Any], terminated: bool, truncated: bool, info: dict) -> None:
+    """Append one turn; ``rewards`` holds one reward per sampled token (dense) or one for the turn."""
     ep.token_ids += completion_ids
     ep.action_mask += [1] * len(completion_ids)
     ep.logprobs += list(logprobs)
-    ep.rewards += [0.0] * len(completion_ids)
-    ep.rewards[-1] += float(reward)  # on the last sampled token (the last context token if none)
+    if len(rewards) == len(completion_ids) and completion_ids:
+        ep.rewards += [float(r) for r in rewards]
+    else:  # one reward for the turn: on its last sampled token (the last context token if none)
+        ep.rewards += [0.0] * len(completion_ids)
+        ep.rewards[-1] += float(sum(rewards))
     ep.finish_reasons.append(finish)
+    ep.turn_lengths.append(len(completion_ids))
     ep.terminated, ep.truncated, ep.info = terminated, truncated, info
     if not (terminated or truncated):
         # the env's reply: whatever the observation adds beyond what the policy wrote
@@ -204,7 +211,7 @@ def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, ma
             c: Completion = group[0]
             sampled += len(c.token_ids)
             obs, reward, terminated, truncated, info = envs[i].step(list(c.token_ids))
-            _record_turn(episodes[i], list(c.token_ids), c.logprobs, reward, c.finish_reason, obs,
+            _record_turn(episodes[i], list(c.token_ids), c.logprobs, [reward], c.finish_reason, obs,
                          terminated, truncated, info)
             observations[i] = obs
             if not (terminated or truncated):
@@ -213,16 +220,32 @@ def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, ma
     return sampled
 
 
+def _token_wrapper(env: gym.Env):
+    while isinstance(env, gym.Wrapper):
+        if hasattr(env, "stop_token_ids") and hasattr(env, "max_new_tokens"):
+            return env
+        env = env.env
+    raise TypeError("a token-level env must contain llmgym.TokenLevel")
+
+
 def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_steps) -> int:
     if not hasattr(engine, "next_token_logits"):
         raise TypeError(
             f"{type(engine).__name__} cannot drive a token-level env (it has no next_token_logits); "
             f"use HFEngine, or the sequence-level env"
         )
+    if sampling.stop:
+        raise ValueError("stop strings are not supported at token level: the env ends a completion at EOS "
+                         "or max_new_tokens; drop SamplingParams.stop or use the sequence-level env")
+    for e in envs:  # the agent's budget and stop tokens rule, as at sequence level
+        wrapper = _token_wrapper(e)
+        wrapper.max_new_tokens = sampling.max_new_tokens
+        wrapper.stop_token_ids = wrapper.stop_token_ids | set(getattr(engine, "eos_ids", ()))
     live = list(range(len(envs)))
     turn_of = [0] * len(envs)
     buffers: list[list[int]] = [[] for _ in envs]
     buffer_lps: list[list[float]] = [[] for _ in envs]
+    buffer_rewards: list[list[float]] = [[] for _ in envs]
     keys_cache: dict[int, list[int]] = {}
     sampled, steps = 0, 0
     while live and steps < max_steps * 4096:
@@ -243,11 +266,12 @@ def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_s
             buffers[i].append(tok)
             buffer_lps[i].append(lp)
             obs, reward, terminated, truncated, info = envs[i].step(tok)
+            buffer_rewards[i].append(float(reward))  # dense per-token rewards are kept where an env gives them
             turn_over = "finish_reason" in info
             if turn_over:
-                _record_turn(episodes[i], buffers[i], buffer_lps[i], reward, info["finish_reason"], obs,
+                _record_turn(episodes[i], buffers[i], buffer_lps[i], buffer_rewards[i], info["finish_reason"], obs,
                              terminated, truncated, info)
-                buffers[i], buffer_lps[i] = [], []
+                buffers[i], buffer_lps[i], buffer_rewards[i] = [], [], []
                 turn_of[i] += 1
             observations[i] = obs
             if not (terminated or truncated):

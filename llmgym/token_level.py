@@ -29,6 +29,7 @@ class TokenLevel(gym.Wrapper):
         env: a :class:`~llmgym.SequenceEnv` or :class:`~llmgym.MultiTurnEnv` (possibly wrapped).
         tokenizer: defaults to the inner env's; must have an EOS token.
         max_new_tokens: tokens per completion (per turn) at most.
+        stop_token_ids: extra ids that end a completion like EOS (e.g. a chat model's end-of-turn).
 
     Example:
         >>> from llmgym import SequenceEnv, Task, TokenLevel
@@ -44,7 +45,8 @@ class TokenLevel(gym.Wrapper):
         (1.0, True, False)
     """
 
-    def __init__(self, env: gym.Env, tokenizer: Any = None, max_new_tokens: int = 64):
+    def __init__(self, env: gym.Env, tokenizer: Any = None, max_new_tokens: int = 64,
+                 stop_token_ids: Any = None):
         super().__init__(env)
         inner = env.unwrapped
         tokenizer = tokenizer if tokenizer is not None else getattr(inner, "tokenizer", None)
@@ -62,6 +64,8 @@ class TokenLevel(gym.Wrapper):
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.eos_token_id = int(tokenizer.eos_token_id)
+        # tokens that end a completion: EOS, plus any others the model's generation config stops on
+        self.stop_token_ids = {self.eos_token_id, *(int(t) for t in (stop_token_ids or ()))}
         self.action_space = spaces.Discrete(len(tokenizer))
         self.observation_space = inner.observation_space
         self._context_text = ""
@@ -82,7 +86,7 @@ class TokenLevel(gym.Wrapper):
             )
         token = self._check_token(action)
         self._buffer.append(token)
-        hit_eos = token == self.eos_token_id
+        hit_eos = token in self.stop_token_ids
         if not hit_eos and len(self._buffer) < self.max_new_tokens:
             return self._observation(), 0.0, False, False, {"task": self.unwrapped.task, "tokens": len(self._buffer)}
         obs, reward, terminated, truncated, info = self.env.step(list(self._buffer))

@@ -11,6 +11,7 @@ check) and :class:`LengthPenalty` (overlong shaping on text length).
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import traceback
@@ -100,7 +101,10 @@ class Verifier:
 
     def _guarded(self, task: Task, completion: str) -> Score:
         try:
-            return _to_score(self.verify(task, completion))
+            score = _to_score(self.verify(task, completion))
+            if not math.isfinite(score.reward):  # a NaN reward would poison every advantage in its batch
+                return Score(0.0, {**score.info, "error": f"non-finite reward {score.reward} (scored 0)"})
+            return score
         except Exception as exc:  # a verifier's failure is the completion's zero, never a crash
             return Score(
                 0.0,

@@ -159,3 +159,49 @@ def test_state_dict_round_trip_resumes_exactly(tokenizer, tiny_config):
     for a, b in zip(straight, part + rest):
         assert a["step"] == b["step"] and a["reward_mean"] == b["reward_mean"]
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
+
+
+def test_token_level_rollouts_follow_the_agents_budget(tiny_model, tokenizer):
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer, level="token", max_new_tokens=64)
+    batch = small(GRPO, tiny_model, tokenizer, max_new_tokens=4).collect(env)
+    assert int(batch.lengths.max()) <= 4
+
+
+@pytest.mark.parametrize("cls", [GRPO, DAPO, RLOO], ids=lambda c: c.name)
+def test_kl_in_the_reward_changes_the_advantages(cls, tiny_model, tokenizer):
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    agent = small(cls, tiny_model, tokenizer, kl_coef=1.0, kl_placement="reward", kl_estimator="k1",
+                  dynamic_sampling=False) if cls is DAPO else small(cls, tiny_model, tokenizer, kl_coef=1.0,
+                                                                   kl_placement="reward", kl_estimator="k1")
+    with torch.no_grad():
+        for p in agent.ref_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch = agent.prepare(agent.collect(env))
+    scores = agent.sequence_scores(batch)
+    kl = ((batch.old_logprobs - batch.ref_logprobs) * batch.action_mask).sum(-1)
+    assert torch.allclose(scores, batch.rewards - kl, atol=1e-5)
+    assert not torch.allclose(scores, batch.rewards)
+
+
+def test_dense_token_rewards_are_kept_at_token_level(tiny_model, tokenizer):
+    from llmgym import TokenLevel
+    from llmgym.engines import HFEngine, SamplingParams
+    from llmgym.rollout import collect_episodes
+
+    class Dense(TokenLevel):
+        def step(self, action):
+            obs, reward, terminated, truncated, info = super().step(action)
+            return obs, reward + 0.1, terminated, truncated, info
+
+    env = Dense(SequenceEnv([Task("x", answer="y")], lambda t, c: 1.0, tokenizer), max_new_tokens=5)
+    episodes, _ = collect_episodes(env, HFEngine(tiny_model, tokenizer), num_tasks=1, group_size=2,
+                                   sampling=SamplingParams(max_new_tokens=5), seed=0)
+    for e in episodes:
+        n = sum(e.action_mask)
+        assert e.total_reward == pytest.approx(1.0 + 0.1 * n)
+
+
+def test_dapo_overlong_penalty_is_per_turn_in_multi_turn_envs(tiny_model, tokenizer):
+    agent = DAPO(tiny_model, tokenizer, tasks_per_step=2, group_size=2, max_new_tokens=8, dynamic_sampling=False)
+    batch = agent.collect(gym.make("llmgym/CopyRetry-v0", tokenizer=tokenizer))
+    assert (batch.longest_turn <= 8).all() and (batch.lengths > 8).any()

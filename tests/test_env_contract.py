@@ -289,3 +289,18 @@ def test_render_ansi_shows_the_transcript():
     env.reset(options={"task": TASKS[0]})
     env.step("2")
     assert env.render() == "1+1=2"
+
+
+def test_non_finite_reward_becomes_zero_with_error():
+    env = SequenceEnv(TASKS, lambda t, c: float("nan"))
+    env.reset(seed=0)
+    _, reward, *_, info = env.step("2")
+    assert reward == 0.0 and "non-finite" in info["error"]
+
+
+def test_render_mode_reaches_user_factories_that_do_not_take_it():
+    llmgym.register_env("RenderProbe", lambda tokenizer=None: SequenceEnv(TASKS, exact, tokenizer))
+    env = gym.make("llmgym/RenderProbe-v0", render_mode="ansi")
+    env.reset(options={"task": TASKS[0]})
+    env.step("2")
+    assert env.render() == "1+1=2"
