@@ -1,0 +1,270 @@
+"""Run records: metrics as JSONL (and TensorBoard where installed), training-curve plots, and the
+curve statistics the command line reports (moving averages, threshold crossings). pass@k and
+confidence intervals live in :mod:`llmgym.metrics`.
+
+Everything here is plain Python, ``numpy`` and ``matplotlib`` (Agg backend, imported only when a
+plot is drawn), so ``import llmgym`` stays light.
+
+Example:
+    >>> import json, tempfile
+    >>> from pathlib import Path
+    >>> from llmgym.logging import MetricsLogger, read_metrics
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     with MetricsLogger(d, tensorboard=False) as log:
+    ...         log.log({"step": 1, "reward_mean": 0.5})
+    ...     [row["reward_mean"] for row in read_metrics(Path(d) / "metrics.jsonl")]
+    [0.5]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "TIMING_FIELDS",
+    "MetricsLogger",
+    "moving_average",
+    "plot_comparison",
+    "plot_curves",
+    "read_metrics",
+    "steps_to_threshold",
+    "truncate_metrics",
+]
+
+TIMING_FIELDS: tuple[str, ...] = ("wall_s", "tokens_per_s", "rollout_s", "time")
+"""Per-step fields that measure time, so differ between two otherwise identical runs."""
+
+
+def _json_value(value: Any) -> Any:
+    """A JSON-safe scalar: tensors and numpy numbers become floats; NaN/inf become ``None``."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):
+            return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLogger:
+    """Append one JSON object per step to ``<out_dir>/metrics.jsonl``; mirror numbers to TensorBoard.
+
+    TensorBoard (``torch.utils.tensorboard``, which needs the ``tensorboard`` package) is used when it
+    can be imported and ``tensorboard`` is not ``False``; otherwise it is skipped silently. Event files
+    go to ``<out_dir>/tensorboard``. Each row is flushed as it is written, so an interrupted run
+    keeps every completed step.
+
+    Args:
+        out_dir: the run directory (created if missing).
+        append: keep existing rows (resuming a run) instead of starting the file afresh.
+        tensorboard: ``None`` = use it if importable; ``False`` = never.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, *, append: bool = False, tensorboard: bool | None = None):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.out_dir / "metrics.jsonl"
+        self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+        self._writer = None
+        if tensorboard is not False:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+            except Exception:  # tensorboard not installed (or broken): JSONL only
+                self._writer = None
+
+    @property
+    def tensorboard_dir(self) -> Path | None:
+        """Where TensorBoard event files go, or ``None`` when TensorBoard is not in use."""
+        return self.out_dir / "tensorboard" if self._writer is not None else None
+
+    def log(self, row: Mapping[str, Any]) -> None:
+        """Write one step's metrics (a flat mapping with a ``step`` entry)."""
+        clean = {k: _json_value(v) for k, v in row.items()}
+        self._file.write(json.dumps(clean) + "\n")
+        self._file.flush()
+        if self._writer is not None:
+            step = int(clean.get("step", 0) or 0)
+            for key, value in clean.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        """Close the JSONL file and the TensorBoard writer."""
+        if not self._file.closed:
+            self._file.close()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a metrics JSONL file (``None`` values read back as NaN); ``[]`` if it is missing."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            rows.append({k: (math.nan if v is None else v) for k, v in json.loads(line).items()})
+    return rows
+
+
+def truncate_metrics(path: str | os.PathLike, last_step: int) -> list[dict[str, Any]]:
+    """Drop rows after ``last_step`` (steps logged after the checkpoint a run resumes from).
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from llmgym.logging import MetricsLogger, truncate_metrics
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     with MetricsLogger(d, tensorboard=False) as log:
+        ...         for s in (1, 2, 3):
+        ...             log.log({"step": s})
+        ...     [r["step"] for r in truncate_metrics(Path(d) / "metrics.jsonl", 2)]
+        [1, 2]
+    """
+    path = Path(path)
+    rows = [r for r in read_metrics(path) if int(r.get("step", 0)) <= last_step]
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({k: _json_value(v) for k, v in row.items()}) + "\n" for row in rows)
+    return rows
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Trailing mean over up to ``window`` values (shorter at the start).
+
+    Example:
+        >>> from llmgym.logging import moving_average
+        >>> moving_average([0, 1, 2, 3], 2)
+        [0.0, 0.5, 1.5, 2.5]
+    """
+    window = max(1, int(window))
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += float(v)
+        if i >= window:
+            total -= float(values[i - window])
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def steps_to_threshold(steps: Sequence[int], rewards: Sequence[float], threshold: float, window: int = 5) -> int | None:
+    """First step at which the ``window``-step moving average of the reward reaches ``threshold``.
+
+    Example:
+        >>> from llmgym.logging import steps_to_threshold
+        >>> steps_to_threshold([1, 2, 3, 4], [0.2, 0.9, 0.9, 0.9], 0.8, window=2)
+        3
+        >>> steps_to_threshold([1, 2], [0.1, 0.2], 0.8) is None
+        True
+    """
+    for step, value in zip(steps, moving_average(rewards, window)):
+        if value >= threshold:
+            return int(step)
+    return None
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, title: str = "") -> Path:
+    """Save reward (mean ± std, and a moving average) and KL over steps as one PNG.
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from llmgym.logging import plot_curves
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = plot_curves([{"step": 1, "reward_mean": 0.1, "kl": 0.0}, {"step": 2, "reward_mean": 0.3, "kl": 0.1}],
+        ...                     Path(d) / "curves.png")
+        ...     p.stat().st_size > 0
+        True
+    """
+    plt = _pyplot()
+    path = Path(path)
+    steps = [int(r["step"]) for r in rows]
+    reward = [float(r.get("reward_mean", math.nan)) for r in rows]
+    std = [float(r.get("reward_std", 0.0) or 0.0) for r in rows]
+    kl = [float(r.get("kl", math.nan) if r.get("kl") is not None else math.nan) for r in rows]
+    fig, (ax_r, ax_kl) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    ax_r.plot(steps, reward, color="tab:blue", alpha=0.35, label="reward (batch mean)")
+    ax_r.fill_between(steps, [m - s for m, s in zip(reward, std)], [m + s for m, s in zip(reward, std)],
+                      color="tab:blue", alpha=0.08, label="± std")
+    ax_r.plot(steps, moving_average(reward, max(1, len(steps) // 20)), color="tab:blue", label="moving average")
+    ax_r.set_ylabel("reward")
+    ax_r.legend(loc="lower right", fontsize=8)
+    ax_r.grid(alpha=0.3)
+    if any(math.isfinite(v) for v in kl):
+        ax_kl.plot(steps, kl, color="tab:red")
+    else:
+        ax_kl.text(0.5, 0.5, "no KL term (kl_coef = 0)", ha="center", va="center", transform=ax_kl.transAxes)
+    ax_kl.set_ylabel("KL to reference")
+    ax_kl.set_xlabel("step")
+    ax_kl.grid(alpha=0.3)
+    if title:
+        ax_r.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_comparison(curves: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]], path: str | os.PathLike,
+                    title: str = "", threshold: float | None = None, window: int = 5) -> Path:
+    """One PNG with every agent's reward curve: the mean over seeds (smoothed) and its min–max band.
+
+    Args:
+        curves: agent name → one metrics row list per seed.
+        path: the PNG to write.
+        threshold: drawn as a dashed line when given.
+        window: moving-average window of the plotted curves.
+    """
+    import numpy as np
+
+    plt = _pyplot()
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, runs in curves.items():
+        runs = [r for r in runs if r]
+        if not runs:
+            continue
+        length = min(len(r) for r in runs)
+        steps = [int(row["step"]) for row in runs[0][:length]]
+        smoothed = np.array([moving_average([float(row["reward_mean"]) for row in r[:length]], window) for r in runs])
+        (line,) = ax.plot(steps, smoothed.mean(0), label=f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+        if len(runs) > 1:
+            ax.fill_between(steps, smoothed.min(0), smoothed.max(0), color=line.get_color(), alpha=0.15)
+    if threshold is not None:
+        ax.axhline(threshold, color="gray", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"reward (moving average, {window} steps)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
