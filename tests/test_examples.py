@@ -39,3 +39,8 @@ def test_training_example_runs(algo):
 def test_code_benchmark_example():
     out = run("benchmark_code.py", "--problems", "2", "--samples", "2", "--k", "1")
     assert "pass@1" in out
+
+
+def test_math_benchmark_example():
+    out = run("benchmark_math.py", "--tasks", "2", "--samples", "2")
+    assert "pass@1" in out and "mean reward" in out
