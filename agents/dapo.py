@@ -17,10 +17,8 @@ import dataclasses
 import torch
 
 from agents import functional as F
-from agents.base import AgentConfig
 from agents.grpo import GRPO, GRPOConfig
 from llmgym.batch import Batch
-from llmgym.rollout import collect_episodes
 
 __all__ = ["DAPOConfig", "DAPO"]
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-import llmgym
 from agents import AGENTS, DAPO, GRPO, PPO, REINFORCE, RLOO
 from llmgym import SequenceEnv, Task
 from llmgym.engines import sequence_logprobs

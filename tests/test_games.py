@@ -5,7 +5,6 @@ from __future__ import annotations
 import gymnasium
 import pytest
 
-import llmgym
 from envs.games import WORDS, letter_feedback
 from envs.games.guess_number import parse_guess
 from envs.games.wordle import parse_word

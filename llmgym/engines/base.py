@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol, Sequence, runtime_checkable
 
-__all__ = ["SamplingParams", "Completion", "Engine"]
+__all__ = ["SamplingParams", "Completion", "Engine", "expand_rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,3 +90,36 @@ class Engine(Protocol):
     ) -> list[list[Completion]]: ...
 
     def sync_weights(self, model) -> None: ...
+
+
+def expand_rows(
+    prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingParams | None,
+    keys: Sequence[int] | None,
+) -> tuple[SamplingParams, list[list[int]], list[list[int]], list[int]]:
+    """Check a ``generate`` request; return ``(sampling, prompts, rows, keys)``, one row per sample.
+
+    Rows are prompt-major (``n`` copies of each prompt); without explicit ``keys`` they are derived
+    from ``sampling.seed`` (or a seed drawn from torch's global generator).
+
+    Example:
+        >>> from llmgym.engines.base import SamplingParams, expand_rows
+        >>> _, prompts, rows, keys = expand_rows([[1, 2], [3]], SamplingParams(n=2, seed=0), None)
+        >>> rows, len(keys)
+        ([[1, 2], [1, 2], [3], [3]], 4)
+    """
+    import torch
+
+    from llmgym.engines.sampling import row_keys
+
+    sampling = sampling or SamplingParams()
+    prompts = [list(map(int, p)) for p in prompt_ids]
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token (did the tokenizer add no BOS to an empty prompt?)")
+    rows = [p for p in prompts for _ in range(sampling.n)]
+    if keys is None:
+        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
+        keys = row_keys(seed, len(rows))
+    elif len(keys) != len(rows):
+        raise ValueError(f"got {len(keys)} keys for {len(rows)} rows (prompts x n)")
+    return sampling, prompts, rows, [int(k) for k in keys]

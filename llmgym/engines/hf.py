@@ -8,8 +8,8 @@ from typing import Sequence
 
 import torch
 
-from llmgym.engines.base import Completion, SamplingParams
-from llmgym.engines.sampling import row_keys, sample_next_token, tempered_logprobs
+from llmgym.engines.base import Completion, SamplingParams, expand_rows
+from llmgym.engines.sampling import sample_next_token
 
 __all__ = ["HFEngine", "sequence_logprobs", "pad_left"]
 
@@ -136,18 +136,9 @@ class HFEngine:
         keys: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         """Sample ``sampling.n`` completions for every prompt; see :class:`~llmgym.engines.Engine`."""
-        sampling = sampling or SamplingParams()
-        prompts = [list(map(int, p)) for p in prompt_ids]
+        sampling, prompts, rows, keys = expand_rows(prompt_ids, sampling, keys)
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token (did the tokenizer add no BOS to an empty prompt?)")
-        rows = [p for p in prompts for _ in range(sampling.n)]
-        if keys is None:
-            seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
-            keys = row_keys(seed, len(rows))
-        elif len(keys) != len(rows):
-            raise ValueError(f"got {len(keys)} keys for {len(rows)} rows (prompts x n)")
         flat: list[Completion] = []
         for start in range(0, len(rows), self.max_batch_size):
             flat += self._generate_rows(rows[start:start + self.max_batch_size],

@@ -51,8 +51,7 @@ except ImportError as err:  # pragma: no cover - the CPU machines have no vLLM
         "machine. Use llmgym.engines.HFEngine there."
     ) from err
 
-from llmgym.engines.base import Completion, SamplingParams
-from llmgym.engines.sampling import row_keys
+from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
 __all__ = ["MIN_VLLM_VERSION", "VLLMEngine"]
 
@@ -243,18 +242,9 @@ class VLLMEngine:
         keys: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         """Sample ``sampling.n`` completions for every prompt; see :class:`~llmgym.engines.Engine`."""
-        sampling = sampling or SamplingParams()
-        prompts = [list(map(int, p)) for p in prompt_ids]
+        sampling, prompts, rows, keys = expand_rows(prompt_ids, sampling, keys)
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
-        rows = [p for p in prompts for _ in range(sampling.n)]
-        if keys is None:
-            seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
-            keys = row_keys(seed, len(rows))
-        elif len(keys) != len(rows):
-            raise ValueError(f"got {len(keys)} keys for {len(rows)} rows (prompts x n)")
         if self._asleep:
             self.wake_up()
         outputs = self.llm.generate(
