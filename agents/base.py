@@ -233,6 +233,26 @@ class Agent:
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
         return self.forward(batch, model=self.ref_model).logprobs
 
+    def batch_mean(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Masked mean of ``x`` over the whole batch — across all ranks under data parallel."""
+        if not distributed.is_distributed():
+            return F.masked_mean(x, mask)
+        w = mask.to(x.dtype)
+        total, count = distributed.all_reduce_sum(torch.stack([(x * w).sum(), w.sum()]).double()).tolist()
+        return torch.tensor(total / count if count > 0 else 0.0, dtype=x.dtype, device=x.device)
+
+    def batch_whiten(self, x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+        """``F.masked_whiten`` with the mean and unbiased variance of the whole (global) batch."""
+        if not distributed.is_distributed():
+            return F.masked_whiten(x.detach(), mask, eps=eps)
+        x = x.detach()
+        w = mask.to(x.dtype)
+        mean = self.batch_mean(x, mask)
+        sq_dev, count = distributed.all_reduce_sum(torch.stack([((x - mean) ** 2 * w).sum(), w.sum()]).double()).tolist()
+        var = sq_dev / (count - 1) if count > 1 else 0.0
+        whitened = (x - mean) / math.sqrt(var + eps)
+        return torch.where(mask.bool(), whitened, torch.zeros_like(whitened))
+
     def sequence_scores(self, batch: Batch) -> torch.Tensor:
         """``[N]`` episode scores: the env's reward, minus β·Σ_t KL_t when KL is placed in the reward."""
         return F.masked_sum(self.kl_rewards(batch), batch.action_mask, dim=-1) if (

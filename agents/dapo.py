@@ -18,6 +18,7 @@ import torch
 
 from agents import functional as F
 from agents.grpo import GRPO, GRPOConfig
+from llmgym import distributed
 from llmgym.batch import Batch
 
 __all__ = ["DAPOConfig", "DAPO"]
@@ -65,6 +66,8 @@ class DAPO(GRPO):
     def collect(self, env, num_tasks=None) -> Batch:
         c = self.config
         want = num_tasks or c.tasks_per_step
+        # under data parallel each draw hands this rank its share of `want` tasks; it keeps that many
+        target = len(distributed.shard_range(want)) if distributed.is_distributed() else want
         kept, draws, all_rewards = [], 0, []
         self._extra_draws = 0
         last = None
@@ -75,14 +78,14 @@ class DAPO(GRPO):
             groups = [batch.episodes[i:i + c.group_size] for i in range(0, len(batch.episodes), c.group_size)]
             informative = [g for g in groups if len({e.total_reward for e in g}) > 1] if c.dynamic_sampling else groups
             kept += informative
-            if len(kept) >= want or not c.dynamic_sampling or draws >= c.max_extra_draws:
+            if len(kept) >= target or not c.dynamic_sampling or draws >= c.max_extra_draws:
                 break
             draws += 1
             self._extra_draws = draws  # a fresh seed for the next draw within this step
         self._extra_draws = 0
         if not kept:  # nothing informative within the cap: learn nothing from this step, honestly
             kept = [last.episodes[i:i + c.group_size] for i in range(0, len(last.episodes), c.group_size)]
-        kept = kept[:want]
+        kept = kept[:target]
         episodes = []
         for g, group in enumerate(kept):
             for e in group:

@@ -84,7 +84,7 @@ class PPO(Agent):
         rewards = self.kl_rewards(batch)
         advantages, returns = F.gae_advantages(rewards, batch.values, batch.action_mask, c.gamma, c.lam)
         if c.whiten_advantages:
-            advantages = F.masked_whiten(advantages, batch.action_mask)
+            advantages = self.batch_whiten(advantages, batch.action_mask)
         batch.advantages, batch.returns = advantages, returns
 
     def loss(self, batch: Batch, out: ForwardOutput):

@@ -66,9 +66,9 @@ class REINFORCE(Agent):
         c = self.config
         returns = F.discounted_returns(self.kl_rewards(batch), batch.action_mask, c.gamma)
         if c.baseline == "batch-mean":
-            b = F.masked_mean(returns, batch.action_mask)
+            b = self.batch_mean(returns, batch.action_mask)
         elif c.baseline == "ema":
-            mean = float(batch.rewards.mean())
+            mean = float(self.batch_mean(batch.rewards, torch.ones_like(batch.rewards)))
             prev = self.running_baseline
             b = torch.tensor(0.0 if prev is None else prev)  # the baseline must not see this batch
             self.running_baseline = mean if prev is None else c.baseline_decay * prev + (1 - c.baseline_decay) * mean
@@ -150,7 +150,7 @@ class REINFORCEPlusPlus(REINFORCE):
     def compute_advantages(self, batch: Batch) -> None:
         returns = F.discounted_returns(self.kl_rewards(batch), batch.action_mask, self.config.gamma)
         batch.returns = returns
-        batch.advantages = F.batch_whitened_advantages(returns, batch.action_mask)
+        batch.advantages = self.batch_whiten(returns, batch.action_mask)  # over the global batch
 
     def loss(self, batch: Batch, out: ForwardOutput):
         c = self.config

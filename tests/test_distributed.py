@@ -56,15 +56,20 @@ def _global_batch(tok):
     return Batch.from_episodes(episodes, tok.pad_token_id)
 
 
-def _update(batch, mode, fsdp=False):
-    """One GRPO update from the fixed initial weights; returns the new parameters."""
-    from agents import GRPO
+# agents whose advantages use batch-wide statistics (baseline, whitening): those must be global
+AGENT_CASES = {"reinforce": "seq-mean-token-sum", "reinforce++": "token-mean", "ppo": "token-mean"}
+
+
+def _update(batch, mode, fsdp=False, agent_name="grpo"):
+    """One update from the fixed initial weights; returns the new parameters."""
+    from agents import AGENTS
 
     model, tok = _tiny()
     if fsdp:
         distributed.apply_fsdp(model)
-    agent = GRPO(model, tok, group_size=GROUP, kl_coef=0.0, loss_agg=mode, max_new_tokens=8,
-                 max_grad_norm=1.0, entropy_coef=0.01)
+    extra = {"group_size": GROUP} if agent_name == "grpo" else {}
+    agent = AGENTS[agent_name](model, tok, kl_coef=0.0, loss_agg=mode, max_new_tokens=8,
+                               max_grad_norm=1.0, entropy_coef=0.01, **extra)
     # Plain SGD: Adam's first step is ≈ lr·sign(g), which turns float round-off on near-zero
     # gradients into full-size steps; SGD compares the gradients themselves.
     agent.optimizer = torch.optim.SGD(agent.parameters(), lr=0.5)
@@ -84,12 +89,24 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         rows = list(distributed.shard_range(len(full) // GROUP))  # whole groups per rank
         local = full.select([g * GROUP + j for g in rows for j in range(GROUP)])
         results = {mode: _update(local, mode) for mode in MODES}
+        results.update({f"agent/{name}": _update(local, mode, agent_name=name) for name, mode in AGENT_CASES.items()})
+        results["dapo_groups"] = distributed.all_gather_ints(_dapo_kept_groups(tok))
         if _fsdp_available():
             results.update({f"fsdp/{mode}": _update(local, mode, fsdp=True) for mode in FSDP_MODES})
         if rank == 0:
             torch.save(results, os.path.join(out_dir, "ddp.pt"))
     finally:
         distributed.destroy()
+
+
+def _dapo_kept_groups(tok) -> int:
+    from agents import DAPO
+    from llmgym import SequenceEnv, Task
+
+    # rewards that differ within most groups, so dynamic sampling fills its target quickly
+    env = SequenceEnv(lambda rng: Task(f"q{rng.integers(100)}"), lambda t, c: float(len(c) % 2), tok)
+    agent = DAPO(_tiny()[0], tok, tasks_per_step=4, group_size=4, max_new_tokens=4, max_extra_draws=8)
+    return int(agent.collect(env).stats["kept_groups"])
 
 
 def _free_port() -> int:
@@ -123,6 +140,21 @@ def test_two_gloo_ranks_match_one_process(ddp_results, mode):
             f"{mode}: {k} differs by {float((ddp[k] - single[k]).abs().max()):.3g}"
     # the rank-averaged diagnostics are the global ones (loss: exactly, by the loss scaling)
     assert abs(ddp_metrics["loss"] - single_metrics["loss"]) < 1e-5
+
+
+@pytest.mark.parametrize("name", sorted(AGENT_CASES))
+def test_batch_statistics_are_global_under_data_parallel(ddp_results, name):
+    torch.set_num_threads(1)
+    _, tok = _tiny()
+    single, _ = _update(_global_batch(tok), AGENT_CASES[name], agent_name=name)
+    ddp, _ = ddp_results[f"agent/{name}"]
+    for k in single:
+        assert torch.allclose(ddp[k], single[k], rtol=1e-5, atol=1e-6), \
+            f"{name}: {k} differs by {float((ddp[k] - single[k]).abs().max()):.3g}"
+
+
+def test_dapo_fills_the_global_batch_not_one_per_rank(ddp_results):
+    assert ddp_results["dapo_groups"] == [2, 2]  # each rank its share of the 4 groups, not 4 each
 
 
 def test_ranks_hold_unequal_shares():
