@@ -7,13 +7,14 @@ Commands:
   held-out reward and exact-match accuracy.
 * ``llmgym train`` — train any registered agent on any registered env; metrics JSONL, curves PNG,
   config JSON and checkpoints in one run directory; ``--resume`` continues an interrupted run
-  exactly; Ctrl-C saves a checkpoint.
+  exactly; Ctrl-C saves a checkpoint (never a half-updated mid-step state); ``--env-arg key=value``
+  passes keywords to ``gymnasium.make`` (e.g. ``path=`` for GSM8K/MATH).
 * ``llmgym bench`` — pass@1, pass@k, mean reward with a 95% confidence interval, tokens/s.
 * ``llmgym compare`` — several agents × seeds on one env: final reward, steps to a threshold, one plot.
 * ``llmgym list`` — registered envs and agents.
 
-Mistakes a user can make (unknown env or agent, missing model, missing optional package, bad
-``--set``) print one line on stderr and exit with code 2. This module is the one part of the core
+Mistakes a user can make (unknown env or agent, missing model, missing optional package, bad or
+out-of-range ``--set``/``--seed``/sampling setting, an env that cannot be made) print one line on stderr and exit with code 2. This module is the one part of the core
 that may import ``agents`` and ``envs``; it does so inside functions, so ``import llmgym`` stays light.
 
 Example:
@@ -103,14 +104,39 @@ def _require_env(env_id: str):
     return info
 
 
-def _make_env(env_id: str, tokenizer, level: str = "sequence", max_new_tokens: int = 64):
+ENV_ARG_RESERVED = ("tokenizer", "level", "max_new_tokens")
+"""``gymnasium.make`` keywords the CLI sets itself (``--level``, ``--max-new-tokens`` / the agent config)."""
+
+
+def _env_error_message(env_id: str, exc: BaseException) -> str:
+    """One line from an env constructor's error: without gymnasium's "was raised ... with kwargs (...)" tail
+    (which holds the tokenizer's repr, hundreds of lines), and with the CLI spelling of ``path=``."""
+    message = str(exc).split(" was raised from the environment creator for ")[0]
+    message = " ".join(message.split()) or type(exc).__name__
+    if len(message) > 600:
+        message = message[:600] + " …"
+    if "path=" in message:
+        message += " On the command line: --env-arg path=FILE."
+    return message if message.startswith(env_id) else f"{env_id}: {message}"
+
+
+def _make_env(env_id: str, tokenizer, level: str = "sequence", max_new_tokens: int = 64,
+              env_args: dict[str, Any] | None = None):
+    """``gymnasium.make(env_id, ...)`` with ``env_args`` (``--env-arg``); a bad env or argument is a :class:`UsageError`."""
     import gymnasium
 
     _require_env(env_id)
+    env_args = dict(env_args or {})
+    reserved = [key for key in ENV_ARG_RESERVED if key in env_args]
+    if reserved:
+        raise UsageError(f"--env-arg {reserved[0]}=... is set by llmgym itself (use --level / --max-new-tokens "
+                         f"or the agent's max_new_tokens)")
     try:
-        return gymnasium.make(env_id, tokenizer=tokenizer, level=level, max_new_tokens=max_new_tokens)
+        return gymnasium.make(env_id, tokenizer=tokenizer, level=level, max_new_tokens=max_new_tokens, **env_args)
     except ModuleNotFoundError as exc:
         raise UsageError(f"{env_id}: {exc}") from None
+    except (TypeError, ValueError, FileNotFoundError, gymnasium.error.Error) as exc:
+        raise UsageError(_env_error_message(env_id, exc)) from None
 
 
 def _require_agent(name: str):
@@ -194,7 +220,7 @@ def _check_model(spec: str) -> None:
                          f"a hub id in your HF cache, or 'tiny'") from None
 
 
-def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+def parse_overrides(pairs: Sequence[str], option: str = "--set") -> dict[str, Any]:
     """``["lr=1e-3", "ratio=sequence"]`` → ``{"lr": 0.001, "ratio": "sequence"}`` (values parsed as JSON).
 
     A value that is not JSON stays a string; ``none``/``null`` is ``None``.
@@ -209,7 +235,9 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
         key, sep, raw = pair.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise UsageError(f"--set expects field=value (e.g. --set lr=1e-3), got {pair!r}")
+            example = "lr=1e-3" if option == "--set" else "path=data.jsonl"
+            raise UsageError(f"{option} expects {'field' if option == '--set' else 'key'}=value "
+                             f"(e.g. {option} {example}), got {pair!r}")
         raw = raw.strip()
         if raw.lower() in ("none", "null"):
             value: Any = None
@@ -279,7 +307,39 @@ def build_agent_config(agent_cls, fields: dict[str, Any]):
                              f"valid fields: {', '.join(known)}")
         checked[key] = _coerce_field(agent_cls.name, known[key], value)
     try:
-        return dataclasses.replace(default, **checked)
+        config = dataclasses.replace(default, **checked)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"bad setting for agent {agent_cls.name}: {exc}") from None
+    _check_agent_config(agent_cls.name, config)
+    return config
+
+
+def _check_agent_config(agent_name: str, config) -> None:
+    """Settings the agent would only reject mid-run (or deep inside torch/gymnasium): a :class:`UsageError` now."""
+    seed = getattr(config, "seed", 0)
+    if isinstance(seed, int) and seed < 0:
+        raise UsageError(f"seed must be >= 0, got {seed} (--seed / --set seed=)")
+    if all(hasattr(config, f) for f in ("temperature", "top_p", "max_new_tokens")):
+        from llmgym.engines import SamplingParams
+
+        try:
+            SamplingParams(temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"bad setting for agent {agent_name}: {exc}") from None
+    if hasattr(config, "lr"):
+        import torch
+
+        try:  # the optimiser's own checks (lr >= 0, weight_decay >= 0), on a throw-away parameter
+            torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=config.lr,
+                              weight_decay=getattr(config, "weight_decay", 0.0))
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"bad setting for agent {agent_name}: {exc}") from None
+
+
+def _construct_agent(agent_cls, model, tokenizer, config):
+    """``agent_cls(model, tokenizer, config=config)``; a setting the agent rejects is a :class:`UsageError`."""
+    try:
+        return agent_cls(model, tokenizer, config=config)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"bad setting for agent {agent_cls.name}: {exc}") from None
 
@@ -314,6 +374,7 @@ class RunSpec:
     checkpoint_every: int = 50
     threads: int | None = None
     agent_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    env_args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         from llmgym import __version__
@@ -338,10 +399,12 @@ class TrainResult:
     checkpoint: Path | None
     curves: Path | None
     tensorboard_dir: Path | None
+    checkpoint_step: int | None = None
+    """The step ``checkpoint`` holds (after a mid-step interrupt: the last checkpointed step, not the current)."""
 
 
 class _StopOnCtrlC:
-    """First Ctrl-C: finish the current step, then stop (and checkpoint). Second: stop at once."""
+    """First Ctrl-C: finish the current step, then stop (and checkpoint). Second: stop at once (mid-step: no checkpoint)."""
 
     def __init__(self, console):
         self.console = console
@@ -449,7 +512,8 @@ def train_run(
             model, tokenizer = _load_model(str(ckpt_root / "last"))
     # CPU threads change float rounding: a resumed run uses the count the run started with
     spec.threads = _apply_threads(spec.threads, model)
-    agent = agent_cls(model, tokenizer, config=config)
+    agent = _construct_agent(agent_cls, model, tokenizer, config)
+    env = _make_env(spec.env, tokenizer, spec.level, config.max_new_tokens, spec.env_args)
     rows: list[dict[str, Any]] = []
     if resume:
         state_path = ckpt_root / "last" / "agent.pt"
@@ -459,7 +523,6 @@ def train_run(
         rows = truncate_metrics(out / "metrics.jsonl", agent.step_count)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
-    env = _make_env(spec.env, tokenizer, spec.level, config.max_new_tokens)
 
     logger = MetricsLogger(out, append=resume)
     tensorboard_dir = logger.tensorboard_dir
@@ -471,13 +534,22 @@ def train_run(
     started = time.perf_counter()
     interrupted = False
     last_checkpoint: Path | None = None
+    checkpoint_step: int | None = agent.step_count if resume else None
+    # True while the agent's state is that of a completed step (inside the step callback, or after
+    # it asked the agent to stop): a KeyboardInterrupt (a second Ctrl-C) anywhere else in learn()
+    # lands mid-step, with the model, optimiser or RNG partly advanced, and that state must not
+    # become a checkpoint.
+    at_step_boundary = False
+    completed_step = agent.step_count
 
     with _StopOnCtrlC(console) as stop:
 
         def on_step(row: dict[str, Any]) -> bool:
-            nonlocal last_checkpoint
+            nonlocal last_checkpoint, checkpoint_step, at_step_boundary, completed_step
             rows.append(row)
             logger.log(row)
+            completed_step = int(row["step"])
+            at_step_boundary = True
             recent = moving_average([r["reward_mean"] for r in rows[-10:]], 10)[-1]
             progress.update(job, advance=1, reward=_fmt(row["reward_mean"]), avg=_fmt(recent),
                             kl=_fmt(row.get("kl"), 4))
@@ -485,25 +557,43 @@ def train_run(
             if checkpoints and spec.checkpoint_every > 0 and step % spec.checkpoint_every == 0 and step < spec.steps:
                 _save_checkpoint(agent, tokenizer, ckpt_root / f"step-{step:06d}")
                 last_checkpoint = _save_checkpoint(agent, tokenizer, ckpt_root / "last")
-            return not stop.requested
+                checkpoint_step = step
+            if stop.requested:
+                return False  # the agent stops here: its state stays the completed step's
+            at_step_boundary = False  # the next step starts
+            return True
 
         if own_progress:
             progress.start()
+        consistent = True
         try:
             if remaining:
                 agent.learn(env, remaining, callback=on_step)
             interrupted = stop.requested
         except KeyboardInterrupt:
             interrupted = True
+            consistent = at_step_boundary and agent.step_count == completed_step
         finally:
             if own_progress:
                 progress.stop()
             logger.close()
-    if checkpoints:
+    if checkpoints and consistent:
         last_checkpoint = _save_checkpoint(agent, tokenizer, ckpt_root / "last")
+        checkpoint_step = agent.step_count
+    elif checkpoints:
+        kept = ckpt_root / "last"
+        if kept.is_dir() and checkpoint_step is not None:
+            last_checkpoint = kept
+            console.print(f"[yellow]stopped mid-step {completed_step + 1}, with the model partly updated: not saved; "
+                          f"{kept} stays at step {checkpoint_step}, and --resume continues from there[/]")
+        else:
+            last_checkpoint, checkpoint_step = None, None
+            console.print(f"[yellow]stopped mid-step {completed_step + 1}, with the model partly updated: not saved, "
+                          f"and no earlier checkpoint exists (checkpoints every {spec.checkpoint_every} steps); "
+                          f"start again with --overwrite[/]")
     curves = plot_curves(rows, out / "curves.png", title=f"{spec.agent} on {spec.env}") if rows else None
     return TrainResult(out, rows, agent, interrupted, time.perf_counter() - started, last_checkpoint, curves,
-                       tensorboard_dir)
+                       tensorboard_dir, checkpoint_step if checkpoints else None)
 
 
 def _files_table(title: str, files: dict[str, Path | None]):
@@ -533,7 +623,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         clashing = [flag for flag, value in (("--env", args.env), ("--agent", args.agent), ("--model", args.model),
                                              ("--config", args.config), ("--set", args.set), ("--seed", args.seed),
-                                             ("--out", args.out), ("--level", args.level)) if value]
+                                             ("--out", args.out), ("--level", args.level),
+                                             ("--env-arg", args.env_arg)) if value is not None]
         if clashing:
             raise UsageError(f"--resume continues the run as recorded in its config.json; drop {', '.join(clashing)} "
                              f"(only --steps, --checkpoint-every and --threads may change)")
@@ -560,6 +651,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.seed is not None:
             fields["seed"] = args.seed
         config = build_agent_config(agent_cls, fields)  # validated before any model is loaded
+        env_args = parse_overrides(args.env_arg or [], "--env-arg")
         out = Path(args.out)
         if (out / "metrics.jsonl").exists() and not args.overwrite:
             raise UsageError(f"{str(out)!r} already holds a run: continue it with --resume {out}, "
@@ -571,7 +663,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         spec = RunSpec(env=args.env, agent=agent_cls.name, model=args.model or "tiny",
                        steps=args.steps if args.steps is not None else 100, level=args.level or "sequence",
                        checkpoint_every=args.checkpoint_every if args.checkpoint_every is not None else 50,
-                       threads=args.threads, agent_config=dataclasses.asdict(config))
+                       threads=args.threads, agent_config=dataclasses.asdict(config), env_args=env_args)
     if spec.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {spec.steps}")
 
@@ -599,9 +691,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         "checkpoint": result.checkpoint, "tensorboard": result.tensorboard_dir,
     }))
     if result.interrupted:
-        step = result.agent.step_count
-        console.print(f"[yellow]interrupted at step {step}; checkpoint saved. Continue with: "
-                      f"llmgym train --resume {out}[/]")
+        if result.checkpoint is not None:
+            console.print(f"[yellow]interrupted; checkpoint saved at step {result.checkpoint_step}. Continue with: "
+                          f"llmgym train --resume {out}[/]")
+        else:
+            console.print("[yellow]interrupted; no checkpoint to continue from[/]")
         return EXIT_INTERRUPTED
     return 0
 
@@ -777,12 +871,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for flag, value in counts:
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    if not args.temperature >= 0:
+        raise UsageError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature:g}")
+    if not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p:g}")
+    try:
+        sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from None
+    env_args = parse_overrides(args.env_arg or [], "--env-arg")
     _require_env(args.env)
     model, tokenizer = _load_model(args.model)
     _apply_threads(args.threads, model)
-    env = _make_env(args.env, tokenizer, args.level, args.max_new_tokens)
+    env = _make_env(args.env, tokenizer, args.level, args.max_new_tokens, env_args)
     tasks = draw_tasks(env, args.tasks, seed=args.seed)
-    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
     started = time.perf_counter()
     with console.status(f"sampling {args.samples} completions for each of {args.tasks} tasks"):
         episodes, stats = collect_episodes(env, HFEngine(model, tokenizer), num_tasks=len(tasks), tasks=tasks,
@@ -800,7 +904,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     mean, half = mean_confidence_interval([t["reward_mean"] for t in per_task])
     low, high = mean - half, mean + half
     report = {
-        "env": args.env, "model": args.model, "tasks": len(tasks), "samples": n, "threshold": args.threshold,
+        "env": args.env, "env_args": env_args, "model": args.model, "tasks": len(tasks), "samples": n, "threshold": args.threshold,
         "temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
         "pass@1": pass_k["1"], f"pass@{n}": pass_k[str(n)], "pass_at_k": pass_k,
         "reward_mean": mean, "reward_ci95": [low, high], "tokens_sampled": stats["tokens_sampled"],
@@ -842,6 +946,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"--seeds and --steps must be >= 1, got {args.seeds} and {args.steps}")
     _require_env(args.env)
     overrides = parse_overrides(args.set or [])
+    env_args = parse_overrides(args.env_arg or [], "--env-arg")
     plans = []
     for name in names:  # validate everything before training anything
         cls = _require_agent(name)
@@ -862,7 +967,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             for seed in range(args.seeds):
                 config = build_agent_config(cls, {**overrides, "seed": seed})
                 spec = RunSpec(env=args.env, agent=cls.name, model=args.model, steps=args.steps, checkpoint_every=0,
-                               threads=args.threads, agent_config=dataclasses.asdict(config))
+                               threads=args.threads, agent_config=dataclasses.asdict(config), env_args=env_args)
                 result = train_run(spec, out / cls.name / f"seed-{seed}", console=console, progress=progress,
                                    description=f"{cls.name} seed {seed}", checkpoints=False)
                 rows = result.rows
@@ -891,7 +996,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 break
     plot = plot_comparison(curves, out / "compare.png", title=f"{args.env}: {args.steps} steps, {args.seeds} seed(s)",
                            threshold=args.threshold, window=window)
-    report = {"env": args.env, "model": args.model, "steps": args.steps, "seeds": args.seeds,
+    report = {"env": args.env, "env_args": env_args, "model": args.model, "steps": args.steps, "seeds": args.seeds,
               "threshold": args.threshold, "window": window, "set": overrides, "agents": summary}
     (out / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
 
@@ -1023,6 +1128,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="agent config fields as a JSON object (or a run's config.json)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override one agent config field (repeatable)")
     p.add_argument("--seed", type=int, help="seed of task draws and sampling (the agent config's seed)")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
+                   help="keyword for gymnasium.make (repeatable; values parsed like --set), e.g. --env-arg path=data.jsonl")
     p.add_argument("--level", choices=("sequence", "token"), help="env level (default sequence)")
     p.add_argument("--checkpoint-every", type=int, metavar="K",
                    help="save checkpoints/step-N every K steps (default 50; 0 = only at the end)")
@@ -1045,6 +1152,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64, help="token budget per completion (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the task draw and sampling (default 0)")
     p.add_argument("--level", choices=("sequence", "token"), default="sequence", help="env level (default sequence)")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
+                   help="keyword for gymnasium.make (repeatable; values parsed like --set), e.g. --env-arg path=data.jsonl")
     p.set_defaults(handler=cmd_bench)
 
     p = sub.add_parser("compare", parents=[common], help="several agents x seeds on one env; one plot and a summary",
@@ -1059,6 +1168,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, help="reward level for 'steps to threshold'")
     p.add_argument("--model", default="tiny", help="starting model for every run (default tiny)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field of every agent")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
+                   help="keyword for gymnasium.make (repeatable; values parsed like --set), e.g. --env-arg path=data.jsonl")
     p.add_argument("--window", type=int, default=10, help="moving-average window in steps (default 10)")
     p.set_defaults(handler=cmd_compare)
 

@@ -185,6 +185,12 @@ REASONING_GYM_DATASETS: tuple[str, ...] = (
 )
 
 
+# the same set as envs.math.reasoning.HASH_SEED_DEPENDENT (not imported: registration stays light; a test compares)
+_RG_HASH_SEED_DEPENDENT = frozenset(
+    {"isomorphic_strings", "knight_swap", "polynomial_multiplication", "ransom_note", "word_ladder"}
+)
+
+
 def _register_builtin() -> None:
     toy = "envs.toy"
     register_env("Addition", f"{toy}:addition_env", family="toy",
@@ -205,7 +211,9 @@ def _register_builtin() -> None:
     for dataset in REASONING_GYM_DATASETS:
         register_env(f"RG-{dataset}", "envs.math.reasoning:make_env", family="reasoning-gym",
                      requires=("reasoning_gym",), kwargs={"dataset": dataset},
-                     description=f"reasoning-gym '{dataset}', scored by its own score_answer")
+                     description=f"reasoning-gym '{dataset}', scored by its own score_answer"
+                                 + (" (items depend on hash randomisation: run with PYTHONHASHSEED=0 to reproduce)"
+                                    if dataset in _RG_HASH_SEED_DEPENDENT else ""))
     register_env("GuessNumber", "envs.games.guess_number:guess_number_env", family="games", multi_turn=True,
                  description="guess an integer in 1..100 with higher/lower replies, 7 guesses")
     register_env("Wordle", "envs.games.wordle:wordle_env", family="games", multi_turn=True,

@@ -125,7 +125,33 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_identically(model_dir, st
     assert without_timing(read_metrics(out / "metrics.jsonl")) == without_timing(read_metrics(straight_run / "metrics.jsonl"))
 
 
-def test_keyboard_interrupt_mid_run_still_saves_a_checkpoint(model_dir, tmp_path, monkeypatch):
+def test_keyboard_interrupt_mid_step_keeps_the_last_completed_checkpoint(model_dir, straight_run, tmp_path,
+                                                                         monkeypatch, capsys):
+    """A second Ctrl-C inside step 3's update, after the optimiser step: checkpoints/last stays at step 2
+    (the half-updated state is not saved), and --resume reproduces the uninterrupted run."""
+    import agents.base
+
+    original_update = agents.base.Agent.update
+
+    def update_then_ctrl_c(self, batch):
+        metrics = original_update(self, batch)  # the weights, optimiser and step count have moved on
+        if self.step_count == 3:
+            raise KeyboardInterrupt
+        return metrics
+
+    monkeypatch.setattr(agents.base.Agent, "update", update_then_ctrl_c)
+    out = tmp_path / "hard-stop"
+    assert main(train_args(model_dir, out, 4, "--checkpoint-every", "2")) == 130
+    captured = capsys.readouterr().out
+    assert "mid-step 3" in captured and "not saved" in captured
+    assert (out / "checkpoints" / "last" / "step.txt").read_text().strip() == "2"
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
+    monkeypatch.setattr(agents.base.Agent, "update", original_update)
+    assert main(["train", "--resume", str(out)]) == 0
+    assert without_timing(read_metrics(out / "metrics.jsonl")) == without_timing(read_metrics(straight_run / "metrics.jsonl"))
+
+
+def test_keyboard_interrupt_in_the_first_step_saves_nothing_half_done(model_dir, tmp_path, monkeypatch, capsys):
     import agents.base
 
     def interrupted_update(self, batch):
@@ -134,7 +160,15 @@ def test_keyboard_interrupt_mid_run_still_saves_a_checkpoint(model_dir, tmp_path
     monkeypatch.setattr(agents.base.Agent, "update", interrupted_update)
     out = tmp_path / "hard-stop"
     assert main(train_args(model_dir, out, 3)) == 130
-    assert (out / "checkpoints" / "last" / "agent.pt").is_file()
+    assert not (out / "checkpoints" / "last").exists()
+    assert "no earlier checkpoint" in capsys.readouterr().out
+
+
+def test_resume_refuses_every_run_defining_flag_even_a_falsy_one(straight_run, capsys):
+    for flag in (["--seed", "0"], ["--env-arg", "path=x.jsonl"], ["--set", "lr=0"]):
+        assert main(["train", "--resume", str(straight_run), *flag]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("llmgym: error: --resume") and f"drop {flag[0]}" in err, err
 
 
 def test_train_refuses_to_overwrite_a_run_without_flag(straight_run, model_dir, capsys):
@@ -282,6 +316,20 @@ def env_needing_a_missing_package(monkeypatch):
     (["compare", "--agents", "grpo", "--env", ENV, "--out", "OUT", "--model", "/no/model"], "no model at '/no/model'"),
     (["list", "--family", "nope"], "no env family 'nope'"),
     (["bench", "--env", ENV, "--threads", "0"], "--threads must be >= 1"),
+    (["train", "--env", ENV, "--agent", "grpo", "--out", "OUT", "--set", "lr=-1"], "Invalid learning rate: -1"),
+    (["train", "--env", ENV, "--agent", "grpo", "--out", "OUT", "--set", "top_p=2"], "top_p must be in (0, 1]"),
+    (["train", "--env", ENV, "--agent", "grpo", "--out", "OUT", "--seed", "-1"], "seed must be >= 0, got -1"),
+    (["train", "--env", ENV, "--agent", "grpo", "--out", "OUT", "--set", "seed=-1"], "seed must be >= 0, got -1"),
+    (["compare", "--agents", "grpo", "--env", ENV, "--out", "OUT", "--set", "lr=-1"], "Invalid learning rate"),
+    (["bench", "--env", ENV, "--top-p", "0"], "--top-p must be in (0, 1], got 0"),
+    (["bench", "--env", ENV, "--temperature", "-1"], "--temperature must be >= 0"),
+    (["bench", "--env", ENV, "--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["bench", "--env", "llmgym/GSM8K-v0"], "llmgym/GSM8K-v0 needs its problems: pass path="),
+    (["bench", "--env", "llmgym/GSM8K-v0", "--env-arg", "path=/no/such.jsonl"], "no such task file: /no/such.jsonl"),
+    (["bench", "--env", ENV, "--env-arg", "bogus=1"], "unexpected keyword argument 'bogus'"),
+    (["bench", "--env", ENV, "--env-arg", "path"], "--env-arg expects key=value"),
+    (["bench", "--env", ENV, "--env-arg", "level=token"], "--env-arg level=... is set by llmgym itself"),
+    (["train", "--env", "llmgym/MATH-v0", "--agent", "grpo", "--out", "OUT"], "llmgym/MATH-v0 needs its problems"),
 ])
 def test_user_errors_print_one_line_and_exit_2(argv, expected, tmp_path, capsys):
     argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
@@ -289,6 +337,20 @@ def test_user_errors_print_one_line_and_exit_2(argv, expected, tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.startswith("llmgym: error: ") and expected in err, err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_env_args_reach_gymnasium_make_and_are_recorded_for_resume(model_dir, tmp_path, capsys):
+    sample = str(Path(__file__).parent / "data" / "gsm8k_sample.jsonl")
+    assert main(["bench", "--env", "llmgym/GSM8K-v0", "--model", model_dir, "--samples", "1", "--tasks", "2",
+                 "--max-new-tokens", "2", "--env-arg", f"path={sample}", "--out", str(tmp_path / "b.json")]) == 0
+    assert json.loads((tmp_path / "b.json").read_text())["env_args"] == {"path": sample}
+    out = tmp_path / "gsm8k-run"
+    assert main(["train", "--env", "llmgym/GSM8K-v0", "--agent", "grpo", "--model", model_dir, "--steps", "1",
+                 "--out", str(out), *SMALL, "--env-arg", f"path={sample}"]) == 0
+    assert json.loads((out / "config.json").read_text())["env_args"] == {"path": sample}
+    assert main(["train", "--resume", str(out), "--steps", "2"]) == 0  # the recorded path=, not the HF cache
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
+    assert "Traceback" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["train", "bench"])

@@ -42,6 +42,24 @@ def test_guess_number_binary_search_wins():
         assert info["target"] == guess
 
 
+@pytest.mark.parametrize("n", [2, 8, 100])
+def test_guess_number_default_budget_lets_binary_search_win_every_target(n):
+    from llmgym import Task
+
+    for target in range(1, n + 1):
+        task = Task("guess", answer=target, metadata={"low": 1, "high": n})
+        env = gymnasium.make("llmgym/GuessNumber-v0", low=1, high=n, tasks=[task])
+        env.reset(seed=0)
+        low, high, outcome = 1, n, "playing"
+        while outcome == "playing":
+            guess = (low + high) // 2
+            _, reward, terminated, _, info = env.step(str(guess))
+            outcome = info["outcome"]
+            if not terminated:
+                low, high = (guess + 1, high) if info["reply"].startswith("Higher") else (low, guess - 1)
+        assert (outcome, reward) == ("won", 1.0), (n, target, info)
+
+
 def test_guess_number_runs_out_of_guesses_and_loses():
     env = gymnasium.make("llmgym/GuessNumber-v0", low=1, high=10, max_guesses=3)
     obs, info = env.reset(seed=3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import json
 import re
@@ -80,6 +81,18 @@ EQUIVALENCE = [
     (r"\text{Monday}", "Monday", True),
     ("5", "<think>2 + 2 = 4, and 4 + 1 is 5</think><answer>5</answer>", True),
     ("5", "<think>it is 5</think><answer>6</answer>", False),
+    # the string fast path keeps meaningful spaces and the case of symbols
+    ("11/2", "1 1/2", False),
+    ("12", "1 2", False),
+    ("-12", "-1 2", False),
+    ("2N", "2n", False),
+    (r"\Delta", r"\delta", False),
+    ("1 + 2x", "1+2x", True),
+    ("(1 , 2)", "(1,2)", True),
+    ("x + N", "N + x", True),
+    ("Monday", "monday", True),
+    (r"\text{New York}", "new york", True),
+    (r"\pi r^2", r"\pi\, r^2", True),
 ]
 
 
@@ -386,3 +399,80 @@ def test_reused_dataset_instances_give_the_same_items_as_fresh_ones():
         for seed in (3, 1234567):
             fresh = reasoning_gym.create_dataset(dataset, size=1, seed=seed)[0]
             assert reasoning._build(dataset, {}, seed)[0] == fresh, dataset
+
+
+# One process per hash seed: make every RG env, take its first task, print {dataset: [prompt, answer]} as JSON.
+_FIRST_TASKS_SCRIPT = """
+import contextlib, json, sys, warnings
+import gymnasium
+import llmgym
+warnings.simplefilter("ignore")
+out = {}
+with contextlib.redirect_stdout(sys.stderr):  # some generators print
+    for name in llmgym.registry.REASONING_GYM_DATASETS:
+        obs, info = gymnasium.make(f"llmgym/RG-{name}-v0").reset(seed=0)
+        out[name] = [obs["prompt"], repr(info["task"].answer)]
+print(json.dumps(out))
+"""
+
+
+def test_exactly_the_hash_seed_dependent_datasets_vary_across_processes():
+    pytest.importorskip("reasoning_gym")
+    import os
+    import subprocess
+
+    from envs.math.reasoning import HASH_SEED_DEPENDENT
+
+    root = Path(__file__).resolve().parents[1]
+    runs = []
+    for hash_seed in ("0", "3"):  # two seeds under which every listed dataset gives another first task
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        runs.append(subprocess.Popen([sys.executable, "-c", _FIRST_TASKS_SCRIPT], cwd=root, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = []
+    for proc in runs:
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr[-2000:]
+        outputs.append(json.loads(stdout))
+    first, second = outputs
+    assert len(first) == len(llmgym.registry.REASONING_GYM_DATASETS) == 105
+    differing = {name for name in first if first[name] != second[name]}
+    assert differing == set(HASH_SEED_DEPENDENT)
+
+
+def test_hash_seed_dependent_datasets_are_described_and_warn_once(monkeypatch):
+    pytest.importorskip("reasoning_gym")
+    import warnings
+
+    from envs.math import reasoning
+
+    for info in llmgym.registered_envs("reasoning-gym"):
+        dataset = info.id.removeprefix("llmgym/RG-").removesuffix("-v0")
+        assert ("PYTHONHASHSEED=0" in info.description) == (dataset in reasoning.HASH_SEED_DEPENDENT), info.id
+    monkeypatch.setattr(reasoning, "_warned_hash_seed", set())
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    with pytest.warns(RuntimeWarning, match="PYTHONHASHSEED=0"):
+        gymnasium.make("llmgym/RG-ransom_note-v0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gymnasium.make("llmgym/RG-ransom_note-v0")  # once only
+        gymnasium.make("llmgym/RG-chain_sum-v0")  # not hash-seed dependent
+        monkeypatch.setenv("PYTHONHASHSEED", "0")
+        gymnasium.make("llmgym/RG-word_ladder-v0")  # the hash seed is fixed
+    monkeypatch.setenv("PYTHONHASHSEED", "random")
+    with pytest.warns(RuntimeWarning, match="word_ladder"):
+        gymnasium.make("llmgym/RG-word_ladder-v0")
+
+
+def test_list_functions_items_do_not_depend_on_the_global_random_state(monkeypatch):
+    pytest.importorskip("reasoning_gym")
+    import random
+
+    from envs.math import reasoning
+
+    tasks = []
+    for global_seed in (1, 2):
+        monkeypatch.setattr(reasoning, "_cache", collections.OrderedDict())
+        random.seed(global_seed)
+        tasks.append(reasoning.reasoning_gym_task("list_functions", seed=0))
+    assert tasks[0] == tasks[1]

@@ -3,13 +3,12 @@
 Each completion is one guess: the **last integer** in it counts ("I'll try 50" → 50). A reply with
 no integer, or one outside the range, uses up the guess and gets a reply saying what is expected.
 A right guess wins (reward 1.0, terminated); running out of guesses loses (reward 0.0, terminated:
-the game is over, not cut short). Binary search always wins within ``ceil(log2(range))`` guesses,
-which is the default budget.
+the game is over, not cut short). Binary search always wins within ``n.bit_length()`` guesses for a
+range of ``n`` integers (``floor(log2(n)) + 1``: 4 for 8 numbers, 7 for 100), which is the default budget.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -105,7 +104,7 @@ def guess_number_env(
     high: int = 100,
     max_guesses: int | None = None,
 ) -> GuessNumberEnv:
-    """``llmgym/GuessNumber-v0``: guess an integer in ``[low, high]``; ``max_guesses`` defaults to ``ceil(log2(high - low + 1))``.
+    """``llmgym/GuessNumber-v0``: guess an integer in ``[low, high]``; ``max_guesses`` defaults to ``(high - low + 1).bit_length()``.
 
     Example:
         >>> import gymnasium, llmgym
@@ -117,7 +116,7 @@ def guess_number_env(
     if high < low:
         raise ValueError(f"need low <= high, got {low}, {high}")
     if max_guesses is None:
-        max_guesses = max(1, math.ceil(math.log2(high - low + 1)))
+        max_guesses = (high - low + 1).bit_length()  # binary search's worst case: floor(log2(n)) + 1
     if tasks is None:
         def tasks(rng: np.random.Generator) -> Task:
             return guess_number_task(rng, low, high)

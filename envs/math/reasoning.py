@@ -12,14 +12,23 @@ The answer handed to the dataset's ``score_answer`` is the content of the comple
 Datasets with several valid answers (``boxnet``, ``graph_color``, ``propositional_logic``,
 ``rubiks_cube``, ``rush_hour``) store no single answer (``task.answer`` is ``None``); their
 ``score_answer`` checks a proposed solution itself.
+
+Reproducibility: a few generators (:data:`HASH_SEED_DEPENDENT`) iterate over Python sets of strings,
+whose order changes with Python's per-process hash randomisation: the same seed gives a different
+item in another process unless ``PYTHONHASHSEED`` is fixed (run with ``PYTHONHASHSEED=0``). Making
+one of these envs without it warns once. ``list_functions`` draws some items from the global
+``random`` module; it is seeded from the item's seed around each draw, so its items are reproducible.
 """
 
 from __future__ import annotations
 
 import collections
 import copy
+import os
+import random
 import re
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -28,6 +37,7 @@ from llmgym import Score, SequenceEnv, Task, Verifier
 
 __all__ = [
     "ANSWER_INSTRUCTION",
+    "HASH_SEED_DEPENDENT",
     "REUSABLE_DATASETS",
     "extract_tagged_answer",
     "reasoning_gym_datasets",
@@ -89,6 +99,34 @@ REUSABLE_DATASETS = frozenset({"arc_agi", "codeio", "figlet_font", "group_anagra
 _templates: dict[tuple[str, str], Any] = {}
 
 
+# Datasets whose items for a seed depend on Python's string-hash randomisation (they iterate over sets
+# of strings): reproducible across processes only with a fixed PYTHONHASHSEED. A test generates every
+# dataset's first item under two hash seeds and checks that exactly these differ.
+HASH_SEED_DEPENDENT = frozenset(
+    {"isomorphic_strings", "knight_swap", "polynomial_multiplication", "ransom_note", "word_ladder"}
+)
+# Datasets that draw from the global ``random`` module: seeded from the item's seed around each draw.
+_GLOBAL_RANDOM_DATASETS = frozenset({"list_functions"})
+_global_random_lock = threading.Lock()
+_warned_hash_seed: set[str] = set()
+
+
+def _warn_if_hash_seed_dependent(dataset: str) -> None:
+    """Warn once per dataset if its items depend on hash randomisation and ``PYTHONHASHSEED`` is not fixed."""
+    if dataset not in HASH_SEED_DEPENDENT or dataset in _warned_hash_seed:
+        return
+    if os.environ.get("PYTHONHASHSEED", "random") != "random":
+        return
+    _warned_hash_seed.add(dataset)
+    warnings.warn(
+        f"reasoning-gym {dataset!r} items depend on Python's hash randomisation: the same seed gives a "
+        f"different task in another process. Run with PYTHONHASHSEED=0 (set before Python starts) for "
+        f"reproducible tasks.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 def _config_key(config: dict[str, Any]) -> str:
     return repr(sorted(config.items()))
 
@@ -117,7 +155,16 @@ def _item(dataset: str, config: dict[str, Any], seed: int) -> tuple[Any, dict]:
             _cache.move_to_end(key)
             return _cache[key]
     ds = _build(dataset, config, seed)
-    entry = ds[0]
+    if dataset in _GLOBAL_RANDOM_DATASETS:
+        with _global_random_lock:
+            state = random.getstate()
+            random.seed(seed)
+            try:
+                entry = ds[0]
+            finally:
+                random.setstate(state)
+    else:
+        entry = ds[0]
     with _cache_lock:
         _cache[key] = (ds, entry)
         while len(_cache) > _CACHE_SIZE:
@@ -237,6 +284,7 @@ def make_env(
         DATASETS[dataset][1](**config)
     except TypeError as exc:
         raise TypeError(f"bad configuration for reasoning-gym dataset {dataset!r}: {exc}") from None
+    _warn_if_hash_seed_dependent(dataset)
 
     def draw(rng: np.random.Generator) -> Task:
         return reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)

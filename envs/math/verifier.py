@@ -221,10 +221,54 @@ def normalize_gold(answer: Any) -> str:
     return candidate if candidate is not None else _tidy(answer)
 
 
-def _plain(text: str) -> str:
-    """Text for the string fast path: no ``\\text{}`` wrapper, spaces or case."""
-    text = re.sub(r"\\(?:text|mathrm|textbf)\s*\{([^{}]*)\}", r"\1", text)
-    return re.sub(r"\s+", "", text).lower()
+_TEXT_WRAPPER = re.compile(r"\\(?:text|mathrm|textbf)\s*\{([^{}]*)\}")
+# Spaces next to these carry no meaning: ``1 + 2`` is ``1+2``, ``(1, 2)`` is ``(1,2)``. Spaces between
+# two digits or two letters do (``1 1/2`` is not ``11/2``), so they stay.
+_SPACE_AROUND_OPERATOR = re.compile(r"\s*([-+*/=,;:<>^_()\[\]{}|!])\s*")
+_SPACE_BEFORE_COMMAND = re.compile(r"\s+(?=\\)")
+_PURE_WORDS = re.compile(r"[A-Za-z][A-Za-z\s,'.\-]*")
+_GREEK = frozenset(
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi omicron pi "
+    "varpi rho varrho sigma varsigma tau upsilon phi varphi chi psi omega".split()
+)
+_SYMBOL = re.compile(r"\\([A-Za-z]+)|([A-Za-z])")
+
+
+def _unwrap(text: str) -> str:
+    return _TEXT_WRAPPER.sub(r"\1", text).strip()
+
+
+def _is_words(text: str) -> bool:
+    """Plain words (``Monday``, ``New York``, ``yes``): no digits, operators or LaTeX; two letters at least."""
+    return bool(_PURE_WORDS.fullmatch(text)) and bool(re.search(r"[A-Za-z]{2}", text))
+
+
+def _plain(text: str, fold_case: bool = False) -> str:
+    """Text for the string fast path: no ``\\text{}`` wrapper, no spaces around operators and commas.
+
+    Case is kept (``2N`` is not ``2n``) unless ``fold_case`` (both answers are plain words).
+    """
+    text = _SPACE_AROUND_OPERATOR.sub(r"\1", _unwrap(text))
+    text = re.sub(r"\s+", " ", _SPACE_BEFORE_COMMAND.sub("", text))
+    return text.lower() if fold_case else text
+
+
+def _symbols(text: str) -> set[str]:
+    """Latin letters and Greek-letter commands of a math answer, case kept (``\\Delta`` and ``\\delta`` differ)."""
+    found = set()
+    for match in _SYMBOL.finditer(_unwrap(text)):
+        command, letter = match.groups()
+        if letter:
+            found.add(letter)
+        elif command.lower() in _GREEK:
+            found.add(command)
+    return found
+
+
+def _case_only_difference(gold: str, predicted: str) -> bool:
+    """True if the answers' symbols differ only in case (``2N`` / ``2n``): math-verify folds case, math does not."""
+    a, b = _symbols(gold), _symbols(predicted)
+    return a != b and {s.lower() for s in a} == {s.lower() for s in b}
 
 
 # -- math-verify, without its signal-based time-out -----------------------------------------------
@@ -365,8 +409,11 @@ class MathVerifier(Verifier):
         info = {"extracted": predicted, "extracted_by": rule, "gold": gold}
         if predicted is None:
             return Score(0.0, {**info, "error": "no answer found in the completion"})
-        if _plain(predicted) == _plain(gold):
+        words = _is_words(_unwrap(predicted)) and _is_words(_unwrap(gold))
+        if _plain(predicted, fold_case=words) == _plain(gold, fold_case=words):
             return Score(1.0, info)
+        if not words and _case_only_difference(gold, predicted):
+            return Score(0.0, {**info, "error": "the answers differ in the case of a symbol"})
         gold_parsed, predicted_parsed = _parse(gold), _parse(predicted)
         if not gold_parsed:
             return Score(0.0, {**info, "error": f"the gold answer {gold!r} could not be parsed"})
