@@ -5,6 +5,7 @@ read like its paper: :meth:`Agent.compute_advantages` and :meth:`Agent.loss`.
 
 from __future__ import annotations
 
+import abc
 import copy
 import dataclasses
 import math
@@ -102,6 +103,7 @@ class ForwardOutput:
     logprobs: torch.Tensor
     entropy: torch.Tensor
     values: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None  # last hidden states [N, L-1, H], when asked for
 
 
 def _disable_dropout(model: torch.nn.Module) -> None:
@@ -112,7 +114,7 @@ def _disable_dropout(model: torch.nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
-class Agent:
+class Agent(abc.ABC):
     """Base class of all agents: ``act``, ``collect``, ``update``, ``learn``.
 
     Args:
@@ -190,10 +192,14 @@ class Agent:
         completion = self.engine.generate([ids], self.sampling(), keys=key)[0][0]
         return np.asarray(completion.token_ids, dtype=np.int64)
 
-    def collect(self, env: gym.Env, num_tasks: int | None = None) -> Batch:
-        """Roll out ``tasks_per_step × group_size`` episodes of ``env`` (any level) into a :class:`Batch`."""
+    def collect(self, env: gym.Env, num_tasks: int | None = None, draw: int = 0) -> Batch:
+        """Roll out ``tasks_per_step × group_size`` episodes of ``env`` (any level) into a :class:`Batch`.
+
+        Tasks and tokens are seeded by ``(seed, step_count, draw)``; ``draw`` numbers extra draws
+        within one step (DAPO's dynamic sampling).
+        """
         self.level = "token" if is_token_level(env) else "sequence"
-        seed = self.config.seed * 1_000_003 + self.step_count * 7_919 + getattr(self, "_extra_draws", 0)
+        seed = self.config.seed * 1_000_003 + self.step_count * 7_919 + draw
         num_tasks, tasks = num_tasks or self.config.tasks_per_step, None
         if distributed.is_distributed():
             # data parallel: every rank draws the same tasks and rolls out its contiguous share
@@ -208,12 +214,13 @@ class Agent:
         )
         batch = Batch.from_episodes(episodes, self.engine.pad_id)
         batch.stats = stats
-        batch.episodes = episodes
         return batch
 
     # -- learning ---------------------------------------------------------------------------------
     def forward(self, batch: Batch, model=None, with_values: bool = False) -> ForwardOutput:
-        """Teacher-forced log-probs and entropy of ``batch``'s tokens under ``model`` (the policy)."""
+        """Teacher-forced log-probs and entropy of ``batch``'s tokens under ``model`` (the policy).
+
+        ``with_values`` also returns the last hidden states ``[N, L-1, H]`` (for a value head)."""
         model = model if model is not None else self.model
         attn = batch.attention_mask
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
@@ -223,11 +230,8 @@ class Agent:
         logits = out.logits[:, :-1].float() / t
         logprobs = F.logprobs_from_logits(logits, batch.input_ids[:, 1:])
         entropy = F.entropy_from_logits(logits)
-        values = self.value(out.hidden_states[-1][:, :-1]) if with_values else None
-        return ForwardOutput(logprobs, entropy, values)
-
-    def value(self, hidden: torch.Tensor) -> torch.Tensor:  # pragma: no cover - PPO only
-        raise NotImplementedError
+        hidden = out.hidden_states[-1][:, :-1] if with_values else None
+        return ForwardOutput(logprobs, entropy, hidden=hidden)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -266,13 +270,13 @@ class Agent:
             rewards = rewards - self.config.kl_coef * kl * batch.action_mask
         return rewards
 
-    def compute_advantages(self, batch: Batch) -> None:  # pragma: no cover - abstract
+    @abc.abstractmethod
+    def compute_advantages(self, batch: Batch) -> None:
         """Fill ``batch.advantages`` (``[N, L-1]``, 0 off the action mask)."""
-        raise NotImplementedError
 
-    def loss(self, batch: Batch, out: ForwardOutput) -> tuple[torch.Tensor, dict[str, float]]:  # pragma: no cover
+    @abc.abstractmethod
+    def loss(self, batch: Batch, out: ForwardOutput) -> tuple[torch.Tensor, dict[str, float]]:
         """The scalar loss of a minibatch and its diagnostics."""
-        raise NotImplementedError
 
     def kl_loss_term(self, batch: Batch, out: ForwardOutput) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``β · KL_t`` per token when ``kl_placement == "loss"`` (else 0), and the KL itself."""

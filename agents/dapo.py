@@ -63,16 +63,15 @@ class DAPO(GRPO):
     config_class = DAPOConfig
     name = "dapo"
 
-    def collect(self, env, num_tasks=None) -> Batch:
+    def collect(self, env, num_tasks=None, draw=0) -> Batch:
         c = self.config
         want = num_tasks or c.tasks_per_step
         # under data parallel each draw hands this rank its share of `want` tasks; it keeps that many
         target = len(distributed.shard_range(want)) if distributed.is_distributed() else want
         kept, draws, all_rewards = [], 0, []
-        self._extra_draws = 0
         last = None
         while True:
-            batch = super().collect(env, want)
+            batch = super().collect(env, want, draw=draws)  # each extra draw gets a fresh seed
             last = batch
             all_rewards.append(batch.rewards)
             groups = [batch.episodes[i:i + c.group_size] for i in range(0, len(batch.episodes), c.group_size)]
@@ -81,8 +80,6 @@ class DAPO(GRPO):
             if len(kept) >= target or not c.dynamic_sampling or draws >= c.max_extra_draws:
                 break
             draws += 1
-            self._extra_draws = draws  # a fresh seed for the next draw within this step
-        self._extra_draws = 0
         if not kept:  # nothing informative within the cap: learn nothing from this step, honestly
             kept = [last.episodes[i:i + c.group_size] for i in range(0, len(last.episodes), c.group_size)]
         kept = kept[:target]
@@ -95,7 +92,6 @@ class DAPO(GRPO):
         drawn = torch.cat(all_rewards)
         out.stats = {**last.stats, "extra_draws": float(draws), "kept_groups": float(len(kept)),
                      "reward_mean": float(drawn.mean()), "reward_std": float(drawn.std()) if len(drawn) > 1 else 0.0}
-        out.episodes = episodes
         return out
 
     def compute_advantages(self, batch: Batch) -> None:

@@ -74,8 +74,11 @@ class PPO(Agent):
     def parameters(self):
         return list(self.model.parameters()) + list(self.value_head.parameters())
 
-    def value(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.value_head(hidden.float()).squeeze(-1)
+    def forward(self, batch: Batch, model=None, with_values: bool = False):
+        out = super().forward(batch, model, with_values)
+        if with_values:  # V(s_t) from the policy's last hidden state at each position
+            out.values = self.value_head(out.hidden.float()).squeeze(-1)
+        return out
 
     def compute_advantages(self, batch: Batch) -> None:
         c = self.config

@@ -105,27 +105,23 @@ class ReMax(REINFORCE):
         >>> model, tok = load_model("tiny")
         >>> agent = ReMax(model, tok, tasks_per_step=2, max_new_tokens=4)
         >>> batch = agent.collect(gymnasium.make("llmgym/Copy-v0", tokenizer=tok))
-        >>> batch.greedy_rewards.shape
+        >>> batch.baseline_rewards.shape  # the greedy reward of each sample's prompt
         torch.Size([2])
     """
 
     config_class = ReMaxConfig
     name = "remax"
 
-    def collect(self, env, num_tasks=None) -> Batch:
-        batch = super().collect(env, num_tasks)
+    def collect(self, env, num_tasks=None, draw=0) -> Batch:
+        batch = super().collect(env, num_tasks, draw)
         tasks = [e.task for e in batch.episodes[:: self.config.group_size]]
         greedy, _ = collect_episodes(env, self.engine, num_tasks=len(tasks), group_size=1,
                                      sampling=self.sampling(temperature=0.0), seed=0, tasks=tasks)
-        batch.greedy_rewards = torch.tensor([e.total_reward for e in greedy])
+        batch.baseline_rewards = torch.tensor([e.total_reward for e in greedy])[batch.groups]
         return batch
 
-    def update(self, batch: Batch):
-        self._greedy = batch.greedy_rewards[batch.groups].to(self.device)
-        return super().update(batch)
-
     def compute_advantages(self, batch: Batch) -> None:
-        advantages = F.remax_advantages(self.sequence_scores(batch), self._greedy)
+        advantages = F.remax_advantages(self.sequence_scores(batch), batch.baseline_rewards)
         batch.advantages = advantages[:, None] * batch.action_mask
 
 

@@ -29,6 +29,8 @@ class Batch:
         truncated: ``[N]`` bool, a completion hit the token budget.
         longest_turn: ``[N]`` sampled tokens of each episode's longest turn (the per-turn budget's unit).
         ref_logprobs, values, advantages, returns: filled by agents where they need them.
+        baseline_rewards: ``[N]`` an external per-episode baseline (ReMax's greedy rewards).
+        stats: rollout statistics (``tokens_per_s``, ...); episodes: the source episodes.
     """
 
     input_ids: torch.Tensor
@@ -44,6 +46,9 @@ class Batch:
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    baseline_rewards: torch.Tensor | None = None
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)
+    episodes: list[Episode] = dataclasses.field(default_factory=list, repr=False)
 
     @classmethod
     def from_episodes(cls, episodes: Sequence[Episode], pad_id: int = 0) -> "Batch":
@@ -83,6 +88,7 @@ class Batch:
             groups=torch.tensor([e.group for e in episodes], dtype=torch.long),
             truncated=torch.tensor(["length" in e.finish_reasons for e in episodes], dtype=torch.bool),
             longest_turn=torch.tensor([max(e.turn_lengths, default=0) for e in episodes], dtype=torch.float32),
+            episodes=list(episodes),
         )
 
     def __len__(self) -> int:
@@ -98,19 +104,18 @@ class Batch:
         """Sampled tokens per episode ``[N]``."""
         return self.action_mask.sum(-1)
 
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: v for f in dataclasses.fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor)}
+
     def to(self, device) -> "Batch":
-        return dataclasses.replace(self, **{
-            f.name: getattr(self, f.name).to(device)
-            for f in dataclasses.fields(self) if getattr(self, f.name) is not None
-        })
+        return dataclasses.replace(self, **{k: v.to(device) for k, v in self._tensors().items()})
 
     def select(self, index: torch.Tensor | Sequence[int]) -> "Batch":
         """The episodes at ``index`` (trailing all-padding columns are kept; they are masked)."""
         index = torch.as_tensor(index, dtype=torch.long)
-        return dataclasses.replace(self, **{
-            f.name: getattr(self, f.name)[index]
-            for f in dataclasses.fields(self) if getattr(self, f.name) is not None
-        })
+        episodes = [self.episodes[i] for i in index.tolist()] if self.episodes else []
+        return dataclasses.replace(self, episodes=episodes,
+                                   **{k: v[index.to(v.device)] for k, v in self._tensors().items()})
 
     def minibatches(self, size: int, generator: torch.Generator | None = None) -> Iterator["Batch"]:
         """Shuffled minibatches of ``size`` episodes (the last may be smaller)."""

@@ -124,12 +124,13 @@ def collect_episodes(
     sampling: SamplingParams,
     seed: int,
     tasks: Sequence[Task] | None = None,
-    max_steps: int = 10_000,
+    max_turns: int = 10_000,
 ) -> tuple[list[Episode], dict[str, float]]:
     """Run ``num_tasks × group_size`` episodes to the end; return them and timing stats.
 
     Episodes ``g * group_size … (g+1) * group_size - 1`` share task ``g``. ``seed`` fixes the task
     draw (through ``env.reset(seed=seed)``) and every sampled token; ``tasks`` pins the tasks instead.
+    ``max_turns`` stops an episode whose env never ends it (a guard, not a game rule).
 
     Example:
         >>> import gymnasium, llmgym
@@ -161,9 +162,9 @@ def collect_episodes(
     started = time.perf_counter()
     sampled = 0
     if is_token_level(env):
-        sampled = _run_token_level(envs, episodes, observations, engine, sampling, seed, max_steps)
+        sampled = _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns)
     else:
-        sampled = _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_steps)
+        sampled = _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns)
     elapsed = time.perf_counter() - started
     return episodes, {"rollout_s": elapsed, "tokens_sampled": float(sampled),
                       "tokens_per_s": sampled / max(elapsed, 1e-9)}
@@ -198,11 +199,11 @@ def _record_turn(ep: Episode, completion_ids: list[int], logprobs: list[float], 
         ep.rewards += [0.0] * len(reply)
 
 
-def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_steps) -> int:
+def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns) -> int:
     live = list(range(len(envs)))
     turn, sampled = 0, 0
     per_turn = dataclasses.replace(sampling, n=1)
-    while live and turn < max_steps:
+    while live and turn < max_turns:
         keys_all = turn_keys(seed, len(envs), turn)
         prompts = [observations[i]["prompt_ids"].tolist() for i in live]
         groups = engine.generate(prompts, per_turn, keys=[keys_all[i] for i in live])
@@ -228,7 +229,7 @@ def _token_wrapper(env: gym.Env):
     raise TypeError("a token-level env must contain llmgym.TokenLevel")
 
 
-def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_steps) -> int:
+def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns) -> int:
     if not hasattr(engine, "next_token_logits"):
         raise TypeError(
             f"{type(engine).__name__} cannot drive a token-level env (it has no next_token_logits); "
@@ -247,9 +248,8 @@ def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_s
     buffer_lps: list[list[float]] = [[] for _ in envs]
     buffer_rewards: list[list[float]] = [[] for _ in envs]
     keys_cache: dict[int, list[int]] = {}
-    sampled, steps = 0, 0
-    while live and steps < max_steps * 4096:
-        steps += 1
+    sampled = 0
+    while live:
         contexts = [observations[i]["prompt_ids"].tolist() for i in live]
         logits = engine.next_token_logits(contexts)
         keys = []
@@ -274,7 +274,7 @@ def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_s
                 buffers[i], buffer_lps[i], buffer_rewards[i] = [], [], []
                 turn_of[i] += 1
             observations[i] = obs
-            if not (terminated or truncated):
+            if not (terminated or truncated) and turn_of[i] < max_turns:
                 still.append(i)
         live = still
     return sampled

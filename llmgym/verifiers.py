@@ -11,6 +11,7 @@ check) and :class:`LengthPenalty` (overlong shaping on text length).
 
 from __future__ import annotations
 
+import abc
 import math
 import re
 import threading
@@ -47,7 +48,7 @@ def _to_score(value: Any) -> Score:
         ) from None
 
 
-class Verifier:
+class Verifier(abc.ABC):
     """Base class: override :meth:`verify`; call the verifier itself to get a safe :class:`Score`.
 
     Args:
@@ -79,9 +80,9 @@ class Verifier:
         if time_limit is not None:
             self.time_limit = time_limit
 
-    def verify(self, task: Task, completion: str) -> float | Score:  # pragma: no cover - abstract
+    @abc.abstractmethod
+    def verify(self, task: Task, completion: str) -> float | Score:
         """Judge one completion. Override this; return a float or a :class:`Score`."""
-        raise NotImplementedError(f"{type(self).__name__} must implement verify(task, completion)")
 
     def __call__(self, task: Task, completion: str) -> Score:
         return self._safe(task, completion)

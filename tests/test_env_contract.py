@@ -304,3 +304,19 @@ def test_render_mode_reaches_user_factories_that_do_not_take_it():
     env.reset(options={"task": TASKS[0]})
     env.step("2")
     assert env.render() == "1+1=2"
+
+
+def test_a_verifier_or_agent_missing_its_hook_fails_at_construction(tiny_model, tokenizer):
+    from agents import Agent
+
+    class NoVerify(Verifier):
+        pass
+
+    class NoLoss(Agent):
+        def compute_advantages(self, batch):
+            pass
+
+    with pytest.raises(TypeError, match="abstract method.*verify"):
+        NoVerify()
+    with pytest.raises(TypeError, match="abstract method.*loss"):
+        NoLoss(tiny_model, tokenizer)

@@ -205,6 +205,13 @@ class HFEngine:
             hits.append(any(s in text for s in stop))
         return torch.tensor(hits, device=tokens.device)
 
+    def next_token_logits(self, contexts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Logits ``[B, V]`` (float32) of the next token after each context (no cache; token-level use)."""
+        ids, attn = pad_left([list(c) for c in contexts], self.pad_id, self.device)
+        with self._eval_mode():
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=_positions(attn))
+        return out.logits[:, -1, :].float()
+
     def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
         """Teacher-forced log-probs of ``completion_ids`` after ``prompt_ids`` (same distribution as sampling).
 
@@ -222,13 +229,3 @@ class HFEngine:
             lp = sequence_logprobs(self.model, ids, torch.ones_like(ids), temperature)
         return lp[0, len(prompt_ids) - 1:].tolist()
 
-
-def _next_token_logits(self, contexts: Sequence[Sequence[int]]) -> torch.Tensor:
-    """Logits ``[B, V]`` (float32) of the next token after each context (no cache; token-level use)."""
-    ids, attn = pad_left([list(c) for c in contexts], self.pad_id, self.device)
-    with self._eval_mode():
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=_positions(attn))
-    return out.logits[:, -1, :].float()
-
-
-HFEngine.next_token_logits = _next_token_logits
