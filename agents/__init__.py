@@ -1,21 +1,21 @@
 """Algorithm-agnostic agents over the plain Gymnasium API.
 
-Each agent is a short composition of the pure functions in :mod:`agents.functional` plus its
+Each agent is a short composition of the pure functions in :mod:`llmgym.agents.functional` plus its
 config. ``act`` / ``collect`` / ``update`` / ``learn`` work on any llmgym env, at sequence level,
 token level or multi-turn.
 
 Example:
-    >>> from agents import REINFORCE, RLOO, PPO, GRPO, DAPO
+    >>> from llmgym.agents import REINFORCE, RLOO, PPO, GRPO, DAPO
     >>> sorted(a.name for a in (REINFORCE, RLOO, PPO, GRPO, DAPO))
     ['dapo', 'grpo', 'ppo', 'reinforce', 'rloo']
 """
 
-from agents.base import Agent, AgentConfig
-from agents.dapo import DAPO, DAPOConfig
-from agents.grpo import GRPO, GSPO, DrGRPO, DrGRPOConfig, GRPOConfig, GSPOConfig
-from agents.ppo import PPO, PPOConfig
-from agents.reinforce import REINFORCE, REINFORCEConfig, REINFORCEPlusPlus, REINFORCEPlusPlusConfig, ReMax, ReMaxConfig
-from agents.rloo import RLOO, RLOOConfig
+from llmgym.agents.base import Agent, AgentConfig
+from llmgym.agents.dapo import DAPO, DAPOConfig
+from llmgym.agents.grpo import GRPO, GSPO, DrGRPO, DrGRPOConfig, GRPOConfig, GSPOConfig
+from llmgym.agents.ppo import PPO, PPOConfig
+from llmgym.agents.reinforce import REINFORCE, REINFORCEConfig, REINFORCEPlusPlus, REINFORCEPlusPlusConfig, ReMax, ReMaxConfig
+from llmgym.agents.rloo import RLOO, RLOOConfig
 
 AGENTS: dict[str, type[Agent]] = {
     cls.name: cls for cls in (REINFORCE, RLOO, PPO, GRPO, DAPO, DrGRPO, GSPO, REINFORCEPlusPlus, ReMax)

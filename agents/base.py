@@ -16,8 +16,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from agents import functional as F
-from agents.corrections import TIS_LEVELS, truncated_importance_weights
+from llmgym.agents import functional as F
+from llmgym.agents.corrections import TIS_LEVELS, truncated_importance_weights
 from llmgym import distributed
 from llmgym.batch import Batch
 from llmgym.engines import HFEngine, SamplingParams
@@ -48,11 +48,11 @@ class AgentConfig:
         kl_placement: ``"loss"`` (β·KL added to the per-token loss, as GRPO) or ``"reward"``
             (−β·KL added to the per-token reward, as PPO-RLHF/RLOO).
         entropy_coef: weight of an entropy bonus in the loss.
-        loss_agg: how per-token losses become a scalar (see ``agents.functional.aggregate_loss``).
+        loss_agg: how per-token losses become a scalar (see ``llmgym.agents.functional.aggregate_loss``).
         clip_low, clip_high: PPO ratio clipping ε (clip-higher when ``clip_high > clip_low``).
         dual_clip: dual-clip bound c > 1 for negative advantages (``None`` = off).
         tis: truncated importance sampling against the engine/learner log-prob gap: ``None`` (off),
-            ``"token"`` or ``"sequence"``; see ``agents.corrections.truncated_importance_weights``.
+            ``"token"`` or ``"sequence"``; see ``llmgym.agents.corrections.truncated_importance_weights``.
             The engine's generation-time log-probs are compared with the learner's log-probs of the
             same tokens before the update; the weight multiplies the per-token policy-gradient loss.
         tis_cap: the truncation C of the TIS weight ``min(ratio, C)``.

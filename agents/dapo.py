@@ -16,8 +16,8 @@ import dataclasses
 
 import torch
 
-from agents import functional as F
-from agents.grpo import GRPO, GRPOConfig
+from llmgym.agents import functional as F
+from llmgym.agents.grpo import GRPO, GRPOConfig
 from llmgym import distributed
 from llmgym.batch import Batch
 
@@ -53,7 +53,7 @@ class DAPO(GRPO):
     Example:
         >>> import gymnasium, llmgym
         >>> from llmgym.models import load_model
-        >>> from agents import DAPO
+        >>> from llmgym.agents import DAPO
         >>> model, tok = load_model("tiny")
         >>> agent = DAPO(model, tok, tasks_per_step=2, group_size=4, max_new_tokens=4)
         >>> (agent.config.clip_low, agent.config.clip_high, agent.ref_model)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from agents import functional as F
-from agents.base import Agent, AgentConfig, ForwardOutput
+from llmgym.agents import functional as F
+from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
 from llmgym.batch import Batch
 
 __all__ = ["GRPOConfig", "GRPO", "DrGRPO", "GSPO"]
@@ -53,7 +53,7 @@ class GRPO(Agent):
     Example:
         >>> import gymnasium, llmgym
         >>> from llmgym.models import load_model
-        >>> from agents import GRPO
+        >>> from llmgym.agents import GRPO
         >>> model, tok = load_model("tiny")
         >>> agent = GRPO(model, tok, tasks_per_step=2, group_size=4, max_new_tokens=4, kl_coef=0.0)
         >>> agent.ref_model is None  # β = 0: no reference model is loaded

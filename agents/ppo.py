@@ -12,8 +12,8 @@ import dataclasses
 
 import torch
 
-from agents import functional as F
-from agents.base import Agent, AgentConfig, ForwardOutput
+from llmgym.agents import functional as F
+from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
 from llmgym.batch import Batch
 
 __all__ = ["PPOConfig", "PPO"]
@@ -52,7 +52,7 @@ class PPO(Agent):
     Example:
         >>> import gymnasium, llmgym
         >>> from llmgym.models import load_model
-        >>> from agents import PPO
+        >>> from llmgym.agents import PPO
         >>> model, tok = load_model("tiny")
         >>> agent = PPO(model, tok, tasks_per_step=4, minibatch_size=2, max_new_tokens=4)
         >>> row = agent.learn(gymnasium.make("llmgym/Copy-v0", tokenizer=tok), steps=1)[0]

@@ -10,8 +10,8 @@ import dataclasses
 
 import torch
 
-from agents import functional as F
-from agents.base import Agent, AgentConfig, ForwardOutput
+from llmgym.agents import functional as F
+from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
 from llmgym.batch import Batch
 from llmgym.rollout import collect_episodes
 
@@ -47,7 +47,7 @@ class REINFORCE(Agent):
     Example:
         >>> import gymnasium, llmgym
         >>> from llmgym.models import load_model
-        >>> from agents import REINFORCE
+        >>> from llmgym.agents import REINFORCE
         >>> model, tok = load_model("tiny")
         >>> agent = REINFORCE(model, tok, tasks_per_step=2, max_new_tokens=4)
         >>> history = agent.learn(gymnasium.make("llmgym/Copy-v0", tokenizer=tok), steps=1)
@@ -101,7 +101,7 @@ class ReMax(REINFORCE):
     Example:
         >>> import gymnasium, llmgym
         >>> from llmgym.models import load_model
-        >>> from agents import ReMax
+        >>> from llmgym.agents import ReMax
         >>> model, tok = load_model("tiny")
         >>> agent = ReMax(model, tok, tasks_per_step=2, max_new_tokens=4)
         >>> batch = agent.collect(gymnasium.make("llmgym/Copy-v0", tokenizer=tok))

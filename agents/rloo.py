@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from agents import functional as F
-from agents.base import Agent, AgentConfig, ForwardOutput
+from llmgym.agents import functional as F
+from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
 from llmgym.batch import Batch
 
 __all__ = ["RLOOConfig", "RLOO"]
@@ -39,7 +39,7 @@ class RLOO(Agent):
     Example:
         >>> import gymnasium, llmgym
         >>> from llmgym.models import load_model
-        >>> from agents import RLOO
+        >>> from llmgym.agents import RLOO
         >>> model, tok = load_model("tiny")
         >>> agent = RLOO(model, tok, tasks_per_step=2, group_size=2, max_new_tokens=4)
         >>> agent.learn(gymnasium.make("llmgym/Copy-v0", tokenizer=tok), steps=1)[0]["step"]

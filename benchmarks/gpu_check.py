@@ -38,6 +38,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+try:  # installed (pip install -e .): llmgym.agents / llmgym.envs resolve through the package-dir mapping
+    import llmgym.agents  # noqa: F401
+except ImportError:  # a bare source tree (the lent GPU machine installs nothing): map agents/ and envs/ by hand
+    import llmgym
+
+    llmgym.__path__.append(str(ROOT))
 
 DEVICE = "cuda"
 QWEN2_05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
@@ -229,7 +235,7 @@ def grpo_step(engine_kind: str, tasks: int, group: int, new_tokens: int) -> dict
     import torch
 
     import llmgym  # noqa: F401
-    from agents import GRPO
+    from llmgym.agents import GRPO
     from llmgym.models import build_tokenizer
 
     base = build_tokenizer()

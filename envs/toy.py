@@ -32,7 +32,7 @@ def positional_match(task: Task, completion: str) -> float:
 
     Example:
         >>> from llmgym import Task
-        >>> from envs.toy import positional_match
+        >>> from llmgym.envs.toy import positional_match
         >>> t = Task("copy:123=", answer="123")
         >>> positional_match(t, "123"), positional_match(t, "129"), positional_match(t, "12345")
         (1.0, 0.6666666666666666, 0.6)
@@ -54,7 +54,7 @@ def addition_task(rng: np.random.Generator, max_value: int = 50) -> Task:
 
     Example:
         >>> import numpy as np
-        >>> from envs.toy import addition_task
+        >>> from llmgym.envs.toy import addition_task
         >>> t = addition_task(np.random.default_rng(0))
         >>> eval(t.prompt[:-1]) == int(t.answer)
         True
@@ -82,7 +82,7 @@ def sample_tasks(kind: str, n: int, seed: int = 0, **kwargs: Any) -> list[Task]:
     """``n`` tasks of a toy kind from a seeded generator (held-out sets, warm-up data).
 
     Example:
-        >>> from envs.toy import sample_tasks
+        >>> from llmgym.envs.toy import sample_tasks
         >>> [t.prompt for t in sample_tasks("copy", 2, seed=3)] == [t.prompt for t in sample_tasks("copy", 2, seed=3)]
         True
     """

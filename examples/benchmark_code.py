@@ -4,7 +4,7 @@
     python examples/benchmark_code.py --model path/to/ckpt --problems 164 --samples 20 --k 1 10
 
 The tiny random-init model scores 0 (it has never seen code); the point is the pipeline:
-engine.generate -> envs.code.evaluate_pass_at_k (CodeVerifier + Sandbox.run_many + llmgym.metrics.pass_at_k).
+engine.generate -> llmgym.envs.code.evaluate_pass_at_k (CodeVerifier + Sandbox.run_many + llmgym.metrics.pass_at_k).
 """
 
 import argparse
@@ -12,7 +12,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from envs.code import HUMANEVAL_STOP_SEQUENCES, evaluate_pass_at_k, load_humaneval
+from llmgym.envs.code import HUMANEVAL_STOP_SEQUENCES, evaluate_pass_at_k, load_humaneval
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.models import load_model
 

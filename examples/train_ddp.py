@@ -28,7 +28,7 @@ import gymnasium
 import torch
 
 import llmgym  # noqa: F401  (registers the envs)
-from agents import AGENTS
+from llmgym.agents import AGENTS
 from llmgym import distributed
 from llmgym.models import load_model
 

@@ -5,8 +5,8 @@ import sys
 import gymnasium as gym
 
 import llmgym  # noqa: F401
-from agents import GRPO
-from envs.toy import sample_tasks
+from llmgym.agents import GRPO
+from llmgym.envs.toy import sample_tasks
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, supervised_warmup
 from llmgym.rollout import evaluate

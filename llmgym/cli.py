@@ -141,7 +141,7 @@ def _make_env(env_id: str, tokenizer, level: str = "sequence", max_new_tokens: i
 
 def _require_agent(name: str):
     """The agent class registered as ``name``; a :class:`UsageError` if unknown."""
-    from agents import AGENTS
+    from llmgym.agents import AGENTS
 
     key = name.strip().lower()
     if key in AGENTS:
@@ -287,7 +287,7 @@ def build_agent_config(agent_cls, fields: dict[str, Any]):
     """The agent's config dataclass with ``fields`` applied, checked field by field.
 
     Example:
-        >>> from agents import GRPO
+        >>> from llmgym.agents import GRPO
         >>> from llmgym.cli import build_agent_config
         >>> build_agent_config(GRPO, {"lr": 1, "group_size": 4}).lr
         1.0
@@ -736,7 +736,7 @@ def quickstart_base_model(console=None) -> Path:
     path = cache_dir() / f"quickstart-copy-{digest}"
     if (path / "config.json").is_file():
         return path
-    from envs.toy import sample_tasks
+    from llmgym.envs.toy import sample_tasks
 
     console = console or _console()
     _quiet_hf()
@@ -785,7 +785,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     import torch
     from rich.table import Table
 
-    from envs.toy import sample_tasks
+    from llmgym.envs.toy import sample_tasks
 
     console = _console()
     mode = "quick" if args.quick else "default"
@@ -1039,7 +1039,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from agents import AGENTS
+    from llmgym.agents import AGENTS
     from llmgym.registry import registered_envs
 
     console = _console()

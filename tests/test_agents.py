@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from agents import AGENTS, DAPO, GRPO, PPO, REINFORCE, RLOO
+from llmgym.agents import AGENTS, DAPO, GRPO, PPO, REINFORCE, RLOO
 from llmgym import SequenceEnv, Task
 from llmgym.engines import sequence_logprobs
 
@@ -25,7 +25,7 @@ def small(cls, model, tok, **kw):
 
 
 def test_import_names():
-    from agents import DAPO, GRPO, PPO, REINFORCE, RLOO  # noqa: F401
+    from llmgym.agents import DAPO, GRPO, PPO, REINFORCE, RLOO  # noqa: F401
 
     assert {"reinforce", "rloo", "ppo", "grpo", "dapo", "drgrpo", "gspo", "reinforce++", "remax"} <= set(AGENTS)
 

@@ -129,9 +129,9 @@ def test_keyboard_interrupt_mid_step_keeps_the_last_completed_checkpoint(model_d
                                                                          monkeypatch, capsys):
     """A second Ctrl-C inside step 3's update, after the optimiser step: checkpoints/last stays at step 2
     (the half-updated state is not saved), and --resume reproduces the uninterrupted run."""
-    import agents.base
+    import llmgym.agents.base
 
-    original_update = agents.base.Agent.update
+    original_update = llmgym.agents.base.Agent.update
 
     def update_then_ctrl_c(self, batch):
         metrics = original_update(self, batch)  # the weights, optimiser and step count have moved on
@@ -139,25 +139,25 @@ def test_keyboard_interrupt_mid_step_keeps_the_last_completed_checkpoint(model_d
             raise KeyboardInterrupt
         return metrics
 
-    monkeypatch.setattr(agents.base.Agent, "update", update_then_ctrl_c)
+    monkeypatch.setattr(llmgym.agents.base.Agent, "update", update_then_ctrl_c)
     out = tmp_path / "hard-stop"
     assert main(train_args(model_dir, out, 4, "--checkpoint-every", "2")) == 130
     captured = capsys.readouterr().out
     assert "mid-step 3" in captured and "not saved" in captured
     assert (out / "checkpoints" / "last" / "step.txt").read_text().strip() == "2"
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
-    monkeypatch.setattr(agents.base.Agent, "update", original_update)
+    monkeypatch.setattr(llmgym.agents.base.Agent, "update", original_update)
     assert main(["train", "--resume", str(out)]) == 0
     assert without_timing(read_metrics(out / "metrics.jsonl")) == without_timing(read_metrics(straight_run / "metrics.jsonl"))
 
 
 def test_keyboard_interrupt_in_the_first_step_saves_nothing_half_done(model_dir, tmp_path, monkeypatch, capsys):
-    import agents.base
+    import llmgym.agents.base
 
     def interrupted_update(self, batch):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(agents.base.Agent, "update", interrupted_update)
+    monkeypatch.setattr(llmgym.agents.base.Agent, "update", interrupted_update)
     out = tmp_path / "hard-stop"
     assert main(train_args(model_dir, out, 3)) == 130
     assert not (out / "checkpoints" / "last").exists()
@@ -254,7 +254,7 @@ def test_list_smoke_as_a_module():
 
 
 def test_list_family_shows_every_env_with_its_multi_turn_flag(capsys):
-    from agents import AGENTS
+    from llmgym.agents import AGENTS
 
     assert main(["list", "--family", "toy"]) == 0
     printed = capsys.readouterr().out
@@ -296,7 +296,7 @@ def env_needing_a_missing_package(monkeypatch):
 
     env_id = "llmgym/NeedsMissingPackage-v0"
     monkeypatch.setitem(registry._INFO, env_id, registry.EnvInfo(
-        env_id, "envs.toy:copy_env", "math", requires=("surely_not_an_installed_package",)))
+        env_id, "llmgym.envs.toy:copy_env", "math", requires=("surely_not_an_installed_package",)))
     return env_id
 
 

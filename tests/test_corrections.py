@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import llmgym  # noqa: F401  (registers the envs)
-from agents import GRPO
-from agents.corrections import truncated_importance_weights
+from llmgym.agents import GRPO
+from llmgym.agents.corrections import truncated_importance_weights
 
 
 def test_token_and_sequence_weights():

@@ -62,7 +62,7 @@ AGENT_CASES = {"reinforce": "seq-mean-token-sum", "reinforce++": "token-mean", "
 
 def _update(batch, mode, fsdp=False, agent_name="grpo"):
     """One update from the fixed initial weights; returns the new parameters."""
-    from agents import AGENTS
+    from llmgym.agents import AGENTS
 
     model, tok = _tiny()
     if fsdp:
@@ -100,7 +100,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 
 def _dapo_kept_groups(tok) -> int:
-    from agents import DAPO
+    from llmgym.agents import DAPO
     from llmgym import SequenceEnv, Task
 
     # rewards that differ within most groups, so dynamic sampling fills its target quickly

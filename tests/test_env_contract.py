@@ -307,7 +307,7 @@ def test_render_mode_reaches_user_factories_that_do_not_take_it():
 
 
 def test_a_verifier_or_agent_missing_its_hook_fails_at_construction(tiny_model, tokenizer):
-    from agents import Agent
+    from llmgym.agents import Agent
 
     class NoVerify(Verifier):
         pass

@@ -1,4 +1,4 @@
-"""Tests of agents.functional: hand-worked values from each formula, plus invariants.
+"""Tests of llmgym.agents.functional: hand-worked values from each formula, plus invariants.
 
 Expected numbers are worked by hand in the comments next to them; they are not produced by the code
 under test.
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-import agents.functional as F
-from agents.functional import (
+import llmgym.agents.functional as F
+from llmgym.agents.functional import (
     aggregate_loss,
     baseline_advantages,
     batch_whitened_advantages,

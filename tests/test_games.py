@@ -5,9 +5,9 @@ from __future__ import annotations
 import gymnasium
 import pytest
 
-from envs.games import WORDS, letter_feedback
-from envs.games.guess_number import parse_guess
-from envs.games.wordle import parse_word
+from llmgym.envs.games import WORDS, letter_feedback
+from llmgym.envs.games.guess_number import parse_guess
+from llmgym.envs.games.wordle import parse_word
 from llmgym.models import build_tokenizer
 
 

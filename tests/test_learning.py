@@ -13,8 +13,8 @@ import gymnasium as gym
 import pytest
 
 import llmgym  # noqa: F401
-from agents import DAPO, GRPO, PPO, REINFORCE, RLOO
-from envs.toy import sample_tasks
+from llmgym.agents import DAPO, GRPO, PPO, REINFORCE, RLOO
+from llmgym.envs.toy import sample_tasks
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.models import build_tiny_model, supervised_warmup
 from llmgym.rollout import evaluate

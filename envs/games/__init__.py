@@ -14,8 +14,8 @@ Example:
     True
 """
 
-from envs.games.guess_number import GuessNumberEnv, guess_number_env, guess_number_task
-from envs.games.wordle import WORDS, WordleEnv, letter_feedback, wordle_env, wordle_task
+from llmgym.envs.games.guess_number import GuessNumberEnv, guess_number_env, guess_number_task
+from llmgym.envs.games.wordle import WORDS, WordleEnv, letter_feedback, wordle_env, wordle_task
 
 __all__ = [
     "GuessNumberEnv",

@@ -23,7 +23,7 @@ def parse_guess(completion: str) -> int | None:
     """The last integer in the completion, or ``None``.
 
     Example:
-        >>> from envs.games.guess_number import parse_guess
+        >>> from llmgym.envs.games.guess_number import parse_guess
         >>> parse_guess("Between 1 and 100... I guess 37."), parse_guess("no idea")
         (37, None)
     """
@@ -36,7 +36,7 @@ def guess_number_task(rng: np.random.Generator, low: int = 1, high: int = 100) -
 
     Example:
         >>> import numpy as np
-        >>> from envs.games.guess_number import guess_number_task
+        >>> from llmgym.envs.games.guess_number import guess_number_task
         >>> task = guess_number_task(np.random.default_rng(0))
         >>> 1 <= task.answer <= 100
         True
@@ -57,7 +57,7 @@ class GuessNumberEnv(MultiTurnEnv):
 
     Example:
         >>> from llmgym import Task
-        >>> from envs.games import GuessNumberEnv
+        >>> from llmgym.envs.games import GuessNumberEnv
         >>> env = GuessNumberEnv([Task("Guess 1-100", answer=42, metadata={"low": 1, "high": 100})], max_turns=7)
         >>> _ = env.reset(seed=0)
         >>> obs, reward, terminated, truncated, info = env.step("My guess is 50")

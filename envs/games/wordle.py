@@ -54,7 +54,7 @@ def letter_feedback(guess: str, secret: str) -> str:
     """One symbol per letter: ``G`` right place, ``Y`` elsewhere in the word, ``.`` absent.
 
     Example:
-        >>> from envs.games.wordle import letter_feedback
+        >>> from llmgym.envs.games.wordle import letter_feedback
         >>> letter_feedback("crane", "crane"), letter_feedback("trace", "crane"), letter_feedback("eerie", "crane")
         ('GGGGG', '.GGYG', '..Y.G')
     """
@@ -76,7 +76,7 @@ def parse_word(completion: str, length: int = 5) -> str | None:
     """The last word of ``length`` letters (lower-cased), or ``None`` when there is none.
 
     Example:
-        >>> from envs.games.wordle import parse_word
+        >>> from llmgym.envs.games.wordle import parse_word
         >>> parse_word("Let me start with TRACE."), parse_word("hm, 12345 or abcdef")
         ('trace', None)
     """
@@ -89,7 +89,7 @@ def wordle_task(rng: np.random.Generator, words: Sequence[str] = WORDS, max_gues
 
     Example:
         >>> import numpy as np
-        >>> from envs.games.wordle import wordle_task, WORDS
+        >>> from llmgym.envs.games.wordle import wordle_task, WORDS
         >>> wordle_task(np.random.default_rng(0)).answer in WORDS
         True
     """
@@ -110,7 +110,7 @@ class WordleEnv(MultiTurnEnv):
 
     Example:
         >>> from llmgym import Task
-        >>> from envs.games import WordleEnv
+        >>> from llmgym.envs.games import WordleEnv
         >>> env = WordleEnv([Task("Wordle!", answer="crane")], max_turns=6)
         >>> _ = env.reset(seed=0)
         >>> env.step("Let me start with TRACE")[4]["reply"]

@@ -3,7 +3,7 @@ r"""Procedural arithmetic: multi-step integer expressions such as ``(7 + 3) * 4 
 Expressions are random binary trees over ``+ - * /`` with operands in ``[1, max_value]``, printed
 with only the parentheses precedence needs. ``/`` is used only where it divides exactly, so every
 answer is an integer; values are computed with Python integers (no ``eval``). Answers are checked by
-:class:`~envs.math.MathVerifier`, so ``\boxed{17}``, "The answer is 17." and ``17`` all count.
+:class:`~llmgym.envs.math.MathVerifier`, so ``\boxed{17}``, "The answer is 17." and ``17`` all count.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def arithmetic_expression(
 
     Example:
         >>> import numpy as np
-        >>> from envs.math.arithmetic import arithmetic_expression
+        >>> from llmgym.envs.math.arithmetic import arithmetic_expression
         >>> text, value = arithmetic_expression(np.random.default_rng(0), 3, 3)
         >>> eval(text.replace("/", "//")) == value
         True
@@ -80,7 +80,7 @@ def arithmetic_task(
 
     Example:
         >>> import numpy as np
-        >>> from envs.math.arithmetic import arithmetic_task
+        >>> from llmgym.envs.math.arithmetic import arithmetic_task
         >>> task = arithmetic_task(np.random.default_rng(1), max_ops=1)
         >>> task.prompt.startswith("Compute "), task.answer.lstrip("-").isdigit()
         (True, True)
@@ -105,18 +105,18 @@ def arithmetic_env(
 ) -> SequenceEnv:
     r"""``llmgym/Arithmetic-v0``: one seeded expression per episode, answer checked by MathVerifier.
 
-    ``verifier`` replaces the default :class:`~envs.math.MathVerifier` (e.g. ``math_reward()``);
+    ``verifier`` replaces the default :class:`~llmgym.envs.math.MathVerifier` (e.g. ``math_reward()``);
     ``prompt`` is a template with ``{expression}``.
 
     Example:
-        >>> from envs.math import arithmetic_env
+        >>> from llmgym.envs.math import arithmetic_env
         >>> env = arithmetic_env(max_ops=2)
         >>> obs, info = env.reset(seed=3)
         >>> obs, reward, terminated, truncated, info = env.step(f"\\boxed{{{info['task'].answer}}}")
         >>> reward, terminated
         (1.0, True)
     """
-    from envs.math.verifier import MathVerifier
+    from llmgym.envs.math.verifier import MathVerifier
 
     if tasks is None:
         arithmetic_expression(np.random.default_rng(0), min_ops, max_ops, max_value, ops)  # fail fast on bad config

@@ -39,7 +39,7 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
 
     Example:
         >>> import json, tempfile, os
-        >>> from envs.math.loaders import load_records
+        >>> from llmgym.envs.math.loaders import load_records
         >>> path = os.path.join(tempfile.mkdtemp(), "rows.jsonl")
         >>> _ = open(path, "w").write(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\\n")
         >>> load_records(path)
@@ -113,7 +113,7 @@ def _gsm8k_final(answer: str) -> str:
 
 
 def _last_boxed(text: str) -> str | None:
-    from envs.math.verifier import _last_boxed
+    from llmgym.envs.math.verifier import _last_boxed
 
     return _last_boxed(text)
 
@@ -139,7 +139,7 @@ def load_gsm8k(
     ``prompt`` is a template with ``{question}``; ``limit`` keeps the first records.
 
     Example:
-        >>> from envs.math import load_gsm8k
+        >>> from llmgym.envs.math import load_gsm8k
         >>> tasks = load_gsm8k("tests/data/gsm8k_sample.jsonl")
         >>> tasks[0].answer, tasks[0].id
         ('18', 'gsm8k/0')
@@ -171,7 +171,7 @@ def load_math(
     r"""MATH-format problems as tasks: from ``path``, else from the Hugging Face cache.
 
     Example:
-        >>> from envs.math import load_math
+        >>> from llmgym.envs.math import load_math
         >>> tasks = load_math("tests/data/math_sample.jsonl")
         >>> tasks[0].answer, tasks[0].metadata["level"]
         ('\\frac{1}{2}', 'Level 2')
@@ -198,7 +198,7 @@ def load_math(
 
 
 def _dataset_env(loader, name, tokenizer, render_mode, path, verifier, time_limit, **load_kwargs) -> SequenceEnv:
-    from envs.math.verifier import MathVerifier
+    from llmgym.envs.math.verifier import MathVerifier
 
     try:
         tasks = loader(path, **load_kwargs)

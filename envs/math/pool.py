@@ -29,7 +29,7 @@ def default_mp_context() -> multiprocessing.context.BaseContext:
     which can deadlock the child; ``forkserver`` forks from a small clean server instead.
 
     Example:
-        >>> from envs.math.pool import default_mp_context
+        >>> from llmgym.envs.math.pool import default_mp_context
         >>> default_mp_context().get_start_method() in ("forkserver", "spawn")
         True
     """
@@ -110,7 +110,7 @@ class DeadlinePool:
     daemons, so they also end with the parent.
 
     Example:
-        >>> from envs.math.pool import DeadlinePool
+        >>> from llmgym.envs.math.pool import DeadlinePool
         >>> with DeadlinePool(abs, max_workers=2) as pool:
         ...     pool.map([(-1,), (2,), (-3,)], time_limit=10)
         [('ok', 1), ('ok', 2), ('ok', 3)]

@@ -70,7 +70,7 @@ def reasoning_gym_datasets() -> list[str]:
     """Names of the datasets the installed ``reasoning_gym`` registers (offline or not).
 
     Example:
-        >>> from envs.math.reasoning import reasoning_gym_datasets
+        >>> from llmgym.envs.math.reasoning import reasoning_gym_datasets
         >>> "basic_arithmetic" in reasoning_gym_datasets()
         True
     """
@@ -84,7 +84,7 @@ def extract_tagged_answer(completion: str) -> str:
     """The last ``<answer>…</answer>`` content (an unclosed tag runs to the end), else the whole text; stripped.
 
     Example:
-        >>> from envs.math.reasoning import extract_tagged_answer
+        >>> from llmgym.envs.math.reasoning import extract_tagged_answer
         >>> extract_tagged_answer("<think>hmm</think><answer> 42 </answer>"), extract_tagged_answer(" 42\\n")
         ('42', '42')
     """
@@ -187,7 +187,7 @@ def reasoning_gym_task(
     """The item of ``dataset`` for ``seed`` as a :class:`~llmgym.Task` (the raw entry in ``metadata``).
 
     Example:
-        >>> from envs.math.reasoning import reasoning_gym_task
+        >>> from llmgym.envs.math.reasoning import reasoning_gym_task
         >>> task = reasoning_gym_task("basic_arithmetic", seed=7)
         >>> task.id, task.metadata["entry"]["answer"] == task.answer
         ('basic_arithmetic/7', True)
@@ -217,7 +217,7 @@ class ReasoningGymVerifier(Verifier):
     The answer is :func:`extract_tagged_answer` of the completion. ``info["extracted"]`` holds it.
 
     Example:
-        >>> from envs.math.reasoning import ReasoningGymVerifier, reasoning_gym_task
+        >>> from llmgym.envs.math.reasoning import ReasoningGymVerifier, reasoning_gym_task
         >>> task = reasoning_gym_task("chain_sum", seed=1)
         >>> v = ReasoningGymVerifier()
         >>> v(task, f"<answer>{task.answer}</answer>").reward, v(task, "<answer>no</answer>").reward
@@ -235,7 +235,7 @@ class ReasoningGymVerifier(Verifier):
         if "entry" not in meta or "dataset" not in meta:
             raise ValueError(
                 "this task is not a reasoning-gym item (metadata lacks 'dataset'/'entry'): make it with "
-                "envs.math.reasoning.reasoning_gym_task"
+                "llmgym.envs.math.reasoning.reasoning_gym_task"
             )
         ds = _scorer(meta["dataset"], dict(meta.get("config", {})), int(meta.get("seed", 0)))
         answer = extract_tagged_answer(completion)

@@ -174,7 +174,7 @@ def extract_answer(text: str) -> str | None:
     r"""The answer a completion gives, as LaTeX without ``$`` (rules in the module docstring), or ``None``.
 
     Example:
-        >>> from envs.math import extract_answer
+        >>> from llmgym.envs.math import extract_answer
         >>> extract_answer(r"so $x = 2$ and the result is \boxed{\frac{1}{2}}.")
         '\\frac{1}{2}'
         >>> extract_answer("<think>3 + 4 = 7</think><answer>7</answer>")
@@ -197,7 +197,7 @@ def normalize_gold(answer: Any) -> str:
     r"""A dataset's stored answer as LaTeX without ``$``: the rules of :func:`extract_answer`, else whole.
 
     Example:
-        >>> from envs.math import normalize_gold
+        >>> from llmgym.envs.math import normalize_gold
         >>> normalize_gold("Weng earns 12/60 = $0.2 per minute... #### 10")
         '10'
         >>> normalize_gold(r"\frac{1}{2}"), normalize_gold(18), normalize_gold("Monday")
@@ -359,7 +359,7 @@ def _too_large(parsed: tuple) -> bool:
 class MathVerifier(Verifier):
     r"""1.0 when the completion's answer equals ``task.answer`` mathematically (math-verify), else 0.0.
 
-    Extraction and gold normalisation follow :mod:`envs.math.verifier` (last ``\boxed{}``,
+    Extraction and gold normalisation follow :mod:`llmgym.envs.math.verifier` (last ``\boxed{}``,
     ``<answer>`` tags, "answer is X", ``#### X``, bare math, last math span, last number). Equality is
     math-verify's: numeric within ``float_rounding`` digits, symbolic, sets/tuples/intervals,
     equations ``x = 3`` vs ``3``, percentages.
@@ -374,7 +374,7 @@ class MathVerifier(Verifier):
 
     Example:
         >>> from llmgym import Task
-        >>> from envs.math import MathVerifier
+        >>> from llmgym.envs.math import MathVerifier
         >>> v = MathVerifier()
         >>> task = Task("What is 1/2 as a decimal?", answer=r"\frac{1}{2}")
         >>> v(task, "It is 0.5").reward, v(task, r"\boxed{\frac12}").reward, v(task, "0.25").reward
@@ -445,7 +445,7 @@ class MathVerifier(Verifier):
 
         Example:
             >>> from llmgym import Task
-            >>> from envs.math import MathVerifier
+            >>> from llmgym.envs.math import MathVerifier
             >>> with MathVerifier() as v:
             ...     scores = v.verify_batch([Task("q", answer="2")] * 3, ["2", "3", r"\\boxed{2}"], max_workers=2)
             >>> [s.reward for s in scores]
@@ -455,7 +455,7 @@ class MathVerifier(Verifier):
             raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
         if not max_workers or max_workers <= 1 or len(tasks) <= 1:
             return [self(t, c) for t, c in zip(tasks, completions)]
-        from envs.math.pool import DeadlinePool
+        from llmgym.envs.math.pool import DeadlinePool
 
         with self._pool_lock:
             if self._pool is None or self._pool.max_workers != max_workers:
@@ -518,7 +518,7 @@ class ThinkAnswerFormat(RegexFormat):
 
     Example:
         >>> from llmgym import Task
-        >>> from envs.math import ThinkAnswerFormat
+        >>> from llmgym.envs.math import ThinkAnswerFormat
         >>> fmt = ThinkAnswerFormat()
         >>> fmt(Task("q"), "<think>2+2=4</think>\\n<answer>4</answer>").reward
         1.0
@@ -542,7 +542,7 @@ def math_reward(format_weight: float = 0.1, time_limit: float | None = 5.0) -> W
 
     Example:
         >>> from llmgym import Task
-        >>> from envs.math import math_reward
+        >>> from llmgym.envs.math import math_reward
         >>> reward = math_reward(format_weight=0.1)
         >>> task = Task("2+2?", answer="4")
         >>> [round(reward(task, c).reward, 2) for c in ("<think>easy</think><answer>4</answer>", "4", "<think>?</think><answer>5</answer>")]
