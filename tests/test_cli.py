@@ -380,10 +380,15 @@ def test_argparse_errors_exit_2_without_traceback(capsys):
 
 
 def test_doctests_of_cli_and_logging():
+    import importlib
+    import pkgutil
+
     import llmgym.cli
     import llmgym.logging
 
-    for module in (llmgym.cli, llmgym.logging):
+    cli_modules = [importlib.import_module(m.name) for m in pkgutil.iter_modules(llmgym.cli.__path__, "llmgym.cli.")]
+    assert {"llmgym.cli.train", "llmgym.cli.bench", "llmgym.cli.common"} <= {m.__name__ for m in cli_modules}
+    for module in (llmgym.cli, *cli_modules, llmgym.logging):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, module.__name__
 

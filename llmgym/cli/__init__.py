@@ -1,0 +1,124 @@
+"""The ``llmgym`` command line (also ``python -m llmgym``): one module per command.
+
+Commands:
+
+* ``llmgym quickstart`` (:mod:`llmgym.cli.quickstart`) — the main job on an embedded default: a tiny
+  model, warmed up on the Copy toy task (cached), trained with GRPO on ``llmgym/Copy-v0`` on CPU; a
+  before/after table of held-out reward and exact-match accuracy.
+* ``llmgym train`` (:mod:`llmgym.cli.train`) — train any registered agent on any registered env;
+  metrics JSONL, curves PNG, config JSON and checkpoints in one run directory; ``--resume`` continues
+  an interrupted run exactly; Ctrl-C saves a checkpoint (never a half-updated mid-step state).
+* ``llmgym bench`` (:mod:`llmgym.cli.bench`) — pass@1, pass@k, mean reward with a 95% confidence
+  interval, tokens/s.
+* ``llmgym compare`` (:mod:`llmgym.cli.compare`) — several agents × seeds on one env: final reward,
+  steps to a threshold, one plot.
+* ``llmgym list`` (:mod:`llmgym.cli.listing`) — registered envs and agents.
+
+What the commands share lives in :mod:`llmgym.cli.common` (the usage error, exit codes, env / agent /
+model checks) and :mod:`llmgym.cli.training` (the training loop :func:`train_run`). A new command is a
+module with an ``add_parser(subparsers, common)`` function that sets ``handler``, listed in
+``COMMANDS`` below.
+
+Mistakes a user can make (unknown env or agent, missing model, missing optional package, bad or
+out-of-range ``--set``/``--seed``/sampling setting, an env that cannot be made) print one line on
+stderr and exit with code 2. The command line is the one part of the package that may import
+``llmgym.agents`` and ``llmgym.envs``; it does so inside functions, so ``import llmgym`` stays light.
+
+Example:
+    >>> from llmgym.cli import main
+    >>> main(["train", "--env", "llmgym/Nope-v0", "--agent", "grpo", "--out", "/tmp/x"])
+    2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from llmgym.cli import bench, compare, listing, quickstart, train
+from llmgym.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, UsageError, build_agent_config, parse_overrides
+from llmgym.cli.quickstart import QUICKSTART_SETTINGS, evaluate_held_out, quickstart_base_model
+from llmgym.cli.training import RunSpec, TrainResult, train_run
+
+__all__ = [
+    "COMMANDS",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "QUICKSTART_SETTINGS",
+    "RunSpec",
+    "TrainResult",
+    "UsageError",
+    "build_agent_config",
+    "build_parser",
+    "evaluate_held_out",
+    "main",
+    "parse_overrides",
+    "quickstart_base_model",
+    "train_run",
+]
+
+COMMANDS = (quickstart, train, bench, compare, listing)
+"""The command modules, in the order ``llmgym --help`` lists them; each has ``add_parser(subparsers, common)``."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``llmgym`` (one sub-command per module in :data:`COMMANDS`).
+
+    Example:
+        >>> from llmgym.cli import build_parser
+        >>> build_parser().parse_args(["list", "--all"]).all
+        True
+    """
+    from llmgym import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="llmgym", description="Gymnasium-style RL for language models: train, benchmark and compare agents.",
+        epilog="Start with `llmgym quickstart`; `llmgym list` shows envs and agents.")
+    parser.add_argument("--version", action="version", version=f"llmgym {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--threads", type=int, metavar="N",
+                        help="CPU threads for torch (default: 1 for a model under 20M parameters on CPU, "
+                             "else torch's choice)")
+    for command in COMMANDS:
+        command.add_parser(subparsers, common)
+    return parser
+
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit code (0 ok, 2 usage error, 130 interrupted)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or an argparse usage error (already printed)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return EXIT_USAGE
+    threads = getattr(args, "threads", None)
+    previous_threads = None
+    try:
+        if threads is not None and threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {threads}")
+        if hasattr(args, "threads"):  # commands that run a model may change torch's threads: restore them after
+            import torch
+
+            previous_threads = torch.get_num_threads()
+        return int(args.handler(args) or 0)
+    except UsageError as exc:
+        print(f"llmgym: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("llmgym: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        if previous_threads is not None:
+            import torch
+
+            torch.set_num_threads(previous_threads)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

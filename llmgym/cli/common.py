@@ -1,0 +1,365 @@
+"""What every ``llmgym`` command shares: the usage error, exit codes, and the checks that turn a
+user's mistake (unknown env or agent, missing model, bad ``--set``) into one line instead of a traceback.
+
+Example:
+    >>> from llmgym.cli.common import UsageError, parse_overrides
+    >>> parse_overrides(["lr=1e-3"])
+    {'lr': 0.001}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ENV_ARG_RESERVED",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "LIST_HINT",
+    "SMALL_MODEL_PARAMETERS",
+    "UsageError",
+    "build_agent_config",
+    "parse_overrides",
+]
+
+EXIT_USAGE = 2
+"""Exit code of a usage error (what argparse uses too)."""
+EXIT_INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT), once the checkpoint is saved."""
+
+LIST_HINT = "run `llmgym list` to see the registered envs and agents"
+
+
+class UsageError(Exception):
+    """A mistake the user can fix: printed as one line on stderr; the command exits with code 2."""
+
+
+# ------------------------------------------------------------------------------------------------
+# small helpers
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _require_env(env_id: str):
+    """The :class:`~llmgym.registry.EnvInfo` of ``env_id``; a :class:`UsageError` if unknown or unusable."""
+    from llmgym.registry import env_info
+
+    try:
+        info = env_info(env_id)
+    except KeyError as exc:
+        message = str(exc.args[0])
+        raise UsageError(message if "llmgym list" in message else f"{message} ({LIST_HINT})") from None
+    missing = [m for m in info.requires if importlib.util.find_spec(m.split(".")[0]) is None]
+    if missing:
+        extra = {"math": "math", "code": "code"}.get(info.family)
+        how = f"pip install 'llmgym[{extra}]'" if extra else f"pip install {' '.join(missing)}"
+        raise UsageError(f"{env_id} needs the Python package(s) {', '.join(missing)}, not installed here: {how}")
+    return info
+
+
+ENV_ARG_RESERVED = ("tokenizer", "level", "max_new_tokens")
+"""``gymnasium.make`` keywords the CLI sets itself (``--level``, ``--max-new-tokens`` / the agent config)."""
+
+
+def _env_error_message(env_id: str, exc: BaseException) -> str:
+    """One line from an env constructor's error: without gymnasium's "was raised ... with kwargs (...)" tail
+    (which holds the tokenizer's repr, hundreds of lines), and with the CLI spelling of ``path=``."""
+    message = str(exc).split(" was raised from the environment creator for ")[0]
+    message = " ".join(message.split()) or type(exc).__name__
+    if len(message) > 600:
+        message = message[:600] + " …"
+    if "path=" in message:
+        message += " On the command line: --env-arg path=FILE."
+    return message if message.startswith(env_id) else f"{env_id}: {message}"
+
+
+def _make_env(env_id: str, tokenizer, level: str = "sequence", max_new_tokens: int = 64,
+              env_args: dict[str, Any] | None = None):
+    """``gymnasium.make(env_id, ...)`` with ``env_args`` (``--env-arg``); a bad env or argument is a :class:`UsageError`."""
+    import gymnasium
+
+    _require_env(env_id)
+    env_args = dict(env_args or {})
+    reserved = [key for key in ENV_ARG_RESERVED if key in env_args]
+    if reserved:
+        raise UsageError(f"--env-arg {reserved[0]}=... is set by llmgym itself (use --level / --max-new-tokens "
+                         f"or the agent's max_new_tokens)")
+    try:
+        return gymnasium.make(env_id, tokenizer=tokenizer, level=level, max_new_tokens=max_new_tokens, **env_args)
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"{env_id}: {exc}") from None
+    except (TypeError, ValueError, FileNotFoundError, gymnasium.error.Error) as exc:
+        raise UsageError(_env_error_message(env_id, exc)) from None
+
+
+def _require_agent(name: str):
+    """The agent class registered as ``name``; a :class:`UsageError` if unknown."""
+    from llmgym.agents import AGENTS
+
+    key = name.strip().lower()
+    if key in AGENTS:
+        return AGENTS[key]
+    close = difflib.get_close_matches(key, list(AGENTS), n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise UsageError(f"unknown agent {name!r}.{hint} Known agents: {', '.join(AGENTS)}")
+
+
+def _quiet_hf() -> None:
+    """Silence the per-file progress bars of ``transformers`` / ``huggingface_hub`` (ours are enough)."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:  # pragma: no cover - an old or odd transformers: bars stay
+        pass
+
+
+def _load_model(spec: str):
+    """``(model, tokenizer)`` from ``'tiny'``, a saved directory or a hub id; a :class:`UsageError` if absent."""
+    from llmgym.models import load_model
+
+    _quiet_hf()
+
+    try:
+        return load_model(spec)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:  # a hub id without network, or a directory without model files
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"could not load model {spec!r} ({first}); give a directory saved with save_pretrained() "
+            f"(e.g. RUN/checkpoints/last), a hub id in your HF cache, or 'tiny'"
+        ) from None
+
+
+SMALL_MODEL_PARAMETERS = 20_000_000
+"""Below this size a CPU model runs on one thread unless ``--threads`` says otherwise."""
+
+
+def _apply_threads(requested: int | None, model) -> int:
+    """Set torch's CPU threads: ``requested``, else 1 for a small model on CPU; return the count in use.
+
+    A small model's matrices are too small to gain from threads, and on a busy CPU the threads of
+    one op spin while waiting for each other (measured here: 20× slower with 2 threads than 1).
+    """
+    import torch
+
+    if requested is not None:
+        torch.set_num_threads(requested)
+    else:
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        if on_cpu and sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS:
+            torch.set_num_threads(1)
+    return torch.get_num_threads()
+
+
+def _check_model(spec: str) -> None:
+    """Fail early (a :class:`UsageError`) if ``spec`` names no loadable model; reads only the tokenizer."""
+    if spec == "tiny":
+        return
+    from llmgym.models import load_tokenizer
+
+    _quiet_hf()
+    try:
+        load_tokenizer(spec)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"could not load model {spec!r} ({first}); give a directory saved with save_pretrained(), "
+                         f"a hub id in your HF cache, or 'tiny'") from None
+
+
+def parse_overrides(pairs: Sequence[str], option: str = "--set") -> dict[str, Any]:
+    """``["lr=1e-3", "ratio=sequence"]`` → ``{"lr": 0.001, "ratio": "sequence"}`` (values parsed as JSON).
+
+    A value that is not JSON stays a string; ``none``/``null`` is ``None``.
+
+    Example:
+        >>> from llmgym.cli import parse_overrides
+        >>> parse_overrides(["lr=1e-3", "group_size=4", "ratio=sequence", "dual_clip=none", "normalize_std=false"])
+        {'lr': 0.001, 'group_size': 4, 'ratio': 'sequence', 'dual_clip': None, 'normalize_std': False}
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            example = "lr=1e-3" if option == "--set" else "path=data.jsonl"
+            raise UsageError(f"{option} expects {'field' if option == '--set' else 'key'}=value "
+                             f"(e.g. {option} {example}), got {pair!r}")
+        raw = raw.strip()
+        if raw.lower() in ("none", "null"):
+            value: Any = None
+        elif raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError:
+                value = raw
+        out[key] = value
+    return out
+
+
+def _coerce_field(agent_name: str, field: dataclasses.Field, value: Any) -> Any:
+    """Check ``value`` against a config field's annotation (ints become floats where a float is wanted)."""
+    annotation = str(field.type)
+    wrong = UsageError(f"--set {field.name}: {agent_name} expects {annotation}, got {value!r}")
+    if value is None:
+        if "None" in annotation:
+            return None
+        raise wrong
+    if annotation.startswith("bool"):
+        if isinstance(value, bool):
+            return value
+        raise wrong
+    if "float" in annotation:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise wrong
+    if "int" in annotation:
+        if isinstance(value, bool):
+            raise wrong
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise wrong
+    if "str" in annotation:
+        if isinstance(value, str):
+            return value
+        raise wrong
+    return value
+
+
+def build_agent_config(agent_cls, fields: dict[str, Any]):
+    """The agent's config dataclass with ``fields`` applied, checked field by field.
+
+    Example:
+        >>> from llmgym.agents import GRPO
+        >>> from llmgym.cli import build_agent_config
+        >>> build_agent_config(GRPO, {"lr": 1, "group_size": 4}).lr
+        1.0
+        >>> build_agent_config(GRPO, {"group_sise": 4})
+        Traceback (most recent call last):
+        ...
+        llmgym.cli.common.UsageError: unknown field 'group_sise' for agent grpo (did you mean group_size?); valid fields: ...
+    """
+    default = agent_cls.config_class()
+    known = {f.name: f for f in dataclasses.fields(default)}
+    checked = {}
+    for key, value in fields.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=2)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise UsageError(f"unknown field {key!r} for agent {agent_cls.name}{hint}; "
+                             f"valid fields: {', '.join(known)}")
+        checked[key] = _coerce_field(agent_cls.name, known[key], value)
+    try:
+        config = dataclasses.replace(default, **checked)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"bad setting for agent {agent_cls.name}: {exc}") from None
+    _check_agent_config(agent_cls.name, config)
+    return config
+
+
+def _check_agent_config(agent_name: str, config) -> None:
+    """Settings the agent would only reject mid-run (or deep inside torch/gymnasium): a :class:`UsageError` now."""
+    seed = getattr(config, "seed", 0)
+    if isinstance(seed, int) and seed < 0:
+        raise UsageError(f"seed must be >= 0, got {seed} (--seed / --set seed=)")
+    if all(hasattr(config, f) for f in ("temperature", "top_p", "max_new_tokens")):
+        from llmgym.engines import SamplingParams
+
+        try:
+            SamplingParams(temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"bad setting for agent {agent_name}: {exc}") from None
+    if hasattr(config, "lr"):
+        import torch
+
+        try:  # the optimiser's own checks (lr >= 0, weight_decay >= 0), on a throw-away parameter
+            torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=config.lr,
+                              weight_decay=getattr(config, "weight_decay", 0.0))
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"bad setting for agent {agent_name}: {exc}") from None
+
+
+def _construct_agent(agent_cls, model, tokenizer, config):
+    """``agent_cls(model, tokenizer, config=config)``; a setting the agent rejects is a :class:`UsageError`."""
+    try:
+        return agent_cls(model, tokenizer, config=config)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"bad setting for agent {agent_cls.name}: {exc}") from None
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    """Agent-config fields from ``--config FILE.json``: a flat object, or a run's ``config.json``."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"no config file at {path!r}: give a JSON object of agent config fields")
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} must hold a JSON object of agent config fields")
+    return dict(data.get("agent_config", data))
+
+
+
+def _progress(console):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("reward {task.fields[reward]}"), TextColumn("avg {task.fields[avg]}"),
+        TextColumn("kl {task.fields[kl]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=console,
+    )
+
+
+def _files_table(title: str, files: dict[str, Path | None]):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2))
+    for label, path in files.items():
+        if path is not None:
+            table.add_row(label, str(path))
+    return table
+
+
+def _summary_window(rows: list[dict[str, Any]]) -> int:
+    """Steps averaged for the "first" and "last" reward of a summary: up to 10, at most half the run."""
+    return max(1, min(10, len(rows) // 2))
+

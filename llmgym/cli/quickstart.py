@@ -1,0 +1,204 @@
+"""``llmgym quickstart``: the main job on an embedded default.
+
+A tiny model, warmed up on the Copy toy task (cached), trained with GRPO on ``llmgym/Copy-v0`` on
+CPU; a before/after table of held-out reward and exact-match accuracy.
+
+Example:
+    >>> from llmgym.cli.quickstart import QUICKSTART_SETTINGS
+    >>> QUICKSTART_SETTINGS["quick"]["steps"]
+    50
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from llmgym.cli.common import (
+    EXIT_INTERRUPTED,
+    UsageError,
+    _apply_threads,
+    _console,
+    _files_table,
+    _fmt,
+    _load_model,
+    _make_env,
+    _quiet_hf,
+)
+from llmgym.cli.training import RunSpec, train_run
+
+__all__ = ["QUICKSTART_SETTINGS", "add_parser", "cmd_quickstart", "evaluate_held_out", "quickstart_base_model"]
+
+
+QUICKSTART_SETTINGS: dict[str, dict[str, Any]] = {
+    # the default: a clear improvement in about a minute on 2 CPU cores (measured: greedy mean reward
+    # 0.77 -> 0.89, exact match 0.53 -> 0.73 on the held-out set)
+    "default": {"steps": 600, "lr": 1e-3, "tasks_per_step": 16, "group_size": 8},
+    # --quick: seconds, for tests and a first look
+    "quick": {"steps": 50, "lr": 1e-3, "tasks_per_step": 16, "group_size": 8},
+}
+"""GRPO settings of ``llmgym quickstart`` (``--quick`` for the short one)."""
+
+QUICKSTART_WARMUP = {"task": "copy", "pairs": 2000, "pairs_seed": 1, "steps": 80, "lr": 3e-3, "batch_size": 32,
+                     "seed": 0}
+QUICKSTART_HELD_OUT = {"task": "copy", "n": 64, "seed": 12345}
+
+
+def quickstart_base_model(console=None) -> Path:
+    """The quickstart's base model: a tiny model after a short supervised warm-up on Copy, cached.
+
+    Built once under :func:`llmgym.models.cache_dir` (keyed by the recipe) and reused afterwards.
+    """
+    from llmgym.models import (
+        TinyModelConfig,
+        build_tiny_model,
+        build_tokenizer,
+        cache_dir,
+        save_pretrained,
+        supervised_warmup,
+    )
+
+    shape = TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=256)
+    recipe = {"model": dataclasses.asdict(shape), "warmup": QUICKSTART_WARMUP, "version": 1}
+    digest = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+    path = cache_dir() / f"quickstart-copy-{digest}"
+    if (path / "config.json").is_file():
+        return path
+    from llmgym.envs.toy import sample_tasks
+
+    console = console or _console()
+    _quiet_hf()
+    with console.status(f"building the base model: a tiny Llama, {QUICKSTART_WARMUP['steps']} steps of supervised "
+                        f"warm-up on Copy (cached for next time)"):
+        tokenizer = build_tokenizer()
+        model = build_tiny_model(tokenizer, shape)
+        w = QUICKSTART_WARMUP
+        pairs = [(t.prompt, t.answer) for t in sample_tasks(w["task"], w["pairs"], seed=w["pairs_seed"])]
+        losses = supervised_warmup(model, tokenizer, pairs, steps=w["steps"], lr=w["lr"],
+                                   batch_size=w["batch_size"], seed=w["seed"])
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_pretrained(model, tokenizer, tmp)
+        (tmp / "recipe.json").write_text(json.dumps({**recipe, "final_loss": losses[-1]}, indent=2) + "\n")
+        try:
+            tmp.rename(path)
+        except OSError:  # built by another process meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+    console.print(f"base model warmed up: final loss {losses[-1]:.3f}")
+    return path
+
+
+def evaluate_held_out(model, tokenizer, env, tasks, *, temperature: float, samples: int = 1,
+                      max_new_tokens: int = 6, seed: int = 0) -> dict[str, float]:
+    """Mean reward and exact-match accuracy (reward 1) of ``model`` on fixed ``tasks``.
+
+    ``temperature=0`` is greedy decoding; otherwise ``samples`` completions per task are sampled
+    with a fixed ``seed``.
+    """
+    from llmgym.engines import HFEngine, SamplingParams
+    from llmgym.rollout import collect_episodes
+
+    engine = HFEngine(model, tokenizer)
+    episodes, _ = collect_episodes(
+        env, engine, num_tasks=len(tasks), tasks=list(tasks), group_size=samples if temperature > 0 else 1,
+        sampling=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens), seed=seed)
+    rewards = [e.total_reward for e in episodes]
+    return {"reward_mean": sum(rewards) / len(rewards),
+            "exact_match": sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards),
+            "episodes": float(len(rewards))}
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    """``llmgym quickstart``: warm-up (cached) → GRPO on Copy → before/after table."""
+    import torch
+    from rich.table import Table
+
+    from llmgym.envs.toy import sample_tasks
+
+    console = _console()
+    mode = "quick" if args.quick else "default"
+    settings = dict(QUICKSTART_SETTINGS[mode])
+    if args.steps is not None:
+        if args.steps < 1:
+            raise UsageError(f"--steps must be >= 1, got {args.steps}")
+        settings["steps"] = args.steps
+    out = Path(args.out)
+    console.rule("[bold]llmgym quickstart")
+    console.print(f"GRPO on llmgym/Copy-v0 with a tiny model on CPU: "
+                  f"{settings['steps']} steps × {settings['tasks_per_step']} prompts × "
+                  f"{settings['group_size']} samples"
+                  f"{' (--quick)' if args.quick else ''}")
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    base_path = quickstart_base_model(console)
+    console.print(f"base model (after warm-up): {base_path}")
+    model, tokenizer = _load_model(str(base_path))
+    threads = _apply_threads(args.threads, model)
+    held_out = sample_tasks(QUICKSTART_HELD_OUT["task"], QUICKSTART_HELD_OUT["n"], seed=QUICKSTART_HELD_OUT["seed"])
+    eval_env = _make_env("llmgym/Copy-v0", tokenizer)
+    samples = 4
+
+    def evaluate(m) -> dict[str, dict[str, float]]:
+        return {"greedy": evaluate_held_out(m, tokenizer, eval_env, held_out, temperature=0.0),
+                "sampled": evaluate_held_out(m, tokenizer, eval_env, held_out, temperature=1.0, samples=samples)}
+
+    before = evaluate(model)
+    for name in ("metrics.jsonl", "curves.png", "eval.json", "checkpoints", "tensorboard"):
+        path = out / name
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    spec = RunSpec(env="llmgym/Copy-v0", agent="grpo", model=str(base_path), steps=settings["steps"],
+                   checkpoint_every=max(1, settings["steps"] // 3), threads=threads,
+                   agent_config={"lr": settings["lr"], "kl_coef": 0.0, "max_new_tokens": 6, "seed": 0,
+                                 "tasks_per_step": settings["tasks_per_step"], "group_size": settings["group_size"]})
+    result = train_run(spec, out, console=console, base_model=(model, tokenizer), description="GRPO")
+    after = evaluate(result.agent.model)
+    wall = time.perf_counter() - started
+
+    table = Table(title=f"held-out Copy tasks ({len(held_out)} prompts, seed {QUICKSTART_HELD_OUT['seed']})",
+                  title_justify="left")
+    table.add_column("metric")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    table.add_column("change", justify="right")
+    labels = {("greedy", "reward_mean"): "mean reward, greedy", ("greedy", "exact_match"): "exact match, greedy",
+              ("sampled", "reward_mean"): f"mean reward, sampled (T=1, {samples}/prompt)",
+              ("sampled", "exact_match"): f"exact match, sampled (T=1, {samples}/prompt)"}
+    for (decode, metric), label in labels.items():
+        b, a = before[decode][metric], after[decode][metric]
+        colour = "green" if a > b else ("red" if a < b else "")
+        table.add_row(label, _fmt(b), _fmt(a), f"[{colour}]{a - b:+.3f}[/]" if colour else f"{a - b:+.3f}")
+    console.print(table)
+    report = {"before": before, "after": after, "held_out": QUICKSTART_HELD_OUT, "settings": settings,
+              "base_model": str(base_path), "train_wall_s": result.wall_s, "wall_s": wall,
+              "interrupted": result.interrupted, "steps_done": result.agent.step_count}
+    (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    console.print(_files_table(f"run files ({wall:.0f} s in all)", {
+        "metrics": out / "metrics.jsonl", "curves": result.curves, "before/after": out / "eval.json",
+        "config": out / "config.json", "checkpoint": result.checkpoint, "tensorboard": result.tensorboard_dir,
+    }))
+    console.print(f"next: llmgym bench --env llmgym/Copy-v0 --model {result.checkpoint} --samples 8 --max-new-tokens 6")
+    if result.interrupted:
+        console.print(f"[yellow]interrupted at step {result.agent.step_count}; the table shows the model so far[/]")
+        return EXIT_INTERRUPTED
+    return 0
+
+
+
+def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``quickstart`` sub-command to ``subparsers``."""
+    p = subparsers.add_parser(
+        "quickstart", parents=[common], help="tiny model + GRPO on the Copy toy task, with a before/after table",
+        description="Warm up a tiny model on Copy (cached), train it with GRPO on llmgym/Copy-v0, "
+                    "and compare held-out reward before and after.")
+    p.add_argument("--out", default="runs/quickstart", help="run directory (default: runs/quickstart)")
+    p.add_argument("--steps", type=int, help=f"GRPO steps (default {QUICKSTART_SETTINGS['default']['steps']}, "
+                                             f"--quick {QUICKSTART_SETTINGS['quick']['steps']})")
+    p.add_argument("--quick", action="store_true", help="a seconds-long run (for tests and a first look)")
+    p.set_defaults(handler=cmd_quickstart)
+    return p

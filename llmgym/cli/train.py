@@ -1,0 +1,149 @@
+"""``llmgym train``: train any registered agent on any registered env into one run directory.
+
+Metrics JSONL, curves PNG, config JSON and checkpoints; ``--resume`` continues an interrupted run
+exactly; Ctrl-C saves a checkpoint (never a half-updated mid-step state); ``--env-arg key=value``
+passes keywords to ``gymnasium.make`` (e.g. ``path=`` for GSM8K/MATH).
+
+Example:
+    >>> from llmgym.cli import main
+    >>> main(["train", "--env", "llmgym/Copy-v0", "--agent", "grpo"])  # no --out
+    2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+from llmgym.cli.common import (
+    EXIT_INTERRUPTED,
+    UsageError,
+    _console,
+    _files_table,
+    _fmt,
+    _read_config_file,
+    _require_agent,
+    _require_env,
+    _summary_window,
+    build_agent_config,
+    parse_overrides,
+)
+from llmgym.cli.training import RunSpec, train_run
+
+__all__ = ["add_parser", "cmd_train"]
+
+
+def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``train`` sub-command to ``subparsers`` (``common`` holds the options every command shares)."""
+    p = subparsers.add_parser(
+        "train", parents=[common], help="train an agent on an env; metrics, curves, checkpoints",
+        description="Train an agent on a registered env. Writes OUT/metrics.jsonl, OUT/curves.png, "
+                    "OUT/config.json and OUT/checkpoints/ (step-N every --checkpoint-every steps, and "
+                    "last). Ctrl-C finishes the step and saves a checkpoint; --resume OUT continues.")
+    p.add_argument("--env", help="env id, e.g. llmgym/Copy-v0 (see `llmgym list`)")
+    p.add_argument("--agent", help="agent name, e.g. grpo (see `llmgym list`)")
+    p.add_argument("--model", help="'tiny' (default), a directory saved with save_pretrained, or a hub id")
+    p.add_argument("--steps", type=int, help="total training steps (default 100; with --resume: the new total)")
+    p.add_argument("--out", help="run directory")
+    p.add_argument("--config", metavar="FILE.json",
+                   help="agent config fields as a JSON object (or a run's config.json)")
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override one agent config field (repeatable)")
+    p.add_argument("--seed", type=int, help="seed of task draws and sampling (the agent config's seed)")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
+                   help="keyword for gymnasium.make (repeatable; values parsed like --set), e.g. --env-arg path=data.jsonl")
+    p.add_argument("--level", choices=("sequence", "token"), help="env level (default sequence)")
+    p.add_argument("--checkpoint-every", type=int, metavar="K",
+                   help="save checkpoints/step-N every K steps (default 50; 0 = only at the end)")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from checkpoints/last")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    p.set_defaults(handler=cmd_train)
+    return p
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """``llmgym train``."""
+    from rich.table import Table
+
+    console = _console()
+    if args.resume:
+        clashing = [flag for flag, value in (("--env", args.env), ("--agent", args.agent), ("--model", args.model),
+                                             ("--config", args.config), ("--set", args.set), ("--seed", args.seed),
+                                             ("--out", args.out), ("--level", args.level),
+                                             ("--env-arg", args.env_arg)) if value is not None]
+        if clashing:
+            raise UsageError(f"--resume continues the run as recorded in its config.json; drop {', '.join(clashing)} "
+                             f"(only --steps, --checkpoint-every and --threads may change)")
+        out = Path(args.resume)
+        config_path = out / "config.json"
+        if not config_path.is_file():
+            raise UsageError(f"nothing to resume in {str(out)!r}: no config.json there (give the --out DIR of a run)")
+        spec = RunSpec.from_json(json.loads(config_path.read_text()))
+        if args.steps is not None:
+            spec.steps = args.steps
+        if args.checkpoint_every is not None:
+            spec.checkpoint_every = args.checkpoint_every
+        if args.threads is not None:
+            spec.threads = args.threads
+    else:
+        required = (("--env", args.env), ("--agent", args.agent), ("--out", args.out))
+        missing = [flag for flag, value in required if not value]
+        if missing:
+            raise UsageError(f"train needs {', '.join(missing)} (or --resume DIR to continue a run)")
+        _require_env(args.env)
+        agent_cls = _require_agent(args.agent)
+        fields = _read_config_file(args.config) if args.config else {}
+        fields.update(parse_overrides(args.set or []))
+        if args.seed is not None:
+            fields["seed"] = args.seed
+        config = build_agent_config(agent_cls, fields)  # validated before any model is loaded
+        env_args = parse_overrides(args.env_arg or [], "--env-arg")
+        out = Path(args.out)
+        if (out / "metrics.jsonl").exists() and not args.overwrite:
+            raise UsageError(f"{str(out)!r} already holds a run: continue it with --resume {out}, "
+                             f"choose another --out, or add --overwrite")
+        if args.overwrite:
+            for name in ("metrics.jsonl", "curves.png", "config.json", "checkpoints", "tensorboard"):
+                path = out / name
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        spec = RunSpec(env=args.env, agent=agent_cls.name, model=args.model or "tiny",
+                       steps=args.steps if args.steps is not None else 100, level=args.level or "sequence",
+                       checkpoint_every=args.checkpoint_every if args.checkpoint_every is not None else 50,
+                       threads=args.threads, agent_config=dataclasses.asdict(config), env_args=env_args)
+    if spec.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {spec.steps}")
+
+    verb = "resuming" if args.resume else "training"
+    console.print(f"[bold]{verb}[/] {spec.agent} on {spec.env} (model {spec.model}, {spec.steps} steps, "
+                  f"seed {spec.agent_config.get('seed', 0)}) → {out}")
+    result = train_run(spec, out, resume=bool(args.resume), console=console)
+    rows = result.rows
+    if rows:
+        window = _summary_window(rows)
+        first = sum(r["reward_mean"] for r in rows[:window]) / window
+        last = sum(r["reward_mean"] for r in rows[-window:]) / window
+        table = Table(title="training summary", title_justify="left")
+        table.add_column("steps", justify="right")
+        table.add_column(f"reward, first {window}", justify="right")
+        table.add_column(f"reward, last {window}", justify="right")
+        table.add_column("last KL", justify="right")
+        table.add_column("tokens/s", justify="right")
+        table.add_column("wall s", justify="right")
+        table.add_row(str(rows[-1]["step"]), _fmt(first), _fmt(last), _fmt(rows[-1].get("kl"), 4),
+                      _fmt(sum(r["tokens_per_s"] for r in rows) / len(rows), 0), _fmt(result.wall_s, 1))
+        console.print(table)
+    console.print(_files_table("files", {
+        "metrics": out / "metrics.jsonl", "curves": result.curves, "config": out / "config.json",
+        "checkpoint": result.checkpoint, "tensorboard": result.tensorboard_dir,
+    }))
+    if result.interrupted:
+        if result.checkpoint is not None:
+            console.print(f"[yellow]interrupted; checkpoint saved at step {result.checkpoint_step}. Continue with: "
+                          f"llmgym train --resume {out}[/]")
+        else:
+            console.print("[yellow]interrupted; no checkpoint to continue from[/]")
+        return EXIT_INTERRUPTED
+    return 0
+
