@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from llmgym.spaces import AnyText, as_token_array, token_ids_space
+from llmgym.spaces import DEFAULT_MAX_CHARS, DEFAULT_MAX_TOKENS, AnyText, as_token_array, token_ids_space
 from llmgym.types import Score, Task
 from llmgym.verifiers import Verifier, VerifierLike, as_verifier
 
@@ -170,7 +170,10 @@ class SequenceEnv(gym.Env):
         tasks: a list of :class:`~llmgym.Task`, an iterable of them, or ``fn(rng) -> Task``.
         verifier: a :class:`~llmgym.Verifier` or a function ``(task, completion) -> float | Score``.
         tokenizer: optional; with it the observation carries ``prompt_ids`` and actions may be ids.
-        max_prompt_chars / max_completion_chars: bounds of the text spaces.
+        max_prompt_chars / max_completion_chars: bounds of the text spaces, default 65,536
+            characters (:data:`llmgym.spaces.DEFAULT_MAX_CHARS`); the prompt bound covers the whole
+            transcript of a multi-turn episode. An observation that outgrows it raises a ``ValueError``.
+        max_prompt_tokens: bound of ``prompt_ids``, default 65,536 ids.
         render_mode: ``None`` or ``"ansi"`` (the transcript as a string).
 
     Observation: ``{"prompt": str, "prompt_ids": int64 array}`` (``prompt_ids`` only with a tokenizer):
@@ -197,8 +200,9 @@ class SequenceEnv(gym.Env):
         verifier: VerifierLike | None,
         tokenizer: Any = None,
         *,
-        max_prompt_chars: int = 1_000_000,
-        max_completion_chars: int = 1_000_000,
+        max_prompt_chars: int = DEFAULT_MAX_CHARS,
+        max_completion_chars: int = DEFAULT_MAX_CHARS,
+        max_prompt_tokens: int = DEFAULT_MAX_TOKENS,
         render_mode: str | None = None,
     ):
         self.tasks = TaskSource(tasks)
@@ -206,7 +210,7 @@ class SequenceEnv(gym.Env):
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.render_mode = render_mode
-        self.max_prompt_chars = max_prompt_chars
+        self.max_prompt_chars, self.max_prompt_tokens = max_prompt_chars, max_prompt_tokens
         self.action_space = AnyText(max_completion_chars)
         self.tokenizer = None
         self.set_tokenizer(tokenizer)
@@ -222,7 +226,7 @@ class SequenceEnv(gym.Env):
         self.tokenizer = tokenizer
         obs = {"prompt": AnyText(self.max_prompt_chars)}
         if tokenizer is not None:
-            obs["prompt_ids"] = token_ids_space(self.vocab_size)
+            obs["prompt_ids"] = token_ids_space(self.vocab_size, max_length=self.max_prompt_tokens)
         self.observation_space = spaces.Dict(obs)
 
     @property
@@ -292,8 +296,20 @@ class SequenceEnv(gym.Env):
         return self._observation(), score.reward, True, False, info
 
     def _observation(self) -> dict[str, Any]:
+        # an observation must lie in observation_space (vector envs size their buffers from it)
+        if len(self._text) > self.max_prompt_chars:
+            raise ValueError(
+                f"the prompt/transcript has {len(self._text):,} characters, over this env's bound "
+                f"max_prompt_chars={self.max_prompt_chars:,}: pass a larger max_prompt_chars= to the env "
+                f"(gymnasium.make(id, max_prompt_chars=...) where its factory accepts it)"
+            )
         obs: dict[str, Any] = {"prompt": self._text}
         if self.tokenizer is not None:
+            if len(self._ids) > self.max_prompt_tokens:
+                raise ValueError(
+                    f"the prompt/transcript has {len(self._ids):,} token ids, over this env's bound "
+                    f"max_prompt_tokens={self.max_prompt_tokens:,}: pass a larger max_prompt_tokens= to the env"
+                )
             obs["prompt_ids"] = as_token_array(self._ids)
         return obs
 
