@@ -139,9 +139,16 @@ def make_env(
     tokenizer: Any = None,
     max_new_tokens: int = 64,
     render_mode: str | None = None,
+    stop_token_ids: Any = None,
+    generation_config: Any = None,
     **kwargs: Any,
 ) -> gym.Env:
-    """The entry point behind every registered id: build the env, wrap it for ``level="token"``."""
+    """The entry point behind every registered id: build the env, wrap it for ``level="token"``.
+
+    ``stop_token_ids`` and ``generation_config`` (its ``eos_token_id``) add end-of-turn ids to the
+    tokenizer's own (:func:`llmgym.core.end_of_turn_ids`): the token level ends a turn on them, and a
+    multi-turn chat env counts a completion ending in one as a turn the model closed.
+    """
     if level not in ("sequence", "token"):
         raise ValueError(f"level must be 'sequence' or 'token', got {level!r}")
     if level == "token" and tokenizer is None:
@@ -158,7 +165,14 @@ def make_env(
     if level == "token":
         from llmgym.token_level import TokenLevel
 
-        env = TokenLevel(env, tokenizer, max_new_tokens=max_new_tokens)
+        env = TokenLevel(env, tokenizer, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids,
+                         generation_config=generation_config)
+    elif tokenizer is not None and (stop_token_ids is not None or generation_config is not None):
+        from llmgym.core import end_of_turn_ids
+
+        inner = env.unwrapped
+        extra = {*end_of_turn_ids(tokenizer, generation_config), *(int(t) for t in (stop_token_ids or ()))}
+        inner.stop_token_ids = set(getattr(inner, "stop_token_ids", ())) | extra
     return env
 
 
