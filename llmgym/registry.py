@@ -62,9 +62,10 @@ def register_env(
     strings, so ``gymnasium.spec(id).to_json()`` works, and the env can cross process boundaries
     (``pickle``, ``multiprocessing``, ``make_vec(..., vectorization_mode="async")``). A callable that
     can be imported back by its module and qualified name is stored as that string. Anything else (a
-    lambda, a function defined inside another) is kept as the object: ``gymnasium.make`` and sync
-    vector envs still work, but ``spec.to_json()`` raises, and pickling fails for whatever the
-    factory closes over that cannot be pickled.
+    lambda, a function defined inside another) is kept as the object: ``gymnasium.make`` and vector
+    envs still work (Gymnasium cloudpickles what ``AsyncVectorEnv`` sends its workers), but
+    ``spec.to_json()`` raises, and the env itself does not pickle where it holds a lambda
+    (``multiprocessing.Pool``, sending an env to another process).
 
     Example:
         >>> import gymnasium

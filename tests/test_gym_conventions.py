@@ -185,12 +185,14 @@ def test_register_env_stores_an_importable_callable_as_a_string():
     assert pickle.loads(pickle.dumps(gym.make(env_id))).reset(seed=0)[0]["prompt"] == "say hi"
 
 
-def test_register_env_keeps_a_lambda_which_works_but_cannot_serialise():
+def test_register_env_keeps_a_lambda_which_makes_and_vectorises_but_cannot_serialise():
     env_id = register_env("ConventionsLambda", lambda tokenizer=None: SequenceEnv([Task("q")], lambda t, c: 1.0, tokenizer),
                           family="example")
     assert gym.make(env_id).reset(seed=0)[0]["prompt"] == "q"
-    envs = gym.make_vec(env_id, num_envs=2, vectorization_mode="sync")
-    assert envs.reset(seed=0)[0]["prompt"] == ("q", "q")
+    for mode in ("sync", "async"):  # Gymnasium cloudpickles what it sends async workers
+        envs = gym.make_vec(env_id, num_envs=2, vectorization_mode=mode)
+        assert envs.reset(seed=0)[0]["prompt"] == ("q", "q")
+        envs.close()
     with pytest.raises((TypeError, ValueError), match="not JSON serializable|Callable found"):
         gym.spec(env_id).to_json()
     with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
