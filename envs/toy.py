@@ -7,6 +7,7 @@ gradient to climb before the model is ever exactly right; an exact answer scores
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -94,8 +95,8 @@ def sample_tasks(kind: str, n: int, seed: int = 0, **kwargs: Any) -> list[Task]:
 def _source(kind: str, tasks: Any, kwargs: dict[str, Any]):
     if tasks is not None:
         return tasks
-    maker = TASK_MAKERS[kind]
-    return lambda rng: maker(rng, **kwargs)
+    # a partial of a module-level function, not a lambda: the env must pickle (AsyncVectorEnv, multiprocessing)
+    return functools.partial(TASK_MAKERS[kind], **kwargs)
 
 
 def addition_env(tokenizer: Any = None, render_mode: str | None = None, tasks: Any = None, max_value: int = 50) -> SequenceEnv:

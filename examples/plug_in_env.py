@@ -16,7 +16,11 @@ def verify(task, completion):  # reward 1.0 when the answer appears as the last 
     return float(bool(words) and words[-1].strip(".") == task.answer)
 
 
-register_env("Times", lambda tokenizer=None, **kw: SequenceEnv(make_tasks, verify, tokenizer, **kw))
+def make_times_env(tokenizer=None, **kw):  # module level, not a lambda: the env pickles (async vector envs)
+    return SequenceEnv(make_tasks, verify, tokenizer, **kw)
+
+
+register_env("Times", make_times_env)
 env = gym.make("llmgym/Times-v0")
 obs, info = env.reset(seed=0)
 print(obs["prompt"], env.step(f"It is {info['task'].answer}.")[1])

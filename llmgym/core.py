@@ -17,11 +17,14 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from llmgym.spaces import AnyText, as_token_array, token_ids_space
+from llmgym.spaces import DEFAULT_MAX_CHARS, DEFAULT_MAX_TOKENS, AnyText, as_token_array, token_ids_space
 from llmgym.types import Score, Task
 from llmgym.verifiers import Verifier, VerifierLike, as_verifier
 
-__all__ = ["TaskSource", "SequenceEnv", "MultiTurnEnv", "Turn", "render_prompt", "encode_text"]
+__all__ = [
+    "TaskSource", "SequenceEnv", "MultiTurnEnv", "Turn", "ChatTurns", "render_prompt", "encode_text",
+    "end_of_turn_ids",
+]
 
 TaskSourceLike = Union[Sequence[Task], Iterable[Task], Callable[[np.random.Generator], Task], "TaskSource"]
 
@@ -146,6 +149,110 @@ def encode_text(tokenizer: Any, text: str, *, first: bool) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=first))
 
 
+def _is_special(tokenizer: Any, token_id: int) -> bool:
+    if token_id in set(getattr(tokenizer, "all_special_ids", ()) or ()):
+        return True
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return bool(getattr(added.get(token_id), "special", False))
+
+
+def _id_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple, set)):
+        return [int(v) for v in value if v is not None]
+    return [int(value)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatTurns:
+    """How a tokenizer's chat template closes an assistant turn and opens the env's next user turn.
+
+    Read off the template by rendering a probe conversation ``[user, assistant]``: ``closing`` is what
+    the template writes after the assistant's content (ChatML: ``"<|im_end|>\\n"``); when it starts
+    with a special token, that token is ``end_of_turn_id`` and ``after_end_of_turn`` is the rest
+    (ChatML: ``"\\n"``).
+
+    Example:
+        >>> from llmgym.core import ChatTurns
+        >>> from llmgym.models import build_tokenizer
+        >>> turns = ChatTurns.of(build_tokenizer())   # its template: <|role|>content\\n, no special tokens
+        >>> turns.closing, turns.end_of_turn_id, turns.user_turn("higher")
+        ('\\n', None, '<|user|>higher\\n<|assistant|>')
+    """
+
+    tokenizer: Any = dataclasses.field(repr=False, compare=False)
+    closing: str
+    end_of_turn_id: int | None
+    after_end_of_turn: str
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> "ChatTurns":
+        """Analyse ``tokenizer``'s chat template; a clear error when it cannot render the probe."""
+        content = "\u2063llmgym-probe\u2063"  # text no template writes itself
+        probe = [{"role": "user", "content": "?"}, {"role": "assistant", "content": content}]
+        try:
+            rendered = tokenizer.apply_chat_template(probe, tokenize=False)
+        except Exception as exc:  # a template is user code (Jinja): any failure is a bad template
+            raise ValueError(
+                f"the tokenizer's chat template cannot render a user turn followed by an assistant turn "
+                f"({type(exc).__name__}: {exc}); fix the template or override MultiTurnEnv.format_reply"
+            ) from exc
+        if content not in rendered:
+            raise ValueError(
+                "the tokenizer's chat template drops the assistant's content when it renders a finished "
+                "conversation, so the env cannot tell how a turn is closed; override MultiTurnEnv.format_reply"
+            )
+        closing = rendered[rendered.rindex(content) + len(content):]
+        end_id, after = None, closing
+        ids = list(tokenizer.encode(closing, add_special_tokens=False)) if closing else []
+        if ids and _is_special(tokenizer, ids[0]):
+            token_text = tokenizer.decode(ids[:1], skip_special_tokens=False)
+            if closing.startswith(token_text):
+                end_id, after = int(ids[0]), closing[len(token_text):]
+        return cls(tokenizer, closing, end_id, after)
+
+    def user_turn(self, content: str) -> str:
+        """``content`` as a user turn followed by the assistant's generation prompt (the template's text)."""
+        history = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!"}]
+        before = self.tokenizer.apply_chat_template(history, tokenize=False)
+        after = self.tokenizer.apply_chat_template(
+            history + [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+        if not after.startswith(before):
+            raise ValueError(
+                "the tokenizer's chat template renders earlier turns differently once a new turn follows, "
+                "so a reply cannot be appended as a user turn; override MultiTurnEnv.format_reply"
+            )
+        return after[len(before):]
+
+
+def end_of_turn_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS (an id or a list), the chat template's
+    end-of-turn token (ChatML's ``<|im_end|>``), and ``generation_config.eos_token_id`` (an id or a list).
+
+    Engines stop generating on these, :class:`~llmgym.TokenLevel` ends a turn on them, and
+    :class:`MultiTurnEnv` treats a completion ending in one as a turn the model closed itself.
+
+    Example:
+        >>> from llmgym.core import end_of_turn_ids
+        >>> from llmgym.models import build_tokenizer
+        >>> tok = build_tokenizer()
+        >>> end_of_turn_ids(tok) == [tok.eos_token_id], end_of_turn_ids(tok, type("G", (), {"eos_token_id": [7, 2]})())
+        (True, [2, 7])
+    """
+    ids = set(_id_list(getattr(tokenizer, "eos_token_id", None)))
+    ids.update(_id_list(getattr(generation_config, "eos_token_id", None)))
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            end_id = ChatTurns.of(tokenizer).end_of_turn_id
+        except ValueError:  # a template that cannot render the probe declares no end-of-turn token
+            end_id = None
+        if end_id is not None:
+            ids.add(end_id)
+    return sorted(ids)
+
+
 @dataclasses.dataclass
 class Turn:
     """What :meth:`MultiTurnEnv.respond` returns after one completion.
@@ -170,7 +277,10 @@ class SequenceEnv(gym.Env):
         tasks: a list of :class:`~llmgym.Task`, an iterable of them, or ``fn(rng) -> Task``.
         verifier: a :class:`~llmgym.Verifier` or a function ``(task, completion) -> float | Score``.
         tokenizer: optional; with it the observation carries ``prompt_ids`` and actions may be ids.
-        max_prompt_chars / max_completion_chars: bounds of the text spaces.
+        max_prompt_chars / max_completion_chars: bounds of the text spaces, default 65,536
+            characters (:data:`llmgym.spaces.DEFAULT_MAX_CHARS`); the prompt bound covers the whole
+            transcript of a multi-turn episode. An observation that outgrows it raises a ``ValueError``.
+        max_prompt_tokens: bound of ``prompt_ids``, default 65,536 ids.
         render_mode: ``None`` or ``"ansi"`` (the transcript as a string).
 
     Observation: ``{"prompt": str, "prompt_ids": int64 array}`` (``prompt_ids`` only with a tokenizer):
@@ -197,8 +307,9 @@ class SequenceEnv(gym.Env):
         verifier: VerifierLike | None,
         tokenizer: Any = None,
         *,
-        max_prompt_chars: int = 1_000_000,
-        max_completion_chars: int = 1_000_000,
+        max_prompt_chars: int = DEFAULT_MAX_CHARS,
+        max_completion_chars: int = DEFAULT_MAX_CHARS,
+        max_prompt_tokens: int = DEFAULT_MAX_TOKENS,
         render_mode: str | None = None,
     ):
         self.tasks = TaskSource(tasks)
@@ -206,7 +317,7 @@ class SequenceEnv(gym.Env):
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.render_mode = render_mode
-        self.max_prompt_chars = max_prompt_chars
+        self.max_prompt_chars, self.max_prompt_tokens = max_prompt_chars, max_prompt_tokens
         self.action_space = AnyText(max_completion_chars)
         self.tokenizer = None
         self.set_tokenizer(tokenizer)
@@ -220,9 +331,12 @@ class SequenceEnv(gym.Env):
     def set_tokenizer(self, tokenizer: Any) -> None:
         """Attach a tokenizer: observations gain ``prompt_ids`` and token-id actions are accepted."""
         self.tokenizer = tokenizer
+        # ids that end a completion (EOS, a chat template's end of turn); engines may add theirs
+        self.stop_token_ids: set[int] = set(end_of_turn_ids(tokenizer)) if tokenizer is not None else set()
+        self._chat_turns: ChatTurns | None = None
         obs = {"prompt": AnyText(self.max_prompt_chars)}
         if tokenizer is not None:
-            obs["prompt_ids"] = token_ids_space(self.vocab_size)
+            obs["prompt_ids"] = token_ids_space(self.vocab_size, max_length=self.max_prompt_tokens)
         self.observation_space = spaces.Dict(obs)
 
     @property
@@ -292,8 +406,20 @@ class SequenceEnv(gym.Env):
         return self._observation(), score.reward, True, False, info
 
     def _observation(self) -> dict[str, Any]:
+        # an observation must lie in observation_space (vector envs size their buffers from it)
+        if len(self._text) > self.max_prompt_chars:
+            raise ValueError(
+                f"the prompt/transcript has {len(self._text):,} characters, over this env's bound "
+                f"max_prompt_chars={self.max_prompt_chars:,}: pass a larger max_prompt_chars= to the env "
+                f"(gymnasium.make(id, max_prompt_chars=...) where its factory accepts it)"
+            )
         obs: dict[str, Any] = {"prompt": self._text}
         if self.tokenizer is not None:
+            if len(self._ids) > self.max_prompt_tokens:
+                raise ValueError(
+                    f"the prompt/transcript has {len(self._ids):,} token ids, over this env's bound "
+                    f"max_prompt_tokens={self.max_prompt_tokens:,}: pass a larger max_prompt_tokens= to the env"
+                )
             obs["prompt_ids"] = as_token_array(self._ids)
         return obs
 
@@ -347,6 +473,14 @@ class MultiTurnEnv(SequenceEnv):
     completions. Token ids in, token ids out: the observation's ``prompt_ids`` are the previous
     context + the exact completion ids given to ``step`` + the encoded reply, never a re-tokenised
     transcript, so a policy conditions on exactly what it produced.
+
+    How the reply is shown: for a chat task (messages) and a tokenizer with a chat template, the reply
+    is a new *user* turn rendered through the template (:class:`ChatTurns`). The assistant's turn is
+    kept as the model closed it: a completion that ends in an end-of-turn id (``stop_token_ids``:
+    EOS, ChatML's ``<|im_end|>``, …) is followed only by what the template writes after that token
+    (ChatML: a newline); one that does not (cut at the token limit, or text without the token) is
+    closed with the template's closing first. Otherwise the reply is plain text, ``"\\n{reply}\\n"``
+    (:meth:`format_reply`).
 
     Args:
         max_turns: completions per episode at most.
@@ -404,8 +538,23 @@ class MultiTurnEnv(SequenceEnv):
         return Turn(score.reward, "Incorrect, try again.", False, score.info)
 
     def format_reply(self, reply: str) -> str:
-        """How a reply is appended to the transcript (override for a chat format)."""
+        """How a reply is appended to a plain-text transcript (chat tasks use the chat template instead)."""
         return f"\n{reply}\n"
+
+    def _chat_reply(self, reply: str, ids: list[int]) -> str:
+        """Close the assistant turn where the model did not, then the reply as a user turn."""
+        if self._chat_turns is None:
+            self._chat_turns = ChatTurns.of(self.tokenizer)
+        turns = self._chat_turns
+        if ids and ids[-1] in self.stop_token_ids:  # the model closed its turn: keep its token
+            end_text = self.tokenizer.decode(ids[-1:], skip_special_tokens=False)
+            if not self._text.endswith(end_text):  # the transcript text shows it, as the ids do
+                self._text += end_text
+            return turns.after_end_of_turn + turns.user_turn(reply)
+        return turns.closing + turns.user_turn(reply)
+
+    def _uses_chat_template(self) -> bool:
+        return bool(self.task.is_chat and self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None))
 
     def _after_completion(self, text: str, ids: list[int]):
         turn = self.respond(text)
@@ -415,7 +564,7 @@ class MultiTurnEnv(SequenceEnv):
         info: dict[str, Any] = {"task": self.task, "completion": text, "turn": self.turn, "reply": None}
         info.update(turn.info)
         if not (terminated or truncated) and turn.reply is not None:
-            shown = self.format_reply(turn.reply)
+            shown = self._chat_reply(turn.reply, ids) if self._uses_chat_template() else self.format_reply(turn.reply)
             self._text += shown
             if self.tokenizer is not None:
                 self._ids += encode_text(self.tokenizer, shown, first=False)

@@ -58,6 +58,15 @@ def register_env(
     ``factory`` is ``"module:function"`` (imported lazily) or a callable; it is called with the
     ``make`` keyword arguments (``tokenizer`` included) and returns a sequence-level or multi-turn env.
 
+    Prefer a module-level function (or its ``"module:function"`` string): the spec then holds only
+    strings, so ``gymnasium.spec(id).to_json()`` works, and the env can cross process boundaries
+    (``pickle``, ``multiprocessing``, ``make_vec(..., vectorization_mode="async")``). A callable that
+    can be imported back by its module and qualified name is stored as that string. Anything else (a
+    lambda, a function defined inside another) is kept as the object: ``gymnasium.make`` and vector
+    envs still work (Gymnasium cloudpickles what ``AsyncVectorEnv`` sends its workers), but
+    ``spec.to_json()`` raises, and the env itself does not pickle where it holds a lambda
+    (``multiprocessing.Pool``, sending an env to another process).
+
     Example:
         >>> import gymnasium
         >>> from llmgym import SequenceEnv, Task, register_env
@@ -69,11 +78,14 @@ def register_env(
         'say hi'
     """
     env_id = f"{NAMESPACE}/{name}-v{version}"
+    if not isinstance(factory, str) and not callable(factory):
+        raise TypeError(f"factory must be a 'module:function' string or a callable, got {type(factory).__name__}")
     factory_ref = factory if isinstance(factory, str) else _callable_ref(factory)
+    importable = isinstance(factory, str) or _imports_back(factory_ref, factory)
     gym.register(
         id=env_id,
-        entry_point=make_env,
-        kwargs={"factory": factory, **(kwargs or {})},
+        entry_point=f"{__name__}:make_env",  # a string, so the spec serialises (EnvSpec.to_json)
+        kwargs={"factory": factory_ref if importable else factory, **(kwargs or {})},
         disable_env_checker=False,
     )
     _INFO[env_id] = EnvInfo(env_id, factory_ref, family, description, multi_turn, tuple(requires))
@@ -84,18 +96,34 @@ def _callable_ref(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
 
+def _imports_back(ref: str, fn: Callable) -> bool:
+    """Whether ``"module:qualname"`` leads back to ``fn`` (not so for lambdas and nested functions)."""
+    module_name, _, qualname = ref.partition(":")
+    if "<" in qualname:  # <lambda>, <locals>
+        return False
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return False
+    return obj is fn
+
+
 def _load(factory: str | Callable[..., gym.Env]) -> Callable[..., gym.Env]:
     if callable(factory):
         return factory
-    module_name, _, attr = factory.partition(":")
+    module_name, _, qualname = factory.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
             f"this env needs the Python module {exc.name!r}, which is not installed: "
             f"pip install 'llmgym[math,code]' (or the package that provides {exc.name!r})"
         ) from exc
-    return getattr(module, attr)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def _accepts(fn: Callable, name: str) -> bool:
@@ -112,9 +140,16 @@ def make_env(
     tokenizer: Any = None,
     max_new_tokens: int = 64,
     render_mode: str | None = None,
+    stop_token_ids: Any = None,
+    generation_config: Any = None,
     **kwargs: Any,
 ) -> gym.Env:
-    """The entry point behind every registered id: build the env, wrap it for ``level="token"``."""
+    """The entry point behind every registered id: build the env, wrap it for ``level="token"``.
+
+    ``stop_token_ids`` and ``generation_config`` (its ``eos_token_id``) add end-of-turn ids to the
+    tokenizer's own (:func:`llmgym.core.end_of_turn_ids`): the token level ends a turn on them, and a
+    multi-turn chat env counts a completion ending in one as a turn the model closed.
+    """
     if level not in ("sequence", "token"):
         raise ValueError(f"level must be 'sequence' or 'token', got {level!r}")
     if level == "token" and tokenizer is None:
@@ -131,7 +166,14 @@ def make_env(
     if level == "token":
         from llmgym.token_level import TokenLevel
 
-        env = TokenLevel(env, tokenizer, max_new_tokens=max_new_tokens)
+        env = TokenLevel(env, tokenizer, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids,
+                         generation_config=generation_config)
+    elif tokenizer is not None and (stop_token_ids is not None or generation_config is not None):
+        from llmgym.core import end_of_turn_ids
+
+        inner = env.unwrapped
+        extra = {*end_of_turn_ids(tokenizer, generation_config), *(int(t) for t in (stop_token_ids or ()))}
+        inner.stop_token_ids = set(getattr(inner, "stop_token_ids", ())) | extra
     return env
 
 

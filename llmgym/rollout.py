@@ -200,6 +200,10 @@ def _record_turn(ep: Episode, completion_ids: list[int], logprobs: list[float], 
 
 
 def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns) -> int:
+    for e in envs:  # a turn the engine stopped on one of its ids is a turn the model closed (chat replies)
+        inner = e.unwrapped
+        if hasattr(inner, "stop_token_ids"):
+            inner.stop_token_ids = set(inner.stop_token_ids) | set(getattr(engine, "eos_ids", ()))
     live = list(range(len(envs)))
     turn, sampled = 0, 0
     per_turn = dataclasses.replace(sampling, n=1)

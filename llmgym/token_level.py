@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from llmgym.core import end_of_turn_ids
 from llmgym.spaces import as_token_array
 
 __all__ = ["TokenLevel"]
@@ -17,9 +18,13 @@ class TokenLevel(gym.Wrapper):
     """Make a sequence-level or multi-turn env token-level: ``action_space = Discrete(vocab)``.
 
     The wrapper buffers tokens. The observation holds the ids so far (``prompt_ids`` = context +
-    tokens of the current completion) and the decoded text. Reward is 0 until EOS (the turn ends,
-    ``terminated``) or ``max_new_tokens`` tokens (``truncated``); then the buffered ids (EOS
-    included) go to the inner env's ``step`` and its reward is returned. In a multi-turn env the
+    tokens of the current completion) and the decoded text. Reward is 0 until an end-of-turn id (the
+    turn ends, ``terminated``) or ``max_new_tokens`` tokens (``truncated``); then the buffered ids
+    (the end-of-turn id included) go to the inner env's ``step`` and its reward is returned. The
+    end-of-turn ids (``stop_token_ids``) are all that :func:`llmgym.core.end_of_turn_ids` finds —
+    the tokenizer's EOS, its chat template's end of turn (ChatML's ``<|im_end|>``), the
+    ``generation_config``'s ``eos_token_id`` list — plus any given; the inner env learns the same set,
+    so a turn ends on the same ids at both levels. In a multi-turn env the
     episode then continues with the env's reply appended, and the budget starts again.
 
     Because the inner env receives exactly the tokens, the same seed and the same tokens give the
@@ -29,7 +34,9 @@ class TokenLevel(gym.Wrapper):
         env: a :class:`~llmgym.SequenceEnv` or :class:`~llmgym.MultiTurnEnv` (possibly wrapped).
         tokenizer: defaults to the inner env's; must have an EOS token.
         max_new_tokens: tokens per completion (per turn) at most.
-        stop_token_ids: extra ids that end a completion like EOS (e.g. a chat model's end-of-turn).
+        stop_token_ids: extra ids that end a completion like EOS.
+        generation_config: the model's ``GenerationConfig`` (or anything with ``eos_token_id``): its
+            end-of-turn ids count too (Qwen's lists both ``<|im_end|>`` and ``<|endoftext|>``).
 
     Example:
         >>> from llmgym import SequenceEnv, Task, TokenLevel
@@ -46,7 +53,7 @@ class TokenLevel(gym.Wrapper):
     """
 
     def __init__(self, env: gym.Env, tokenizer: Any = None, max_new_tokens: int = 64,
-                 stop_token_ids: Any = None):
+                 stop_token_ids: Any = None, generation_config: Any = None):
         super().__init__(env)
         inner = env.unwrapped
         tokenizer = tokenizer if tokenizer is not None else getattr(inner, "tokenizer", None)
@@ -64,14 +71,26 @@ class TokenLevel(gym.Wrapper):
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.eos_token_id = int(tokenizer.eos_token_id)
-        # tokens that end a completion: EOS, plus any others the model's generation config stops on
-        self.stop_token_ids = {self.eos_token_id, *(int(t) for t in (stop_token_ids or ()))}
+        # tokens that end a completion: EOS, the chat template's end of turn, the generation config's, any given
+        self.stop_token_ids = {*end_of_turn_ids(tokenizer, generation_config), *(int(t) for t in (stop_token_ids or ()))}
         self.action_space = spaces.Discrete(len(tokenizer))
         self.observation_space = inner.observation_space
         self._context_text = ""
         self._context: list[int] = []
         self._buffer: list[int] = []
         self._done = True
+
+    @property
+    def stop_token_ids(self) -> set[int]:
+        """Ids that end a completion; setting them tells the inner env too (both levels agree)."""
+        return self._stop_token_ids
+
+    @stop_token_ids.setter
+    def stop_token_ids(self, ids: Any) -> None:
+        self._stop_token_ids = {int(t) for t in ids}
+        inner = self.env.unwrapped
+        if hasattr(inner, "stop_token_ids"):
+            inner.stop_token_ids = set(inner.stop_token_ids) | self._stop_token_ids
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         obs, info = self.env.reset(seed=seed, options=options)

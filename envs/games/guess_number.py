@@ -9,6 +9,7 @@ range of ``n`` integers (``floor(log2(n)) + 1``: 4 for 8 numbers, 7 for 100), wh
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -118,6 +119,5 @@ def guess_number_env(
     if max_guesses is None:
         max_guesses = (high - low + 1).bit_length()  # binary search's worst case: floor(log2(n)) + 1
     if tasks is None:
-        def tasks(rng: np.random.Generator) -> Task:
-            return guess_number_task(rng, low, high)
+        tasks = functools.partial(guess_number_task, low=low, high=high)  # picklable, unlike a closure
     return GuessNumberEnv(tasks, None, tokenizer, max_turns=max_guesses, render_mode=render_mode)

@@ -12,6 +12,7 @@ terminated.
 from __future__ import annotations
 
 import collections
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -168,6 +169,5 @@ def wordle_env(
     if bad or not words:
         raise ValueError(f"words must be non-empty and all five letters, got {bad[:3] or 'an empty list'}")
     if tasks is None:
-        def tasks(rng: np.random.Generator) -> Task:
-            return wordle_task(rng, words, max_guesses)
+        tasks = functools.partial(wordle_task, words=words, max_guesses=max_guesses)  # picklable, unlike a closure
     return WordleEnv(tasks, None, tokenizer, max_turns=max_guesses, render_mode=render_mode)

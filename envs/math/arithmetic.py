@@ -8,6 +8,7 @@ answer is an integer; values are computed with Python integers (no ``eval``). An
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -120,9 +121,9 @@ def arithmetic_env(
 
     if tasks is None:
         arithmetic_expression(np.random.default_rng(0), min_ops, max_ops, max_value, ops)  # fail fast on bad config
-
-        def tasks(rng: np.random.Generator) -> Task:
-            return arithmetic_task(rng, min_ops, max_ops, max_value, ops, prompt)
+        # a partial, not a closure: the env must pickle (AsyncVectorEnv, multiprocessing)
+        tasks = functools.partial(arithmetic_task, min_ops=min_ops, max_ops=max_ops, max_value=max_value,
+                                  ops=ops, prompt=prompt)
 
     return SequenceEnv(tasks, verifier if verifier is not None else MathVerifier(time_limit=time_limit),
                        tokenizer, render_mode=render_mode)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import os
 import random
 import re
@@ -243,6 +244,10 @@ class ReasoningGymVerifier(Verifier):
         return Score(float(reward or 0.0), {"extracted": answer})
 
 
+def _draw_task(rng: np.random.Generator, *, dataset: str, config: dict[str, Any], instruction: str | None) -> Task:
+    return reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
+
+
 def make_env(
     tokenizer: Any = None,
     render_mode: str | None = None,
@@ -286,7 +291,6 @@ def make_env(
         raise TypeError(f"bad configuration for reasoning-gym dataset {dataset!r}: {exc}") from None
     _warn_if_hash_seed_dependent(dataset)
 
-    def draw(rng: np.random.Generator) -> Task:
-        return reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
-
+    # a partial of a module-level function, not a closure: the env must pickle (AsyncVectorEnv, multiprocessing)
+    draw = functools.partial(_draw_task, dataset=dataset, config=config, instruction=instruction)
     return SequenceEnv(draw, ReasoningGymVerifier(time_limit), tokenizer, render_mode=render_mode)

@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 
+from llmgym.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 from llmgym.engines.sampling import sample_next_token
 
@@ -101,8 +102,8 @@ class HFEngine:
         eos = tokenizer.eos_token_id
         if eos is None:
             raise ValueError("HFEngine needs a tokenizer with an EOS token (tokenizer.eos_token_id is None)")
-        extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        self.eos_ids = sorted({eos, *(extra if isinstance(extra, list) else [extra] if extra is not None else [])})
+        # EOS, the chat template's end of turn (<|im_end|>), the generation config's list: as TokenLevel stops
+        self.eos_ids = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         # transformers >= 5.2x renamed the KV-cache argument from past_key_values to cache
         params = inspect.signature(model.forward).parameters

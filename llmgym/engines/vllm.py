@@ -51,6 +51,7 @@ except ImportError as err:  # pragma: no cover - the CPU machines have no vLLM
         "machine. Use llmgym.engines.HFEngine there."
     ) from err
 
+from llmgym.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
 __all__ = ["MIN_VLLM_VERSION", "VLLMEngine"]
@@ -150,8 +151,8 @@ class VLLMEngine:
             llm_kwargs.setdefault("load_format", "dummy")
             if dtype is None:
                 dtype = str(next(source_model.parameters()).dtype).removeprefix("torch.")
-        extra = getattr(source_model.generation_config if source_model is not None else None, "eos_token_id", None)
-        self.eos_ids = sorted({eos, *(extra if isinstance(extra, list) else [extra] if extra is not None else [])})
+        # EOS, the chat template's end of turn (<|im_end|>), the generation config's list: as TokenLevel stops
+        self.eos_ids = end_of_turn_ids(tokenizer, getattr(source_model, "generation_config", None))
 
         from llmgym import distributed
 
