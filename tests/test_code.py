@@ -204,7 +204,8 @@ def test_code_retry_feeds_back_the_failing_test_and_accepts_a_fix_on_turn_2():
     env = gym.make("llmgym/CodeRetry-v0", max_turns=2, limits=TIGHT)
     env.reset(options={"task_id": "builtin/flatten"})
     _, _, _, truncated, info = env.step("def flatten(items):\n    while True: pass\n")
-    assert not truncated and "Killed" in info["reply"] and "CPU" in info["reply"]
+    # the CPU limit (1 s) normally kills it first; on a loaded machine the wall clock (3 s) may
+    assert not truncated and "Killed" in info["reply"] and ("CPU" in info["reply"] or "wall-clock" in info["reply"])
     _, reward, terminated, truncated, _ = env.step("def flatten(items): return items")
     assert (reward, terminated, truncated) == (0.0, False, True)
 
@@ -382,7 +383,8 @@ ATTACKS = {
 # What the feedback shows: the attack failed for the expected reason (not a typo in the program).
 EXPECTED_FAILURE = {
     "fork_bomb": r"^Killed: the program (ran past the wall-clock limit|used more CPU time)",
-    "infinite_loop": r"^Killed: the program used more CPU time than allowed \(1 s\)",
+    # 1 s of CPU normally ends it; on a loaded machine the 3 s wall clock may come first
+    "infinite_loop": r"^Killed: the program (used more CPU time than allowed \(1 s\)|ran past the wall-clock)",
     "memory_bomb": r"MemoryError|Killed: the program used more memory",
     "write_outside": r"AssertionError: wrote only 2 of 5",  # /tmp and /dev/shm: the sandbox's own tmpfs
     "network": r"PermissionError: \[Errno 1\] Operation not permitted",
@@ -421,7 +423,7 @@ def test_malicious_code_scores_0_and_leaves_no_trace(attack, tmp_path, monkeypat
         elapsed = time.monotonic() - started
         (result,) = sandbox.results
         assert reward == 0.0 and terminated and not info["score"]["passed"], info["score"]
-        assert elapsed < TIGHT.wall_seconds + 3
+        assert elapsed < TIGHT.wall_seconds + 15  # a hang guard, not a speed test
         assert sbm.pids_of_uids([result.uid]) == [], "sandbox processes survived"
         if attack in ("fork_bomb", "infinite_loop"):
             assert info["score"]["killed_reason"] in ("timeout", "cpu_limit"), info["score"]
