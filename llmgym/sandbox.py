@@ -165,6 +165,20 @@ class SandboxWarning(UserWarning):
     """Code runs with less isolation than the full sandbox (an explicit opt-out is in force)."""
 
 
+# The largest value each limit accepts: past these the kernel's own types overflow (RLIMIT_CPU is a
+# whole number of seconds, tmpfs sizes are bytes) or the "limit" would not limit anything.
+_LIMIT_MAX = {
+    "cpu_seconds": 86_400,
+    "wall_seconds": 86_400,
+    "memory_mb": 1 << 20,
+    "max_processes": 4096,
+    "max_file_mb": 1 << 20,
+    "max_open_files": 1 << 16,
+    "tmp_size_mb": 1 << 20,
+    "max_output_kb": 1 << 20,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
     """Resource limits of one sandboxed run.
@@ -199,6 +213,11 @@ class SandboxLimits:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
                 raise ValueError(
                     f"SandboxLimits.{f.name} must be a positive number, got {v!r}"
+                )
+            if not math.isfinite(v) or v > _LIMIT_MAX[f.name]:
+                raise ValueError(
+                    f"SandboxLimits.{f.name} must be finite and at most {_LIMIT_MAX[f.name]}, got {v!r} "
+                    "(a limit that cannot hold is no limit)"
                 )
         if self.memory_mb < 32:
             raise ValueError(
@@ -651,6 +670,11 @@ def _bwrap_base_args(bwrap: str, python: str, as_root: bool) -> list[str]:
         ]
     args += _mirror_root_args(python)
     args += ["--proc", "/proc", "--dev", "/dev"]
+    # defence in depth for the root-side supervisor: no sysctl or sysrq writes, whatever caps remain
+    # (bwrap covers /proc/irq and /proc/bus itself; /proc/sys is read-only per task anyway)
+    for path in ("/proc/sys", "/proc/sysrq-trigger"):
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
     return args
 
 
