@@ -55,6 +55,7 @@ from llmgym import Score, Task, Verifier
 from llmgym.verifiers import RegexFormat, WeightedSum
 
 __all__ = [
+    "MAX_ANSWER_CHARS",
     "MAX_NUMBER_BITS",
     "extract_answer",
     "normalize_gold",
@@ -436,6 +437,10 @@ def _parse(candidate: str) -> tuple:
 # can interrupt. 2^20 bits (~315,000 digits) is far beyond any real answer and still quick to handle.
 MAX_NUMBER_BITS = 1 << 20
 
+#: An extracted answer longer than this (characters) is not handed to math-verify: no real answer is
+#: that long, and parsing kilobytes of LaTeX costs seconds of a worker's time limit for nothing.
+MAX_ANSWER_CHARS = 2000
+
 
 def _log2_size(expr: Any) -> float:
     """An upper bound on log2 of the magnitude of ``expr``'s numbers (``inf`` when astronomical)."""
@@ -519,6 +524,9 @@ class MathVerifier(Verifier):
         info = {"extracted": predicted, "extracted_by": rule, "gold": gold}
         if predicted is None:
             return Score(0.0, {**info, "error": "no answer found in the completion"})
+        if len(predicted) > MAX_ANSWER_CHARS:
+            return Score(0.0, {**info, "extracted": predicted[:100] + "...",
+                               "error": f"the answer is {len(predicted)} characters long (over {MAX_ANSWER_CHARS}): not compared"})
         words = _is_words(_unwrap(predicted)) and _is_words(_unwrap(gold))
         if _plain(predicted, fold_case=words) == _plain(gold, fold_case=words):
             return Score(1.0, info)
