@@ -1193,7 +1193,7 @@ class Sandbox:
         'hello\\n'
         >>> sb.run_python("from helper import f; assert f(2) == 4", files={"helper.py": "f = lambda x: x * x"}).passed
         True
-        >>> sb.run_python("while True: pass", limits=SandboxLimits(cpu_seconds=1, wall_seconds=3)).killed_reason
+        >>> sb.run_python("while True: pass", limits=SandboxLimits(cpu_seconds=1, wall_seconds=60)).killed_reason
         'cpu_limit'
     """
 

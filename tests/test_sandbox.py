@@ -205,7 +205,7 @@ def test_sleeping_forever_is_killed_by_wall_clock(sb):
     )
     assert r.timed_out and r.killed and r.killed_reason == "timeout" and not r.passed
     assert r.stdout == "started\n"  # output before the kill is kept
-    assert 0.9 < r.duration_s < 2.5
+    assert 0.9 < r.duration_s < 15  # killed at 1 s; the upper bound is a hang guard on a loaded machine
 
 
 @needs_sandbox
@@ -238,6 +238,9 @@ def test_memory_of_the_whole_tree_is_capped(sb):
             kids.append(pid)
         raise SystemExit(sum(os.waitpid(k, 0)[1] != 0 for k in kids))
     """,
+        # the cgroup stops them whatever the speed; on a loaded machine 4 s of wall clock could
+        # run out first, so the wall clock here is only a hang guard
+        limits=dataclasses.replace(LIMITS, wall_seconds=120),
     )
     assert not r.passed and r.killed and r.killed_reason == "memory_limit", r
 
