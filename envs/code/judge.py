@@ -5,8 +5,12 @@ r"""The code judge: tests run in one sandboxed process, the candidate's code in 
 * the **candidate process** (the run's uid, a fresh interpreter) runs :data:`RUNNER`, which executes
   the program (``main.py``: prompt + completion), then serves calls of its top-level functions;
 * the **judge process** (another uid) runs :func:`judge_source`: the task's trusted code (HumanEval's
-  prompt, so its helpers such as ``poly`` are the dataset's own), then the tests, where every
-  function of the program is a *proxy* that sends the call to the candidate process.
+  prompt, so its helpers such as ``poly`` are the dataset's own), then the tests, where the entry
+  point and every other top-level function or class of the program is a *proxy* that sends the call
+  to the candidate process -- except names the tests take from the task or from Python's builtins
+  (a program that defines ``abs`` does not change the ``abs`` of the tests), and modules the
+  program imported are imported by the judge itself (standard library only) for tests that use them
+  without importing.
 
 Arguments and return values cross as plain data only -- ``None``, ``bool``, ``int``, ``float``,
 ``complex``, ``str``, ``bytes``, ``list``, ``tuple``, ``dict``, ``set``, ``frozenset`` of exactly those
@@ -249,7 +253,14 @@ CandidateError.__module__ = CandidateGone.__module__ = "__main__"  # tracebacks 
 _SAFE_MODULES = set(getattr(_sys, "stdlib_module_names", ())) - {"antigravity", "this", "idlelib", "turtle",
                                                                   "turtledemo", "tkinter", "webbrowser"}
 
+import threading as _threading
+_LOCK = _threading.Lock()  # one call at a time on the channel, should a test use threads
+
 def _call(name, args, kwargs):
+    with _LOCK:
+        return _call_locked(name, args, kwargs)
+
+def _call_locked(name, args, kwargs):
     try:
         request = _dumps(["call", name, [_enc(a) for a in args], [[str(k), _enc(v)] for k, v in kwargs.items()]])
     except TypeError as e:
@@ -278,7 +289,9 @@ def _call(name, args, kwargs):
         return result
     if reply[0] == "raise" and len(reply) == 3 and type(reply[1]) is str and type(reply[2]) is str:
         kind = getattr(_builtins, reply[1], None)
-        if isinstance(kind, type) and issubclass(kind, Exception) and kind.__module__ == "builtins":
+        # StopIteration would silently end a loop of the tests (map(), a for over a generator)
+        if (isinstance(kind, type) and issubclass(kind, Exception) and kind.__module__ == "builtins"
+                and not issubclass(kind, (StopIteration, StopAsyncIteration))):
             try:
                 exc = kind(reply[2])
             except Exception:
@@ -317,13 +330,17 @@ def _judge():
         for item in hello[2][:1000] if type(hello[2]) is list else ():
             if type(item) is list and len(item) == 2 and all(type(v) is str for v in item):
                 alias, module = item
-                if alias.isidentifier() and alias not in ns and module.split(".")[0] in _SAFE_MODULES:
+                if (alias.isidentifier() and alias not in ns and not hasattr(_builtins, alias)
+                        and module.split(".")[0] in _SAFE_MODULES):
                     try:
                         ns[alias] = _importlib.import_module(module)
                     except Exception:
                         pass
+        # the program's functions, except those that would shadow a name the tests take from the
+        # task (the prompt's helpers) or from Python (a candidate's `abs` must not judge its answers)
         for name in hello[1][:10000] if type(hello[1]) is list else ():
-            if type(name) is str and name.isidentifier() and (name not in trusted or name == _CONFIG["entry_point"]):
+            if (type(name) is str and name.isidentifier() and name not in trusted
+                    and not hasattr(_builtins, name)):
                 ns[name] = _proxy(name)
         if _CONFIG["entry_point"]:
             ns[_CONFIG["entry_point"]] = _proxy(_CONFIG["entry_point"])
