@@ -7,9 +7,10 @@ HumanEval's ``check(candidate)`` plus its call) and whose ``metadata`` may hold
   the docstring); absent or ``""`` when the completion is a whole program (MBPP);
 * ``"entry_point"``: the name of the function under test (used to find it in a completion).
 
-:class:`CodeVerifier` builds ``program + tests`` (:func:`build_program`), runs it in a fresh
-sandbox and scores **1.0 when it passes** (exit status 0, not killed, every test ran) and **0.0
-otherwise** (a failing assert, an exception, a syntax error, a kill by a limit).
+:class:`CodeVerifier` builds the program (:func:`build_program`), runs it in a fresh sandbox with
+the tests in a separate judge process (below), and scores **1.0 when the judge says every test
+passed** and **0.0 otherwise** (a failing assert, an exception, a syntax error, a kill by a limit,
+a value that is not plain data).
 
 Completion conventions (:func:`build_program`), in this order:
 
@@ -264,7 +265,7 @@ def failure_feedback(result: SandboxResult, limits: SandboxLimits | None = None,
 
 
 class CodeVerifier(Verifier):
-    """Run ``program + tests`` in :mod:`llmgym.sandbox`: reward 1.0 when they pass, else 0.0.
+    """Run the program and, in a separate judge process, its tests (:mod:`llmgym.envs.code.judge`): 1.0 on a pass.
 
     Args:
         limits: :class:`~llmgym.sandbox.SandboxLimits` of each run (default :data:`DEFAULT_CODE_LIMITS`);
