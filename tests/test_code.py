@@ -99,8 +99,9 @@ def test_humaneval_canonical_solutions_all_pass_and_broken_ones_all_fail():
     assert failed == [] and sum(s.reward for s in scores) == 164
     assert {s.info["style"] for s in scores} == {"body"}
     print(f"\nHumanEval canonical: 164/164 passed in {elapsed:.1f} s (2 workers, load {os.getloadavg()[0]:.1f})")
-    broken = verifier.verify_batch(tasks, ["    return None\n"] * len(tasks))
-    assert [s.reward for s in broken] == [0.0] * 164
+    # the control: broken bodies fail (every 4th problem: the whole set doubled this test's time)
+    broken = verifier.verify_batch(tasks[::4], ["    return None\n"] * len(tasks[::4]))
+    assert [s.reward for s in broken] == [0.0] * len(tasks[::4])
     assert all(not s.info["passed"] and s.info["feedback"] for s in broken)
 
 
