@@ -147,12 +147,13 @@ def _recv(fd):
 #: It is trusted code, but it shares its process with the candidate, so nothing it does is believed:
 #: the judge checks every reply.
 RUNNER = CODEC + r'''
-import os as _os, sys as _sys, traceback as _tb
+import os as _os, sys as _sys
 
 def _hide(etype, value, tb):
+    import traceback  # only on a failure: ~10 ms of start-up saved on every run
     while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
         tb = tb.tb_next
-    _tb.print_exception(etype, value, tb)
+    traceback.print_exception(etype, value, tb)
 
 def _flush():
     for f in (_sys.stdout, _sys.stderr):
@@ -239,8 +240,7 @@ _serve()
 #: The judge process's program (``__judge__`` globals ``JUDGE_IN``/``JUDGE_OUT``/``JUDGE_REPORT``
 #: come from the sandbox; ``_CONFIG`` from :func:`judge_source`).
 JUDGE = CODEC + r'''
-import builtins as _builtins, importlib as _importlib, linecache as _linecache, os as _os, sys as _sys
-import traceback as _tb
+import builtins as _builtins, os as _os, sys as _sys
 
 class CandidateError(Exception):
     """An exception of the candidate whose type is not a built-in exception."""
@@ -308,6 +308,9 @@ def _proxy(name):
     return proxy
 
 def _format(e):
+    import linecache, traceback as _tb  # only on a failure
+    for name, text in (("tests.py", _CONFIG["tests"]), ("prompt.py", _CONFIG["prompt"])):
+        linecache.cache[name] = (len(text), None, text.splitlines(True), name)
     # only the task's own frames: the judge's machinery is noise to a reader
     frames = [f for f in _tb.extract_tb(e.__traceback__) if f.filename in ("tests.py", "prompt.py")]
     head = "Traceback (most recent call last):\n" + "".join(_tb.format_list(frames)) if frames else ""
@@ -324,7 +327,6 @@ def _judge():
             raise CandidateGone("the candidate did not report its functions")
         ns = {"__name__": "__main__", "__builtins__": _builtins, "CandidateError": CandidateError}
         if _CONFIG["prompt"]:
-            _linecache.cache["prompt.py"] = (len(_CONFIG["prompt"]), None, _CONFIG["prompt"].splitlines(True), "prompt.py")
             exec(compile(_CONFIG["prompt"], "prompt.py", "exec"), ns)
         trusted = set(ns)
         for item in hello[2][:1000] if type(hello[2]) is list else ():
@@ -333,7 +335,7 @@ def _judge():
                 if (alias.isidentifier() and alias not in ns and not hasattr(_builtins, alias)
                         and module.split(".")[0] in _SAFE_MODULES):
                     try:
-                        ns[alias] = _importlib.import_module(module)
+                        ns[alias] = __import__("importlib").import_module(module)
                     except Exception:
                         pass
         # the program's functions, except those that would shadow a name the tests take from the
@@ -345,9 +347,7 @@ def _judge():
         if _CONFIG["entry_point"]:
             ns[_CONFIG["entry_point"]] = _proxy(_CONFIG["entry_point"])
         report["stage"] = "test"
-        tests = _CONFIG["tests"]
-        _linecache.cache["tests.py"] = (len(tests), None, tests.splitlines(True), "tests.py")
-        exec(compile(tests, "tests.py", "exec"), ns)
+        exec(compile(_CONFIG["tests"], "tests.py", "exec"), ns)
         report["passed"] = True
         report["token"] = _CONFIG["token"]
     except BaseException as e:
