@@ -476,3 +476,56 @@ def test_list_functions_items_do_not_depend_on_the_global_random_state(monkeypat
         random.seed(global_seed)
         tasks.append(reasoning.reasoning_gym_task("list_functions", seed=0))
     assert tasks[0] == tasks[1]
+
+
+# -- host-side parsing is linear (issue 10) ----------------------------------------------------------
+
+
+def test_think_answer_format_scanner_equals_its_pattern_and_is_linear():
+    import random
+    import re
+
+    from llmgym.envs.math import ThinkAnswerFormat
+
+    pattern = re.compile(ThinkAnswerFormat.PATTERN, re.DOTALL)
+    fmt, rng = ThinkAnswerFormat(), random.Random(0)
+    pieces = ["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "a", "\x1c", "<", ">", "\u3000", "b "]
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 9)))
+        assert fmt(Task("q"), text).reward == float(bool(pattern.search(text))), repr(text)
+    # the regex backtracks quadratically over an unclosed answer (16k characters: 7 s); the scanner
+    # does not (a hang guard, not a speed test)
+    start = time.perf_counter()
+    assert fmt(Task("q"), "<think>a</think><answer>" + "a" * 64_000).reward == 0.0
+    assert time.perf_counter() - start < 2.0
+
+
+def test_extraction_matches_the_old_regexes_and_is_linear():
+    import random
+    import re
+
+    from llmgym.envs.math.verifier import _BOXED, _last_boxed, _math_spans
+
+    span = re.compile(r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+
+    def old_boxed(text):
+        for match in reversed(list(_BOXED.finditer(text))):
+            depth, begin = 1, match.end()
+            for i in range(begin, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                if depth == 0:
+                    return text[begin:i]
+        return None
+
+    rng = random.Random(0)
+    pieces = ["$", "$$", "\\", "(", ")", "[", "]", "a", " ", "\\(", "\\)", "\\[", "\\]", "\\$", "{", "}",
+              "\\boxed{", "}}"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        assert _math_spans(text) == [next(g for g in m.groups() if g is not None) for m in span.finditer(text)]
+        assert _last_boxed(text) == old_boxed(text), repr(text)
+    for adversarial in ["\\(" * 128_000, "$" * 256_000, "\\boxed{" * 36_000, "a" + " " * 256_000 + "b",
+                        "." * 256_000 + "x", "answer is" + " " * 256_000]:
+        start = time.perf_counter()
+        extract_answer(adversarial)
+        assert time.perf_counter() - start < 5.0  # quadratic versions took minutes (a hang guard)
