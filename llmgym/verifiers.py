@@ -129,7 +129,12 @@ class Verifier(abc.ABC):
         return f"{type(self).__name__}()"
 
 
+_IN_KILLABLE_CHILD = False  # True in a child of _in_killable_child: its own limit already holds
+
+
 def _child_main(conn: Any, fn: Callable[[Task, str], Score], task: Task, completion: str) -> None:
+    global _IN_KILLABLE_CHILD
+    _IN_KILLABLE_CHILD = True  # nested limits run in place (the parent's pools are not ours to use)
     try:
         conn.send(("ok", fn(task, completion)))
     except BaseException as exc:  # an unpicklable Score, or anything else: the parent scores it 0
@@ -291,6 +296,8 @@ class RegexFormat(Verifier):
     """
 
     def __init__(self, pattern: str, flags: int = re.DOTALL, time_limit: float | None = None):
+        # The pattern runs on the host over model output: write it without nested or overlapping
+        # quantifiers (linear time), or give a time_limit (a killed child process enforces it).
         super().__init__(time_limit)
         self.pattern = re.compile(pattern, flags)
 

@@ -52,6 +52,7 @@ from decimal import Decimal
 from typing import Any
 
 from llmgym import Score, Task, Verifier
+from llmgym import verifiers as _verifiers
 from llmgym.verifiers import RegexFormat, WeightedSum
 
 __all__ = [
@@ -533,7 +534,8 @@ class MathVerifier(Verifier):
         if not words and _case_only_difference(gold, predicted):
             return Score(0.0, {**info, "error": "the answers differ in the case of a symbol"})
         settings = (self.float_rounding, self.numeric_precision, self.strict)
-        if self.time_limit is None or _IN_WORKER:  # no limit asked, or this process is the killable one
+        if self.time_limit is None or _IN_WORKER or _verifiers._IN_KILLABLE_CHILD:
+            # no limit asked, or this very process is the one that gets killed at the limit
             reward, error = _compare(gold, predicted, *settings)
         else:
             status, value = _single_call_pool(self.mp_context).map([(gold, predicted, *settings)], self.time_limit)[0]
