@@ -26,7 +26,10 @@ by default, has
   itself is started with a minimal environment too); inside: ``PATH``, ``HOME``, ``LANG``,
   ``TMPDIR``, ``USER``;
 * **bounded output**: stdout and stderr are kept up to ``max_output_kb`` each; a program writing
-  more is killed (``killed_reason == "output_limit"``).
+  more is killed (``killed_reason == "output_limit"``); after the run every pipe is read to EOF, so
+  output written just before a clean exit is never lost;
+* **a judge apart** (:meth:`Sandbox.run_judged`): an untrusted program and a trusted judge in two
+  processes under two uids, joined by pipes, the verdict on a channel only the judge holds.
 
 The sandboxed interpreter is the *system* Python (``/usr/bin/python3``): the unprivileged uid must
 be able to read it, and the caller's venv is deliberately invisible.
