@@ -134,7 +134,7 @@ _IN_KILLABLE_CHILD = False  # True in a child of _in_killable_child: its own lim
 
 def _child_main(conn: Any, fn: Callable[[Task, str], Score], task: Task, completion: str) -> None:
     global _IN_KILLABLE_CHILD
-    _IN_KILLABLE_CHILD = True  # nested limits run in place (the parent's pools are not ours to use)
+    _IN_KILLABLE_CHILD = True  # e.g. MathVerifier then compares in place: the parent's worker pool is not ours
     try:
         conn.send(("ok", fn(task, completion)))
     except BaseException as exc:  # an unpicklable Score, or anything else: the parent scores it 0

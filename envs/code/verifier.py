@@ -418,22 +418,19 @@ class CodeVerifier(Verifier):
         )
         early_exit = not passed and result.candidate_returncode == 0
         stdout = strip_terminal_escapes(result.stdout)
+        judge_says = _tail(str(report.get("error") or "the tests did not pass."), self.max_feedback_chars)
         if passed:
             feedback = ""
-        elif result.killed or result.timed_out:
+        elif early_exit:
+            feedback = (
+                "The program exited with status 0 before the tests finished "
+                "(sys.exit() or os._exit() in the solution?)."
+            )
+        elif result.killed or result.timed_out or (report.get("stage") == "load" and result.stderr.strip()):
+            # a limit, or the program failed before the tests ran: its own traceback says why
             feedback = failure_feedback(result, self.limits, self.max_feedback_chars)
-        elif report.get("stage") == "load" or early_exit:
-            # the program failed (or left) before or between the tests: its own traceback says why
-            feedback = failure_feedback(result, self.limits, self.max_feedback_chars)
-            if early_exit:
-                feedback = (
-                    "The program exited with status 0 before the tests finished "
-                    "(sys.exit() or os._exit() in the solution?)."
-                )
-            elif not result.stderr.strip():
-                feedback = _tail(str(report.get("error") or feedback), self.max_feedback_chars)
-        else:
-            feedback = _tail(str(report.get("error") or "the tests did not pass."), self.max_feedback_chars)
+        else:  # the judge's traceback of the failing test
+            feedback = judge_says
         info: dict[str, Any] = {
             "passed": passed,
             "style": style,
