@@ -343,8 +343,12 @@ def test_plain_data_codec_round_trips_and_refuses_everything_else():
         back = decode_plain(encode_plain(value))
         assert back == value and type(back) is type(value), value
     assert math.isnan(decode_plain(encode_plain(float("nan"))))
-    for bad in [object(), type("S", (str,), {})("x"), True.__class__.__mro__, [iter([])], {"k": lambda: 0},
-                range(3), bytearray(b"x")]:
+    lazy = decode_plain(encode_plain((x * 2 for x in [1, 2])))
+    assert list(lazy) == [2, 4] and list(lazy) == [] and lazy != [2, 4]  # a one-shot iterator, as sent
+    assert decode_plain(encode_plain(range(1, 9, 3))) == range(1, 9, 3)
+    assert decode_plain(encode_plain({1: "a"}.keys())) == {1} and list(decode_plain(encode_plain({1: "a"}.items()))) == [(1, "a")]
+    for bad in [object(), type("S", (str,), {})("x"), True.__class__.__mro__, [iter([object()])], {"k": lambda: 0},
+                bytearray(b"x"), type("L", (list,), {})()]:
         with pytest.raises(TypeError, match="cannot cross to the judge"):
             encode_plain(bad)
     for malformed in [{"a": 1}, ["Z", []], ["L", 5], ["D", [[1]]], ["S", [["L", []]]]]:
@@ -371,6 +375,7 @@ try:
 except CandidateError as e:
     assert "Custom: nope" in str(e)
 assert echo((1, "a", {2})) == (1, "a", {2})
+assert list(lazy(3)) == [0, 1, 4] and set(lazy(2)) == {0, 1} and lazy(2) != [0, 1]
 assert list(map(stop, [1, 2])) == []  # a StopIteration of the candidate must not end map() quietly
 """
     program = """
@@ -381,6 +386,7 @@ class Custom(Exception): pass
 def fail_custom(): raise Custom("nope")
 def echo(x): return x
 def stop(x): raise StopIteration
+def lazy(n): return (i * i for i in range(n))
 """
     verifier = CodeVerifier(ROOMY)
     without_stop = tests.replace("assert list(map(stop, [1, 2])) == []", "")

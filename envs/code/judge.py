@@ -14,8 +14,11 @@ r"""The code judge: tests run in one sandboxed process, the candidate's code in 
 
 Arguments and return values cross as plain data only -- ``None``, ``bool``, ``int``, ``float``,
 ``complex``, ``str``, ``bytes``, ``list``, ``tuple``, ``dict``, ``set``, ``frozenset`` of exactly those
-types (subclasses are refused), encoded as tagged JSON (:func:`encode_plain` / :func:`decode_plain`);
-anything else fails the call with a ``TypeError`` in the test. A candidate's exception comes back as
+types (subclasses are refused), and ``range``, dict views and lazy iterators (a generator, ``map``,
+``zip`` ...) of them, which arrive as the same kind of value (an iterator arrives as a one-shot
+iterator over its items: ``list(f(x))`` works, ``f(x) == [...]`` is false, as in Python) -- encoded
+as tagged JSON (:func:`encode_plain` / :func:`decode_plain`); anything else fails the call with a
+``TypeError`` in the test. A candidate's exception comes back as
 its type name and message and is raised in the test as that built-in exception (``ValueError``,
 ``ZeroDivisionError``, ...) or as ``CandidateError`` for any other type. Mutation of a list, dict or
 set argument is copied back into the caller's object after the call (HumanEval and MBPP tests that
@@ -34,7 +37,7 @@ Example:
     >>> encode_plain(type("AlwaysEqual", (), {"__eq__": lambda s, o: True})())
     Traceback (most recent call last):
     ...
-    TypeError: a value of type AlwaysEqual cannot cross to the judge (plain data only: None, bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
+    TypeError: a value of type AlwaysEqual cannot cross to the judge (plain data only: None, bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset; range, dict views and iterators of those)
 """
 
 from __future__ import annotations
@@ -50,8 +53,12 @@ __all__ = ["CODEC", "JUDGE", "RUNNER", "decode_plain", "encode_plain", "judge_so
 CODEC = r'''
 import json as _json
 
-_PLAIN = "None, bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset"
+_PLAIN = ("None, bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset; "
+          "range, dict views and iterators of those")
 _MAX_DEPTH = 200
+_MAX_ITEMS = 1000000
+_ITEMS = type({}.items())
+_VIEWS = {type({}.keys()): "K", type({}.values()): "V", _ITEMS: "E"}
 MAX_MESSAGE = 8 << 20
 
 def _enc(x, depth=0):
@@ -74,6 +81,19 @@ def _enc(x, depth=0):
         return ["C", [x.real, x.imag]]
     if t is bytes:
         return ["B", x.hex()]
+    if t is range:
+        return ["R", [x.start, x.stop, x.step]]
+    if t in _VIEWS:
+        return [_VIEWS[t], [_enc(v, depth + 1) for v in (x if t is not _ITEMS else (list(p) for p in x))]]
+    if hasattr(t, "__next__") and hasattr(t, "__iter__"):
+        # a lazy iterator (generator, map, filter, zip ...) crosses as a one-shot iterator over its
+        # items, so list(f(x)) works and f(x) == [...] stays False, as in Python
+        items = []
+        for v in x:
+            if len(items) >= _MAX_ITEMS:
+                raise TypeError("an iterator of more than %d items cannot cross to the judge" % _MAX_ITEMS)
+            items.append(_enc(v, depth + 1))
+        return ["I", items]
     raise TypeError("a value of type %s cannot cross to the judge (plain data only: %s)"
                     % (getattr(t, "__name__", "?"), _PLAIN))
 
@@ -102,6 +122,21 @@ def _dec(x):
         return set(_dec(v) for v in body)
     if tag == "F":
         return frozenset(_dec(v) for v in body)
+    if tag == "R":
+        if len(body) != 3 or not all(type(v) is int for v in body) or body[2] == 0:
+            raise ValueError("malformed range")
+        return range(body[0], body[1], body[2])
+    if tag == "I":
+        return iter([_dec(v) for v in body])
+    if tag == "K":
+        return dict.fromkeys(_dec(v) for v in body).keys()
+    if tag == "V":
+        return dict(enumerate(_dec(v) for v in body)).values()
+    if tag == "E":
+        pairs = [_dec(v) for v in body]
+        if not all(type(p) is list and len(p) == 2 for p in pairs):
+            raise ValueError("malformed dict items")
+        return dict(pairs).items()
     if tag == "D":
         out = {}
         for item in body:
