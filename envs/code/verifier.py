@@ -158,9 +158,7 @@ def _fenced_blocks(text: str) -> list[str]:
                 return blocks
             nl = text.find("\n", line)
             end = n if nl < 0 else nl
-            indent = line
-            while indent < end and text[indent] in " \t":
-                indent += 1
+            indent = end - len(text[line:end].lstrip(" \t"))
             if text.startswith("```", indent):
                 blocks.append(text[body:line])
                 pos = indent + 3
