@@ -467,6 +467,25 @@ def test_adversarial_completions_neither_stall_the_host_nor_outlive_their_step()
     assert threading.active_count() <= threads_before  # nothing left running after the steps
 
 
+def test_completion_parsing_is_linear_and_dedent_matches_textwrap():
+    import textwrap
+
+    from llmgym.envs.code import build_program
+    from llmgym.envs.code.verifier import _dedent
+
+    rng = random.Random(0)
+    for _ in range(5000):
+        text = "".join(rng.choice([" ", "\t", "\n", "a", "  ", "\t ", "```", "def f("]) for _ in range(rng.randint(0, 12)))
+        assert _dedent(text) == textwrap.dedent(text), repr(text)
+    # each of these took seconds to minutes with a regex (a hang guard, not a speed test)
+    for text in ["```" + "a" * 256_000, "```\n" + " " * 256_000 + "x", "```\n" * 64_000, "def " + " " * 256_000,
+                 "```p\n    def f(\n" * 16_000]:
+        start = time.perf_counter()
+        build_program(text, prompt_code="def f(x):\n    pass\n", entry_point="f")
+        strip_terminal_escapes(text)
+        assert time.perf_counter() - start < 2.0, text[:20]
+
+
 def test_max_completion_chars_truncates_at_step_and_says_so():
     seen = []
     env = llmgym.SequenceEnv([Task("q", answer="1")], lambda task, text: seen.append(len(text)) or 0.0,
