@@ -22,8 +22,8 @@ from llmgym.types import Score, Task
 from llmgym.verifiers import Verifier, VerifierLike, as_verifier
 
 __all__ = [
-    "TaskSource", "SequenceEnv", "MultiTurnEnv", "Turn", "ChatTurns", "render_prompt", "encode_text",
-    "end_of_turn_ids",
+    "DEFAULT_MAX_COMPLETION_CHARS", "TaskSource", "SequenceEnv", "MultiTurnEnv", "Turn", "ChatTurns",
+    "render_prompt", "encode_text", "end_of_turn_ids",
 ]
 
 TaskSourceLike = Union[Sequence[Task], Iterable[Task], Callable[[np.random.Generator], Task], "TaskSource"]
@@ -270,6 +270,11 @@ class Turn:
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+#: Default bound on a completion's length at ``step`` (characters): generous for any answer or program,
+#: small enough that every host-side parser of model output runs in milliseconds.
+DEFAULT_MAX_COMPLETION_CHARS = 65_536
+
+
 class SequenceEnv(gym.Env):
     """A single-turn env: observe a prompt, act with a whole completion, get the verifier's reward.
 
@@ -277,9 +282,13 @@ class SequenceEnv(gym.Env):
         tasks: a list of :class:`~llmgym.Task`, an iterable of them, or ``fn(rng) -> Task``.
         verifier: a :class:`~llmgym.Verifier` or a function ``(task, completion) -> float | Score``.
         tokenizer: optional; with it the observation carries ``prompt_ids`` and actions may be ids.
-        max_prompt_chars / max_completion_chars: bounds of the text spaces, default 65,536
-            characters (:data:`llmgym.spaces.DEFAULT_MAX_CHARS`); the prompt bound covers the whole
-            transcript of a multi-turn episode. An observation that outgrows it raises a ``ValueError``.
+        max_prompt_chars: bound of the observation's text space, default 65,536 characters
+            (:data:`llmgym.spaces.DEFAULT_MAX_CHARS`); it covers the whole transcript of a
+            multi-turn episode. An observation that outgrows it raises a ``ValueError``.
+        max_completion_chars: the most characters of a completion that reach the verifier (default
+            :data:`DEFAULT_MAX_COMPLETION_CHARS`, 64k): ``step`` truncates a longer one to this length
+            and says so in ``info["truncated_completion"]`` (the original length), so host-side
+            parsing of model output always sees bounded input.
         max_prompt_tokens: bound of ``prompt_ids``, default 65,536 ids.
         render_mode: ``None`` or ``"ansi"`` (the transcript as a string).
 
@@ -308,10 +317,13 @@ class SequenceEnv(gym.Env):
         tokenizer: Any = None,
         *,
         max_prompt_chars: int = DEFAULT_MAX_CHARS,
-        max_completion_chars: int = DEFAULT_MAX_CHARS,
+        max_completion_chars: int = DEFAULT_MAX_COMPLETION_CHARS,
         max_prompt_tokens: int = DEFAULT_MAX_TOKENS,
         render_mode: str | None = None,
     ):
+        if isinstance(max_completion_chars, bool) or not isinstance(max_completion_chars, int) or max_completion_chars < 1:
+            raise ValueError(f"max_completion_chars must be a positive int, got {max_completion_chars!r}")
+        self.max_completion_chars = max_completion_chars
         self.tasks = TaskSource(tasks)
         self.verifier: Verifier | None = as_verifier(verifier) if verifier is not None else None
         if render_mode not in (None, "ansi"):
@@ -355,6 +367,11 @@ class SequenceEnv(gym.Env):
     # -- Gymnasium API ----------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(
+                f"reset(options=...) takes a dict such as {{'task': task}} or {{'task_id': id}}, "
+                f"got {type(options).__name__}: {options!r:.80}"
+            )
         options = options or {}
         if "task" in options:
             task = _check_task(options["task"])
@@ -376,10 +393,16 @@ class SequenceEnv(gym.Env):
                 "the episode is over (terminated or truncated): call env.reset() before stepping again"
             )
         text, ids = self._parse_action(action)
+        original_chars = len(text)
+        if original_chars > self.max_completion_chars:  # bounded input for every parser downstream
+            text = text[: self.max_completion_chars]
         self._text += text
         if self.tokenizer is not None:
             self._ids += ids
-        return self._after_completion(text, ids)
+        result = self._after_completion(text, ids)
+        if original_chars > self.max_completion_chars:
+            result[4]["truncated_completion"] = original_chars
+        return result
 
     def render(self) -> str | None:
         if self.render_mode == "ansi":

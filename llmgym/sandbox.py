@@ -26,7 +26,10 @@ by default, has
   itself is started with a minimal environment too); inside: ``PATH``, ``HOME``, ``LANG``,
   ``TMPDIR``, ``USER``;
 * **bounded output**: stdout and stderr are kept up to ``max_output_kb`` each; a program writing
-  more is killed (``killed_reason == "output_limit"``).
+  more is killed (``killed_reason == "output_limit"``); after the run every pipe is read to EOF, so
+  output written just before a clean exit is never lost;
+* **a judge apart** (:meth:`Sandbox.run_judged`): an untrusted program and a trusted judge in two
+  processes under two uids, joined by pipes, the verdict on a channel only the judge holds.
 
 The sandboxed interpreter is the *system* Python (``/usr/bin/python3``): the unprivileged uid must
 be able to read it, and the caller's venv is deliberately invisible.
@@ -81,6 +84,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
     "DEFAULT_REQUIRED",
+    "JUDGE_UID_OFFSET",
     "MECHANISMS",
     "Sandbox",
     "SandboxError",
@@ -109,6 +113,8 @@ ALLOW_UNSANDBOXED_ENV = "LLMGYM_ALLOW_UNSANDBOXED"
 
 DEFAULT_PYTHON = "/usr/bin/python3"
 DEFAULT_UID_RANGE = (60000, 60064)  # half-open: uids 60000..60063
+#: A judged run's judge runs as its candidate's uid + this offset (61000..61063 by default).
+JUDGE_UID_OFFSET = 1000
 
 _INSTALL_HINTS = {
     "bwrap": "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`), and make sure "
@@ -162,6 +168,20 @@ class SandboxWarning(UserWarning):
     """Code runs with less isolation than the full sandbox (an explicit opt-out is in force)."""
 
 
+# The largest value each limit accepts: past these the kernel's own types overflow (RLIMIT_CPU is a
+# whole number of seconds, tmpfs sizes are bytes) or the "limit" would not limit anything.
+_LIMIT_MAX = {
+    "cpu_seconds": 86_400,
+    "wall_seconds": 86_400,
+    "memory_mb": 1 << 20,
+    "max_processes": 4096,
+    "max_file_mb": 1 << 20,
+    "max_open_files": 1 << 16,
+    "tmp_size_mb": 1 << 20,
+    "max_output_kb": 1 << 20,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
     """Resource limits of one sandboxed run.
@@ -197,6 +217,11 @@ class SandboxLimits:
                 raise ValueError(
                     f"SandboxLimits.{f.name} must be a positive number, got {v!r}"
                 )
+            if not math.isfinite(v) or v > _LIMIT_MAX[f.name]:
+                raise ValueError(
+                    f"SandboxLimits.{f.name} must be finite and at most {_LIMIT_MAX[f.name]}, got {v!r} "
+                    "(a limit that cannot hold is no limit)"
+                )
         if self.memory_mb < 32:
             raise ValueError(
                 "SandboxLimits.memory_mb must be at least 32 (the interpreter needs it)"
@@ -228,6 +253,10 @@ class SandboxResult:
         stdout_truncated, stderr_truncated: output was cut at the cap.
         mechanisms: the isolation mechanisms that were in force.
         uid: the uid the program ran as.
+        judge_report: a judged run's (:meth:`Sandbox.run_judged`) report, as the judge wrote it on its
+            private channel (at most 16 KiB); ``None`` for a plain run.
+        candidate_returncode: a judged run's candidate process status when it ended before the
+            judge did (exit status, or minus the signal); ``None`` otherwise.
 
     Example:
         >>> r = run_python("import sys; print('out'); sys.exit(3)")
@@ -248,6 +277,8 @@ class SandboxResult:
     stderr_truncated: bool = False
     mechanisms: tuple[str, ...] = ()
     uid: int | None = None
+    judge_report: str | None = None
+    candidate_returncode: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -360,6 +391,151 @@ def _child(cfg, ready_w):
     exec(compile(src, path, "exec"), mod.__dict__)
     sys.exit(0)  # normal interpreter shutdown: atexit, thread joins, flushing
 
+def _drop_and_limit(cfg, uid, with_files):
+    import resource
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        if os.getuid() != uid or os.geteuid() != uid:
+            raise OSError("uid drop did not stick")
+        try:
+            os.setuid(0)
+        except OSError:
+            pass
+        else:
+            raise OSError("could regain root after dropping privileges")
+    os.umask(0o077)
+    os.chdir(cfg["workdir"] if with_files else "/")
+    if with_files:
+        for name, data in cfg["files"]:
+            d = os.path.dirname(name)
+            if d:
+                os.makedirs(d, exist_ok=True)
+            with open(name, "wb") as fh:
+                fh.write(data)
+        with open(cfg["main"], "wb") as fh:
+            fh.write(cfg["code"])
+    if cfg["seccomp_inproc"]:
+        _seccomp_filter().load()
+    for name, soft, hard in cfg["rlimits"]:
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+
+def _judged(cfg, status_fd):
+    # Two processes under two uids: the candidate (a fresh interpreter running the runner, which
+    # runs main.py) and the judge (trusted source, forked from here). Pipes: judge -> candidate
+    # (candidate's fd 3), candidate -> judge (candidate's fd 4), and the judge's private report.
+    import fcntl, time
+    j = cfg["judge"]
+    j2c_r, j2c_w = os.pipe()
+    c2j_r, c2j_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    t0 = time.monotonic()
+    cpid = os.fork()
+    if cpid == 0:
+        try:
+            a = fcntl.fcntl(j2c_r, fcntl.F_DUPFD, 10)
+            b = fcntl.fcntl(c2j_w, fcntl.F_DUPFD, 10)
+            w = fcntl.fcntl(ready_w, fcntl.F_DUPFD_CLOEXEC, 10)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+            os.closerange(5, w)
+            os.closerange(w + 1, 65536)
+            ready_w = w
+            _drop_and_limit(cfg, cfg["uid"], True)
+            os.execv(j["python"], [j["python"], "-I", "-c", j["runner"], cfg["main"]])
+        except BaseException as e:
+            try:
+                os.write(ready_w, ("%s: %s" % (type(e).__name__, e)).encode("utf-8", "replace")[:4000])
+            finally:
+                os._exit(125)
+    for fd in (j2c_r, c2j_w, ready_w):
+        os.close(fd)
+    err = b""
+    while True:
+        chunk = os.read(ready_r, 4096)
+        if not chunk:
+            break
+        err += chunk
+    os.close(ready_r)
+    if err:
+        os.waitpid(cpid, 0)
+        os.write(status_fd, b"setup_error " + err.replace(b"\n", b" ") + b"\n")
+        os._exit(0)
+    jpid = os.fork()
+    if jpid == 0:
+        try:
+            os.close(status_fd)
+            os.close(rep_r)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            _drop_and_limit(cfg, j["uid"], False)
+            ns = {"__name__": "__judge__", "JUDGE_IN": c2j_r, "JUDGE_OUT": j2c_w, "JUDGE_REPORT": rep_w}
+            exec(compile(j["source"], "<judge>", "exec"), ns)
+        except BaseException as e:
+            try:
+                os.write(rep_w, ("judge error %s: %s" % (type(e).__name__, e)).encode("utf-8", "replace")[:4000])
+            finally:
+                os._exit(124)
+        os._exit(0)
+    for fd in (c2j_r, j2c_w, rep_w):
+        os.close(fd)
+    t1 = time.monotonic()
+    os.write(status_fd, b"started %f\n" % (t1 - t0))
+    jst = cst = jru = cru = None
+    while jst is None:  # as the namespace's init, also reap orphans
+        try:
+            got, st, ru = os.wait4(-1, 0)
+        except ChildProcessError:
+            break
+        if got == jpid:
+            jst, jru = st, ru
+        elif got == cpid:
+            cst, cru = st, ru
+    # the candidate closes its pipes (the judge sees EOF) a moment before it becomes a zombie:
+    # give an exiting candidate 50 ms to be reaped, never wait for a running one
+    for _ in range(50):
+        if cst is not None:
+            break
+        try:
+            got, st, ru = os.wait4(cpid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if got == cpid:
+            cst, cru = st, ru
+        else:
+            time.sleep(0.001)
+    report = b""
+    os.set_blocking(rep_r, False)
+    try:
+        while len(report) < 16384:
+            chunk = os.read(rep_r, 16384)
+            if not chunk:
+                break
+            report += chunk
+    except OSError:
+        pass
+    out = b"run_s %f\n" % (time.monotonic() - t1)
+    if jru is not None:
+        out += b"cpu_s %f\nmaxrss_kb %d\n" % (jru.ru_utime + jru.ru_stime, jru.ru_maxrss)
+    if jst is not None:
+        if os.WIFSIGNALED(jst):
+            out += b"signal %d\n" % os.WTERMSIG(jst)
+        else:
+            out += b"exit %d\n" % os.WEXITSTATUS(jst)
+    if cst is not None:
+        if cru is not None:
+            out += b"candidate_cpu_s %f\n" % (cru.ru_utime + cru.ru_stime)
+        if os.WIFSIGNALED(cst):
+            out += b"candidate_signal %d\n" % os.WTERMSIG(cst)
+        else:
+            out += b"candidate_exit %d\n" % os.WEXITSTATUS(cst)
+    out += b"judge_report " + report[:16384].hex().encode() + b"\n"
+    os.write(status_fd, out)
+    os._exit(0)  # as pid 1: the kernel now kills whatever the candidate left running
+
 def _main():
     if sys.argv[1] == "--export-bpf":
         _seccomp_filter().export_bpf(sys.stdout)
@@ -369,6 +545,9 @@ def _main():
     with os.fdopen(cfg_fd, "rb") as fh:
         cfg = marshal.loads(fh.read())
     sys.dont_write_bytecode = True
+    if cfg.get("judge") is not None:
+        _judged(cfg, status_fd)
+        return
     ready_r, ready_w = os.pipe()
     t0 = time.monotonic()
     pid = os.fork()
@@ -494,6 +673,11 @@ def _bwrap_base_args(bwrap: str, python: str, as_root: bool) -> list[str]:
         ]
     args += _mirror_root_args(python)
     args += ["--proc", "/proc", "--dev", "/dev"]
+    # defence in depth for the root-side supervisor: no sysctl or sysrq writes, whatever caps remain
+    # (bwrap covers /proc/irq and /proc/bus itself; /proc/sys is read-only per task anyway)
+    for path in ("/proc/sys", "/proc/sysrq-trigger"):
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
     return args
 
 
@@ -853,12 +1037,17 @@ class _UidPool:
         lo, hi = uid_range
         uids = []
         for u in range(lo, hi):
-            try:
-                pwd.getpwuid(u)
-            except KeyError:
+            accounts = []
+            for v in (u, u + JUDGE_UID_OFFSET):
+                try:
+                    pwd.getpwuid(v)
+                    accounts.append(v)
+                except KeyError:
+                    pass
+            if not accounts:
                 uids.append(u)
             else:  # a real account: never run untrusted code as it, never kill its processes
-                log.warning("sandbox: uid %d belongs to an account; not using it", u)
+                log.warning("sandbox: uid %d belongs to an account; not using uid %d", accounts[0], u)
         if not uids:
             raise SandboxError(
                 f"no free uid in {lo}..{hi - 1} (all belong to accounts)"
@@ -887,9 +1076,8 @@ class _UidPool:
                         raise
                     continue
                 try:
-                    left = _kill_uid(
-                        uid
-                    )  # leftovers of a run whose host process was killed
+                    # leftovers of a run whose host process was killed
+                    left = _kill_uid(uid) + _kill_uid(uid + JUDGE_UID_OFFSET)
                     if left:
                         log.warning(
                             "sandbox: killed %d leftover process(es) of uid %d",
@@ -1008,7 +1196,7 @@ class Sandbox:
         'hello\\n'
         >>> sb.run_python("from helper import f; assert f(2) == 4", files={"helper.py": "f = lambda x: x * x"}).passed
         True
-        >>> sb.run_python("while True: pass", limits=SandboxLimits(cpu_seconds=1, wall_seconds=3)).killed_reason
+        >>> sb.run_python("while True: pass", limits=SandboxLimits(cpu_seconds=1, wall_seconds=60)).killed_reason
         'cpu_limit'
     """
 
@@ -1101,6 +1289,7 @@ class Sandbox:
         stdin: str | bytes = "",
         limits: SandboxLimits | None = None,
         files: Mapping[str, str | bytes] | None = None,
+        _judge: Mapping[str, str] | None = None,
     ) -> SandboxResult:
         """Run ``code`` as ``main.py`` in a fresh sandbox; return its :class:`SandboxResult`.
 
@@ -1133,8 +1322,52 @@ class Sandbox:
         )
         if self._pool is not None:
             with self._pool.acquire() as uid:
-                return self._run(code, stdin_b, lim, file_list, uid)
-        return self._run(code, stdin_b, lim, file_list, None)
+                return self._run(code, stdin_b, lim, file_list, uid, _judge)
+        return self._run(code, stdin_b, lim, file_list, None, _judge)
+
+    def run_judged(
+        self,
+        code: str,
+        judge: str,
+        runner: str,
+        *,
+        limits: SandboxLimits | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+    ) -> SandboxResult:
+        """Run untrusted ``code`` and a trusted ``judge`` in two processes of one sandbox, under two uids.
+
+        The *candidate* process is a fresh interpreter (``python3 -I -c runner main.py``) under the
+        run's uid: ``runner`` (trusted source) runs ``code``, saved as ``main.py``, and talks to the
+        judge over two pipes, reading requests on fd 3 and writing replies on fd 4. Nothing of the
+        judge is in its memory (it is a new ``exec``). The *judge* process runs ``judge`` under
+        another uid (the run's uid + :data:`JUDGE_UID_OFFSET`), so the candidate can neither
+        signal it, nor read its memory or files (``/proc/<pid>/mem``, ``fd``, ``environ``), nor
+        trace it; in its globals ``JUDGE_IN`` / ``JUDGE_OUT`` are its ends of the pipes and
+        ``JUDGE_REPORT`` a pipe to the sandbox's supervisor that only the judge holds. Its
+        stdin/stdout/stderr are ``/dev/null``; the sandbox's stdout and stderr are the candidate's.
+
+        The result's ``returncode`` (and signal, CPU time) is the *judge's*; ``judge_report`` is what
+        it wrote on ``JUDGE_REPORT`` (16 KiB at most); ``candidate_returncode`` the candidate's status
+        if it ended first. When the judge ends, the sandbox ends: the candidate's leftovers die
+        with the pid namespace. Without the ``setuid`` mechanism both run as the caller's uid (a
+        :class:`SandboxWarning` says so): the process boundary then holds only what the uid allows.
+
+        Example:
+            >>> runner = "import os; os.write(4, b'%d' % eval(open('main.py').read()))"
+            >>> judge = "import os; os.write(JUDGE_REPORT, b'ok' if os.read(JUDGE_IN, 9) == b'4' else b'no')"
+            >>> r = Sandbox().run_judged("2 + 2", judge, runner)
+            >>> r.returncode, r.judge_report
+            (0, 'ok')
+        """
+        for name, value in (("code", code), ("judge", judge), ("runner", runner)):
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be str, got {type(value).__name__}")
+        if not self._use_setuid:
+            warnings.warn(
+                "llmgym.sandbox: judged run without the setuid mechanism: the judge and the candidate "
+                "share a uid", SandboxWarning, stacklevel=2,
+            )
+        return self.run_python(code, limits=limits, files=files, _judge={"source": judge, "runner": runner})
 
     def run_many(
         self,
@@ -1144,6 +1377,7 @@ class Sandbox:
         limits: SandboxLimits | None = None,
         files: Mapping[str, str | bytes] | None = None,
         max_workers: int | None = None,
+        judges: Sequence[tuple[str, str] | None] | None = None,
     ) -> list[SandboxResult]:
         """Run several programs concurrently (threads driving sandboxes); results keep the order.
 
@@ -1160,6 +1394,12 @@ class Sandbox:
         )
         if len(stdins) != len(codes):
             raise ValueError(f"{len(codes)} programs but {len(stdins)} stdins")
+        judge_list = list(judges) if judges is not None else [None] * len(codes)
+        if len(judge_list) != len(codes):
+            raise ValueError(f"{len(codes)} programs but {len(judge_list)} judges")
+        jobs = [
+            {"_judge": None if j is None else {"source": j[0], "runner": j[1]}} for j in judge_list
+        ]
         if not codes:
             return []
         workers = max_workers or os.cpu_count() or 1
@@ -1168,15 +1408,15 @@ class Sandbox:
         workers = max(1, min(workers, len(codes)))
         if workers == 1:
             return [
-                self.run_python(c, stdin=s, limits=limits, files=files)
-                for c, s in zip(codes, stdins)
+                self.run_python(c, stdin=s, limits=limits, files=files, **j)
+                for c, s, j in zip(codes, stdins, jobs)
             ]
         with concurrent.futures.ThreadPoolExecutor(
             workers, thread_name_prefix="llmgym-sandbox"
         ) as ex:
             futs = [
-                ex.submit(self.run_python, c, stdin=s, limits=limits, files=files)
-                for c, s in zip(codes, stdins)
+                ex.submit(self.run_python, c, stdin=s, limits=limits, files=files, **j)
+                for c, s, j in zip(codes, stdins, jobs)
             ]
             return [f.result() for f in futs]
 
@@ -1201,7 +1441,8 @@ class Sandbox:
         return rl
 
     def _run(
-        self, code: str, stdin: bytes, lim: SandboxLimits, files: list, uid: int | None
+        self, code: str, stdin: bytes, lim: SandboxLimits, files: list, uid: int | None,
+        judge: Mapping[str, str] | None = None,
     ) -> SandboxResult:
         host_workdir = None
         fds_to_close: list[int] = []
@@ -1226,6 +1467,14 @@ class Sandbox:
                 "code": code.encode("utf-8", "surrogatepass"),
                 "rlimits": self._rlimits(lim),
                 "seccomp_inproc": self._use_seccomp and not self._use_bwrap,
+                "judge": None
+                if judge is None
+                else {
+                    "source": judge["source"].encode("utf-8", "surrogatepass"),
+                    "runner": judge["runner"],
+                    "python": self.python,
+                    "uid": None if uid is None else uid + JUDGE_UID_OFFSET,
+                },
             }
             # marshal: the bootstrap reads it without importing anything (format 4: Python >= 3.4)
             cfg_fd = _memfd(marshal.dumps(cfg, 4), "llmgym-sandbox-cfg")
@@ -1315,6 +1564,8 @@ class Sandbox:
                         os.close(fd)
             if uid is not None and not self._use_bwrap:
                 _kill_uid(uid)  # no pid namespace: daemonised leftovers die here
+                if judge is not None:
+                    _kill_uid(uid + JUDGE_UID_OFFSET)
             if host_workdir is not None:
                 shutil.rmtree(host_workdir, ignore_errors=True)
         return self._result(
@@ -1356,8 +1607,23 @@ class Sandbox:
                     break
                 events = sel.select(timeout=min(left, 0.25))
                 if not events and proc.poll() is not None:
-                    # the sandbox has ended but something (a daemon, without bwrap's pid
-                    # namespace) still holds the pipes: keep what is there and stop
+                    # The sandbox has ended. What it wrote just before exiting may have arrived
+                    # after select() gave up: drain every pipe to EOF (or, where a daemon without
+                    # bwrap's pid namespace still holds one, to what is there now), then stop.
+                    for key in list(sel.get_map().values()):
+                        f = key.fileobj
+                        if f is proc.stdin:
+                            continue
+                        os.set_blocking(f.fileno(), False)
+                        with contextlib.suppress(BlockingIOError, OSError):
+                            while True:
+                                chunk = os.read(f.fileno(), 65536)
+                                if not chunk:
+                                    break
+                                if self._keep(bufs[f], chunk, cap):
+                                    trunc[f] = True
+                                    if not flooded:
+                                        flooded = True
                     break
                 for key, _ in events:
                     f = key.fileobj
@@ -1377,16 +1643,11 @@ class Sandbox:
                     if not chunk:
                         sel.unregister(f)
                         continue
-                    buf = bufs[f]
-                    room = cap - len(buf)
-                    if len(chunk) > room:
-                        buf += chunk[: max(room, 0)]
+                    if self._keep(bufs[f], chunk, cap):
                         trunc[f] = True
                         if not flooded:
                             flooded = True
                             killer.kill()
-                    else:
-                        buf += chunk
         finally:
             sel.close()
             for f in (proc.stdin, proc.stdout, proc.stderr):
@@ -1400,6 +1661,16 @@ class Sandbox:
             timed_out,
             flooded,
         )
+
+    @staticmethod
+    def _keep(buf: bytearray, chunk: bytes, cap: int) -> bool:
+        """Append ``chunk`` to ``buf`` up to ``cap`` bytes; True when some of it did not fit."""
+        room = cap - len(buf)
+        if len(chunk) > room:
+            buf += chunk[: max(room, 0)]
+            return True
+        buf += chunk
+        return False
 
     @staticmethod
     def _read_status(fd: int) -> dict:
@@ -1416,10 +1687,13 @@ class Sandbox:
             key, _, value = line.partition(" ")
             if key in ("setup_error",):
                 status[key] = value
-            elif key in ("exit", "signal", "maxrss_kb"):
+            elif key == "judge_report":
+                with contextlib.suppress(ValueError):
+                    status[key] = bytes.fromhex(value).decode("utf-8", "replace")
+            elif key in ("exit", "signal", "maxrss_kb", "candidate_exit", "candidate_signal"):
                 with contextlib.suppress(ValueError):
                     status[key] = int(value)
-            elif key in ("started", "run_s", "cpu_s"):
+            elif key in ("started", "run_s", "cpu_s", "candidate_cpu_s"):
                 with contextlib.suppress(ValueError):
                     status[key] = float(value)
         return status
@@ -1478,6 +1752,26 @@ class Sandbox:
                     killed_reason = f"signal:{sig}"
         elif "exit" not in status:
             killed_reason = "sandbox_error"
+        candidate_rc = None
+        if "candidate_signal" in status:
+            candidate_rc = -int(status["candidate_signal"])
+        elif "candidate_exit" in status:
+            candidate_rc = int(status["candidate_exit"])
+        if killed_reason is None and returncode != 0 and candidate_rc is not None and candidate_rc < 0:
+            # a judged run failed because a limit killed the candidate: say which
+            sig = -candidate_rc
+            ccpu = status.get("candidate_cpu_s")
+            if sig == signal.SIGXCPU or (
+                sig == signal.SIGKILL and ccpu is not None and ccpu >= math.ceil(lim.cpu_seconds) - 0.05
+            ):
+                killed_reason = "cpu_limit"
+            elif sig == signal.SIGXFSZ:
+                killed_reason = "file_size_limit"
+            else:
+                try:
+                    killed_reason = "signal:" + signal.Signals(sig).name
+                except ValueError:
+                    killed_reason = f"signal:{sig}"
         maxrss = status.get("maxrss_kb")
         return SandboxResult(
             returncode=returncode,
@@ -1493,6 +1787,8 @@ class Sandbox:
             stderr_truncated=err_trunc,
             mechanisms=self.mechanisms,
             uid=uid,
+            judge_report=status.get("judge_report"),
+            candidate_returncode=candidate_rc,
         )
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import abc
 import math
+import multiprocessing
+import os
 import re
-import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Sequence, Union
@@ -53,10 +54,13 @@ class Verifier(abc.ABC):
 
     Args:
         time_limit: seconds one verification may take; past it the reward is 0.0 and
-            ``info["error"]`` says "timeout". ``None`` means no limit. The limit is enforced with a
-            watchdog thread, so it works off the main thread and inside worker processes; a runaway
-            pure-Python check keeps its thread until it returns (use :mod:`llmgym.sandbox` for code
-            that must be killed).
+            ``info["error"]`` says "timeout". ``None`` (the default) means no limit and no extra
+            process. With a limit, :meth:`verify` runs in a child process forked for the call and
+            killed at the limit -- a thread could not stop a runaway check (a C-level regex holds the
+            GIL), and an abandoned one would keep burning CPU after the step returned. It works from
+            any thread; the :class:`~llmgym.Score` must be picklable, and the check's side effects
+            stay in the child. (Forking copies the caller: cheap on Linux, but prefer verifiers that
+            bound their own work, as the math and code verifiers do.)
 
     Example:
         >>> from llmgym import Task, Verifier
@@ -90,15 +94,7 @@ class Verifier(abc.ABC):
     def _safe(self, task: Task, completion: str) -> Score:
         if self.time_limit is None:
             return self._guarded(task, completion)
-        result: list[Score] = []
-        worker = threading.Thread(
-            target=lambda: result.append(self._guarded(task, completion)), daemon=True
-        )
-        worker.start()
-        worker.join(self.time_limit)
-        if worker.is_alive() or not result:
-            return Score(0.0, {"error": f"timeout: verification took longer than {self.time_limit} s"})
-        return result[0]
+        return _in_killable_child(self._guarded, task, completion, self.time_limit)
 
     def _guarded(self, task: Task, completion: str) -> Score:
         try:
@@ -131,6 +127,48 @@ class Verifier(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+_IN_KILLABLE_CHILD = False  # True in a child of _in_killable_child: its own limit already holds
+
+
+def _child_main(conn: Any, fn: Callable[[Task, str], Score], task: Task, completion: str) -> None:
+    global _IN_KILLABLE_CHILD
+    _IN_KILLABLE_CHILD = True  # e.g. MathVerifier then compares in place: the parent's worker pool is not ours
+    try:
+        conn.send(("ok", fn(task, completion)))
+    except BaseException as exc:  # an unpicklable Score, or anything else: the parent scores it 0
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        except BaseException:
+            pass
+    finally:
+        conn.close()
+        os._exit(0)  # no atexit handlers or flushing of the parent's copied state
+
+
+def _in_killable_child(fn: Callable[[Task, str], Score], task: Task, completion: str, limit: float) -> Score:
+    """``fn(task, completion)`` in a forked child, SIGKILLed when it overstays ``limit`` seconds."""
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child_main, args=(sender, fn, task, completion), daemon=True)
+    child.start()
+    sender.close()
+    try:
+        outcome = receiver.recv() if receiver.poll(limit) else None
+    except (EOFError, OSError):
+        outcome = ("error", f"the verification process died (exit code {child.exitcode})")
+    finally:
+        receiver.close()
+        if child.is_alive():
+            child.kill()
+        child.join()
+    if outcome is None:
+        return Score(0.0, {"error": f"timeout: verification took longer than {limit} s"})
+    status, value = outcome
+    if status == "ok":
+        return value
+    return Score(0.0, {"error": value})
 
 
 class FunctionVerifier(Verifier):
@@ -258,6 +296,8 @@ class RegexFormat(Verifier):
     """
 
     def __init__(self, pattern: str, flags: int = re.DOTALL, time_limit: float | None = None):
+        # The pattern runs on the host over model output: write it without nested or overlapping
+        # quantifiers (linear time), or give a time_limit (a killed child process enforces it).
         super().__init__(time_limit)
         self.pattern = re.compile(pattern, flags)
 

@@ -55,6 +55,10 @@ needs_sandbox = pytest.mark.skipif(
     bool(INFO["missing"]),
     reason=f"sandbox mechanisms missing: {INFO['missing']} -- run `sudo bash .ci/install-sandbox.sh`",
 )
+# A generous wall clock for tests whose programs are correct: on a loaded machine a correct solution
+# must not turn into a timeout (a hang guard, not a speed test). CPU time stays the usual 5 s.
+ROOMY = SandboxLimits(cpu_seconds=5, wall_seconds=120, memory_mb=512, max_processes=8, max_file_mb=8,
+                      max_open_files=64, tmp_size_mb=32, max_output_kb=64)
 TIGHT = SandboxLimits(cpu_seconds=1, wall_seconds=3, memory_mb=256, max_processes=8, max_file_mb=2,
                       max_open_files=32, tmp_size_mb=8, max_output_kb=16)
 
@@ -87,7 +91,7 @@ def test_humaneval_has_164_problems_each_reachable_by_its_task_id():
 @needs_sandbox
 def test_humaneval_canonical_solutions_all_pass_and_broken_ones_all_fail():
     tasks = humaneval()
-    verifier = CodeVerifier(max_workers=2)
+    verifier = CodeVerifier(ROOMY, max_workers=2)
     started = time.perf_counter()
     scores = verifier.verify_batch(tasks, [t.answer for t in tasks])
     elapsed = time.perf_counter() - started
@@ -95,19 +99,20 @@ def test_humaneval_canonical_solutions_all_pass_and_broken_ones_all_fail():
     assert failed == [] and sum(s.reward for s in scores) == 164
     assert {s.info["style"] for s in scores} == {"body"}
     print(f"\nHumanEval canonical: 164/164 passed in {elapsed:.1f} s (2 workers, load {os.getloadavg()[0]:.1f})")
-    broken = verifier.verify_batch(tasks, ["    return None\n"] * len(tasks))
-    assert [s.reward for s in broken] == [0.0] * 164
+    # the control: broken bodies fail (every 4th problem: the whole set doubled this test's time)
+    broken = verifier.verify_batch(tasks[::4], ["    return None\n"] * len(tasks[::4]))
+    assert [s.reward for s in broken] == [0.0] * len(tasks[::4])
     assert all(not s.info["passed"] and s.info["feedback"] for s in broken)
 
 
 @needs_sandbox
 def test_humaneval_accepts_a_fenced_whole_function_too():
     tasks = humaneval()[::4]  # 41 problems, the helper-defining ones (10, 32, 38 ...) among them
-    scores = CodeVerifier(max_workers=2).verify_batch(tasks, [whole_function(t) for t in tasks])
-    assert [s.reward for s in scores] == [1.0] * len(tasks)
+    scores = CodeVerifier(ROOMY, max_workers=2).verify_batch(tasks, [whole_function(t) for t in tasks])
+    assert [s.reward for s in scores] == [1.0] * len(tasks), [s.info["feedback"] for s in scores if s.reward != 1.0]
     assert {s.info["style"] for s in scores} == {"function"}
     # and through the env: body, fenced whole function, the whole prompt echoed without a fence
-    env = gym.make("llmgym/HumanEval-v0")
+    env = gym.make("llmgym/HumanEval-v0", limits=ROOMY)
     task = env.reset(options={"task_id": "HumanEval/10"})[1]["task"]  # its prompt defines a helper
     for completion, style in [(task.answer, "body"), (whole_function(task), "function"),
                               (task.metadata["prompt_code"] + task.answer, "function")]:
@@ -204,7 +209,8 @@ def test_code_retry_feeds_back_the_failing_test_and_accepts_a_fix_on_turn_2():
     env = gym.make("llmgym/CodeRetry-v0", max_turns=2, limits=TIGHT)
     env.reset(options={"task_id": "builtin/flatten"})
     _, _, _, truncated, info = env.step("def flatten(items):\n    while True: pass\n")
-    assert not truncated and "Killed" in info["reply"] and "CPU" in info["reply"]
+    # the CPU limit (1 s) normally kills it first; on a loaded machine the wall clock (3 s) may
+    assert not truncated and "Killed" in info["reply"] and ("CPU" in info["reply"] or "wall-clock" in info["reply"])
     _, reward, terminated, truncated, _ = env.step("def flatten(items): return items")
     assert (reward, terminated, truncated) == (0.0, False, True)
 
@@ -382,7 +388,8 @@ ATTACKS = {
 # What the feedback shows: the attack failed for the expected reason (not a typo in the program).
 EXPECTED_FAILURE = {
     "fork_bomb": r"^Killed: the program (ran past the wall-clock limit|used more CPU time)",
-    "infinite_loop": r"^Killed: the program used more CPU time than allowed \(1 s\)",
+    # 1 s of CPU normally ends it; on a loaded machine the 3 s wall clock may come first
+    "infinite_loop": r"^Killed: the program (used more CPU time than allowed \(1 s\)|ran past the wall-clock)",
     "memory_bomb": r"MemoryError|Killed: the program used more memory",
     "write_outside": r"AssertionError: wrote only 2 of 5",  # /tmp and /dev/shm: the sandbox's own tmpfs
     "network": r"PermissionError: \[Errno 1\] Operation not permitted",
@@ -421,7 +428,7 @@ def test_malicious_code_scores_0_and_leaves_no_trace(attack, tmp_path, monkeypat
         elapsed = time.monotonic() - started
         (result,) = sandbox.results
         assert reward == 0.0 and terminated and not info["score"]["passed"], info["score"]
-        assert elapsed < TIGHT.wall_seconds + 3
+        assert elapsed < TIGHT.wall_seconds + 15  # a hang guard, not a speed test
         assert sbm.pids_of_uids([result.uid]) == [], "sandbox processes survived"
         if attack in ("fork_bomb", "infinite_loop"):
             assert info["score"]["killed_reason"] in ("timeout", "cpu_limit"), info["score"]

@@ -39,7 +39,7 @@ MATH_SAMPLE = DATA / "math_sample.jsonl"
 
 # Expanding and comparing degree-5000 polynomials takes SymPy minutes: a check that must be abandoned.
 HANGING = ("(x+1)^{5000}", r"\boxed{(x+2)^{5000}}")
-# Slow but finite (under a second here): a timed-out watchdog thread finishes soon after the test.
+# Slow but finite (under a second here).
 SLOW = ("(x+1)^{150}", r"\boxed{(x+2)^{150}}")
 
 GSM8K_GOLD = (
@@ -159,24 +159,27 @@ def test_works_and_times_out_off_the_main_thread():
     def run():
         results["ok"] = MathVerifier(time_limit=10.0)(Task("q", answer="1/2"), r"\boxed{0.5}")
         start = time.perf_counter()
-        results["slow"] = MathVerifier(time_limit=0.05)(Task("q", answer=SLOW[0]), SLOW[1])
+        results["slow"] = MathVerifier(time_limit=0.5)(Task("q", answer=HANGING[0]), HANGING[1])
         results["elapsed"] = time.perf_counter() - start
 
     thread = threading.Thread(target=run)
     thread.start()
-    thread.join(30)
+    thread.join(60)
     assert results["ok"].reward == 1.0, results["ok"].info  # no "signal only works in main thread"
     assert results["slow"].reward == 0.0 and results["slow"].info["error"].startswith("timeout")
-    assert results["elapsed"] < 1.0
+    assert results["elapsed"] < 20  # the check takes minutes: it was stopped (a hang guard, not a speed test)
+    # ... by killing its worker process: no thread of ours is left running it
+    assert [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()] == []
 
 
 def test_astronomical_numbers_are_refused_quickly():
     # SymPy would compute 9^(9^9) exactly, in C calls that hold the GIL for minutes
+    MathVerifier()(Task("q", answer="1/2"), "0.5")  # start the shared worker first: its start-up is not the point
     start = time.perf_counter()
     score = MathVerifier(time_limit=5.0)(Task("q", answer="1"), r"\boxed{9^{9^{9}}}")
     assert score.reward == 0.0 and "bits" in score.info["error"]
     assert MathVerifier()(Task("q", answer="1"), r"\boxed{(10^{7})!}").info["error"].endswith("not compared")
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 30.0  # a hang guard: computing them would take minutes
     assert MathVerifier()(Task("q", answer="1024"), r"\boxed{2^{10}}").reward == 1.0
     assert MathVerifier()(Task("q", answer="3628800"), r"\boxed{10!}").reward == 1.0
 
@@ -476,3 +479,56 @@ def test_list_functions_items_do_not_depend_on_the_global_random_state(monkeypat
         random.seed(global_seed)
         tasks.append(reasoning.reasoning_gym_task("list_functions", seed=0))
     assert tasks[0] == tasks[1]
+
+
+# -- host-side parsing is linear (issue 10) ----------------------------------------------------------
+
+
+def test_think_answer_format_scanner_equals_its_pattern_and_is_linear():
+    import random
+    import re
+
+    from llmgym.envs.math import ThinkAnswerFormat
+
+    pattern = re.compile(ThinkAnswerFormat.PATTERN, re.DOTALL)
+    fmt, rng = ThinkAnswerFormat(), random.Random(0)
+    pieces = ["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "a", "\x1c", "<", ">", "\u3000", "b "]
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 9)))
+        assert fmt(Task("q"), text).reward == float(bool(pattern.search(text))), repr(text)
+    # the regex backtracks quadratically over an unclosed answer (16k characters: 7 s); the scanner
+    # does not (a hang guard, not a speed test)
+    start = time.perf_counter()
+    assert fmt(Task("q"), "<think>a</think><answer>" + "a" * 64_000).reward == 0.0
+    assert time.perf_counter() - start < 2.0
+
+
+def test_extraction_matches_the_old_regexes_and_is_linear():
+    import random
+    import re
+
+    from llmgym.envs.math.verifier import _BOXED, _last_boxed, _math_spans
+
+    span = re.compile(r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+
+    def old_boxed(text):
+        for match in reversed(list(_BOXED.finditer(text))):
+            depth, begin = 1, match.end()
+            for i in range(begin, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                if depth == 0:
+                    return text[begin:i]
+        return None
+
+    rng = random.Random(0)
+    pieces = ["$", "$$", "\\", "(", ")", "[", "]", "a", " ", "\\(", "\\)", "\\[", "\\]", "\\$", "{", "}",
+              "\\boxed{", "}}"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        assert _math_spans(text) == [next(g for g in m.groups() if g is not None) for m in span.finditer(text)]
+        assert _last_boxed(text) == old_boxed(text), repr(text)
+    for adversarial in ["\\(" * 128_000, "$" * 256_000, "\\boxed{" * 36_000, "a" + " " * 256_000 + "b",
+                        "." * 256_000 + "x", "answer is" + " " * 256_000]:
+        start = time.perf_counter()
+        extract_answer(adversarial)
+        assert time.perf_counter() - start < 5.0  # quadratic versions took minutes (a hang guard)

@@ -40,6 +40,7 @@ from llmgym.envs.code.verifier import (
     defines_function,
     extract_code,
     failure_feedback,
+    strip_terminal_escapes,
 )
 
 __all__ = [
@@ -64,4 +65,5 @@ __all__ = [
     "load_mbpp_jsonl",
     "mbpp_env",
     "mbpp_task",
+    "strip_terminal_escapes",
 ]

@@ -7,9 +7,10 @@ HumanEval's ``check(candidate)`` plus its call) and whose ``metadata`` may hold
   the docstring); absent or ``""`` when the completion is a whole program (MBPP);
 * ``"entry_point"``: the name of the function under test (used to find it in a completion).
 
-:class:`CodeVerifier` builds ``program + tests`` (:func:`build_program`), runs it in a fresh
-sandbox and scores **1.0 when it passes** (exit status 0, not killed, every test ran) and **0.0
-otherwise** (a failing assert, an exception, a syntax error, a kill by a limit).
+:class:`CodeVerifier` builds the program (:func:`build_program`), runs it in a fresh sandbox with
+the tests in a separate judge process (below), and scores **1.0 when the judge says every test
+passed** and **0.0 otherwise** (a failing assert, an exception, a syntax error, a kill by a limit,
+a value that is not plain data).
 
 Completion conventions (:func:`build_program`), in this order:
 
@@ -26,14 +27,15 @@ Completion conventions (:func:`build_program`), in this order:
 
 With no ``prompt_code`` (MBPP-style tasks) the code is the whole program.
 
-Early exits do not pass. ``sys.exit(0)`` or ``os._exit(0)`` inside the solution would end the
-program with status 0 before any test ran; so the program ends with a line that echoes a per-run
-random token read from stdin -- before the solution runs, after which stdin is closed -- and a run
-passes only when that token is the last line of its stdout. (This stops the accidental and the
-obvious hacks, echoing stdin included; code in the same interpreter can always dig the token out
-of memory, and a policy that has learned the harness can still
-game any in-process test runner -- e.g. an object whose ``__eq__`` is always true. Keep an eye on
-rewards that jump.)
+**The judge** (:mod:`llmgym.envs.code.judge`). The program runs in one sandboxed process, the tests
+in another, under another uid; the tests call the program's functions through proxies, and values
+cross as plain data only. A pass is the judge's verdict alone: its exit status 0 and a per-run secret
+on a channel only it holds, after the last test. Nothing the program prints, raises, traces or exits
+with can produce a pass (an early ``sys.exit(0)`` / ``os._exit(0)`` ends the program, so the next
+call fails), and the tests' source (the expected answers) never enters the program's process.
+
+Host-side parsing is linear in the completion's length (the fence scanner below; no regex with
+overlapping quantifiers), and the completion itself is capped by the env's ``max_completion_chars``.
 
 Example:
     >>> from llmgym import Task
@@ -48,19 +50,25 @@ Example:
     >>> score = verifier(task, "    return a - b\n")
     >>> score.reward, score.info["feedback"].splitlines()[-1]
     (0.0, 'AssertionError')
+    >>> cheat = verifier(task, "import os\ndef add(a, b):\n    os._exit(0)\n")   # exit 0 inside the call
+    >>> cheat.reward, cheat.info["early_exit"]
+    (0.0, True)
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import json
+import os
 import re
 import secrets
-import textwrap
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from llmgym import Score, Task, Verifier
+from llmgym.envs.code.judge import RUNNER, judge_source
 from llmgym.sandbox import Sandbox, SandboxLimits, SandboxResult
 
 __all__ = [
@@ -70,6 +78,7 @@ __all__ = [
     "defines_function",
     "extract_code",
     "failure_feedback",
+    "strip_terminal_escapes",
 ]
 
 #: Limits of one test run unless a :class:`CodeVerifier` is given others: ample for HumanEval /
@@ -85,30 +94,28 @@ DEFAULT_CODE_LIMITS = SandboxLimits(
     max_output_kb=64,
 )
 
-_FENCE = re.compile(r"```[ \t]*([\w+.#-]*)[^\n]*\n(.*?)(?:^[ \t]*```|\Z)", re.MULTILINE | re.DOTALL)
 _ANY_TOP_LEVEL_DEF = re.compile(r"^(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(", re.MULTILINE)
 _SANDBOX_MAIN = 'File "/tmp/main.py"'
-# The per-run token arrives on stdin. The prelude reads it *before* the solution runs, keeps it in a
-# closure and closes stdin, so the solution cannot simply echo stdin and exit; the marker prints it
-# after the tests: proof that every test ran.
-_TOKEN_PRELUDE = (
-    "def _llmgym_proof(_token=__import__('sys').stdin.readline().strip()):\n"
-    "    return _token\n"
-    "__import__('os').close(0)\n"
-    "__import__('sys').stdin = open(__import__('os').devnull)\n\n"
-)
-_COMPLETION_MARKER = (
-    "\n\n__import__('sys').stdout.write('\\n' + _llmgym_proof() + '\\n')\n"
+# ECMA-48 escape sequences (CSI ... final byte, OSC ... BEL/ST, two-byte ESC x) and the other C0/C1
+# controls except tab and newline: each alternative is one linear pass, no nested quantifiers.
+_TERMINAL_ESCAPE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|\x9b[0-?]*[ -/]*[@-~]"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
 )
 
 
-_FUTURE_IMPORT = re.compile(r"^from[ \t]+__future__[ \t]+import[^\n]*\n?", re.MULTILINE)
+def strip_terminal_escapes(text: str) -> str:
+    r"""``text`` without terminal escape sequences and control characters (tab and newline kept).
 
+    Sandbox output flows back into observations (CodeRetry's feedback) and into logs a person reads
+    in a terminal: a program must not be able to move the cursor, retitle the window or hide text.
 
-def _with_prelude(source: str) -> str:
-    # `from __future__` imports must open a module: keep them above the prelude
-    futures = "".join(m.group(0).rstrip("\n") + "\n" for m in _FUTURE_IMPORT.finditer(source))
-    return futures + _TOKEN_PRELUDE + _FUTURE_IMPORT.sub("", source)
+    Example:
+        >>> from llmgym.envs.code import strip_terminal_escapes
+        >>> strip_terminal_escapes("\x1b[2J\x1b[31mred\x1b[0m\x1b]0;title\x07 ok\rno\tyes\n")
+        'red okno\tyes\n'
+    """
+    return _TERMINAL_ESCAPE.sub("", text)
 
 
 def defines_function(code: str, name: str | None = None) -> bool:
@@ -129,6 +136,50 @@ def _def_pattern(name: str) -> re.Pattern[str]:
     return re.compile(rf"^(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", re.MULTILINE)
 
 
+def _fenced_blocks(text: str) -> list[str]:
+    """The bodies of Markdown code fences, in one linear pass (each character is looked at O(1) times).
+
+    An opening fence is ```` ``` ```` anywhere, its line (the language tag) skipped; the body runs to
+    the next line that starts with optional blanks and ```` ``` ```` or, unclosed, to the end.
+    """
+    blocks = []
+    pos, n = 0, len(text)
+    while True:
+        start = text.find("```", pos)
+        if start < 0:
+            return blocks
+        eol = text.find("\n", start + 3)
+        if eol < 0:  # an opening fence with nothing after its line
+            return blocks
+        body = line = eol + 1
+        while True:
+            if line >= n:
+                blocks.append(text[body:])
+                return blocks
+            nl = text.find("\n", line)
+            end = n if nl < 0 else nl
+            indent = end - len(text[line:end].lstrip(" \t"))
+            if text.startswith("```", indent):
+                blocks.append(text[body:line])
+                pos = indent + 3
+                break
+            line = end + 1
+
+
+def _dedent(text: str) -> str:
+    """``textwrap.dedent`` in linear time (textwrap compiles the common margin into a regex: a
+    256k-character margin took a second to parse)."""
+    lines = text.split("\n")
+    margin: str | None = None
+    for line in lines:
+        body = line.lstrip(" \t")
+        if body:
+            indent = line[: len(line) - len(body)]
+            margin = indent if margin is None else os.path.commonprefix([margin, indent])
+    cut = len(margin or "")
+    return "\n".join(line[cut:] if line.lstrip(" \t") else "" for line in lines)
+
+
 def extract_code(completion: str, entry_point: str | None = None) -> tuple[str, bool]:
     """The code of a completion and whether it came from a Markdown fence (rule 1 above).
 
@@ -139,7 +190,7 @@ def extract_code(completion: str, entry_point: str | None = None) -> tuple[str, 
         >>> extract_code("    return 1\\n")
         ('    return 1\\n', False)
     """
-    blocks = [match.group(2) for match in _FENCE.finditer(completion)]
+    blocks = _fenced_blocks(completion)
     if not blocks:
         return completion, False
     for block in blocks:
@@ -147,8 +198,8 @@ def extract_code(completion: str, entry_point: str | None = None) -> tuple[str, 
             return block, True
         # a fence inside a Markdown list is indented; a dedented *body* must not pass for a function,
         # so this needs the entry point's name
-        if entry_point is not None and defines_function(textwrap.dedent(block), entry_point):
-            return textwrap.dedent(block), True
+        if entry_point is not None and defines_function(_dedent(block), entry_point):
+            return _dedent(block), True
     return blocks[0], True
 
 
@@ -226,7 +277,7 @@ def failure_feedback(result: SandboxResult, limits: SandboxLimits | None = None,
 
 
 class CodeVerifier(Verifier):
-    """Run ``program + tests`` in :mod:`llmgym.sandbox`: reward 1.0 when they pass, else 0.0.
+    """Run the program and, in a separate judge process, its tests (:mod:`llmgym.envs.code.judge`): 1.0 on a pass.
 
     Args:
         limits: :class:`~llmgym.sandbox.SandboxLimits` of each run (default :data:`DEFAULT_CODE_LIMITS`);
@@ -302,56 +353,84 @@ class CodeVerifier(Verifier):
     def verify_batch(
         self, tasks: Sequence[Task], completions: Sequence[str], max_workers: int | None = None
     ) -> list[Score]:
-        """Score many completions, running their programs concurrently with ``Sandbox.run_many``."""
+        """Score many completions, running their judged programs concurrently with ``Sandbox.run_many``."""
         if len(tasks) != len(completions):
             raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
         sandbox = self.sandbox  # SandboxUnavailableError propagates: never a silent zero
         scores: list[Score | None] = [None] * len(tasks)
-        runs: list[tuple[int, str, str, str]] = []  # index, source, style, token
+        runs: list[tuple[int, str, str, str, str]] = []  # index, program, judge, style, token
         for i, (task, completion) in enumerate(zip(tasks, completions)):
             try:
-                source, style = self.program(task, completion)
+                program, style = self.program(task, completion)
+                tests, prompt, entry_point = self._trusted(task)
             except Exception as exc:  # noqa: BLE001  # a malformed task or action: this completion's zero
                 scores[i] = Score(0.0, {"passed": False, "error": f"{type(exc).__name__}: {exc}", "feedback": str(exc)})
                 continue
-            runs.append((i, _with_prelude(source) + _COMPLETION_MARKER, style, secrets.token_hex(8)))
+            token = secrets.token_hex(16)
+            judge = judge_source(tests, prompt=prompt, entry_point=entry_point, token=token)
+            runs.append((i, program, judge, style, token))
         if runs:
             results = sandbox.run_many(
-                [source for _, source, _, _ in runs],
-                stdin=[token + "\n" for *_, token in runs],
+                [program for _, program, *_ in runs],
+                judges=[(judge, RUNNER) for _, _, judge, _, _ in runs],
                 limits=self.limits,
                 max_workers=max_workers or self.max_workers,
             )
-            for (i, _, style, token), result in zip(runs, results):
+            for (i, _, _, style, token), result in zip(runs, results):
                 scores[i] = self._score(result, style, token)
         return scores  # type: ignore[return-value]
 
     def program(self, task: Task, completion: str) -> tuple[str, str]:
-        """``(program + tests, style)``: the source that runs in the sandbox (without the end marker)."""
+        """``(program, style)``: the candidate's program as it runs in the sandbox (the tests run apart)."""
         if not isinstance(completion, str):
             raise TypeError(f"a completion must be text, got {type(completion).__name__}")
+        meta = task.metadata or {}
+        program, style = build_program(
+            completion, prompt_code=str(meta.get("prompt_code") or ""), entry_point=meta.get("entry_point")
+        )
+        return program, style
+
+    @staticmethod
+    def _trusted(task: Task) -> tuple[str, str, str | None]:
+        """``(tests, prompt, entry_point)``: what the judge runs, all from the task, none from the completion.
+
+        ``prompt`` is ``prompt_code`` without the entry point's stub (its imports and helpers, such as
+        HumanEval's ``poly`` or ``encode_cyclic``, which tests call), when that parses on its own.
+        """
         tests = task.tests
         if isinstance(tests, (list, tuple)):
             tests = "\n".join(str(t) for t in tests)
         if not isinstance(tests, str) or not tests.strip():
             raise ValueError(
                 f"task {task.id!r} has no tests: a code task needs Task(tests='assert ...') "
-                "(test code appended after the program)"
+                "(test code run against the program's functions)"
             )
         meta = task.metadata or {}
-        program, style = build_program(
-            completion, prompt_code=str(meta.get("prompt_code") or ""), entry_point=meta.get("entry_point")
-        )
-        return f"{program}\n\n\n{tests}\n", style
+        entry_point = meta.get("entry_point") or None
+        prompt = str(meta.get("prompt_code") or "")
+        stubs = list(_def_pattern(entry_point).finditer(prompt)) if (prompt and entry_point) else []
+        if stubs:
+            prompt = prompt[: stubs[-1].start()]
+        try:
+            ast.parse(prompt)
+        except SyntaxError:
+            prompt = ""
+        return tests, prompt, entry_point
 
     def _score(self, result: SandboxResult, style: str, token: str) -> Score:
-        stdout = result.stdout
-        lines = stdout.rstrip("\n").rsplit("\n", 1)
-        finished = lines[-1] == token
-        if finished:  # drop the marker (and the newline written before it) from what is reported
-            stdout = stdout[: len(stdout.rstrip("\n")) - len(token)].removesuffix("\n")
-        passed = result.passed and finished
-        early_exit = result.passed and not finished
+        report: dict[str, Any] = {}
+        if result.judge_report:
+            try:
+                parsed = json.loads(result.judge_report)
+                report = parsed if isinstance(parsed, dict) else {}
+            except ValueError:
+                report = {"error": result.judge_report[-self.max_feedback_chars:]}
+        passed = bool(
+            result.passed and report.get("passed") is True and report.get("token") == token
+        )
+        early_exit = not passed and result.candidate_returncode == 0
+        stdout = strip_terminal_escapes(result.stdout)
+        judge_says = _tail(str(report.get("error") or "the tests did not pass."), self.max_feedback_chars)
         if passed:
             feedback = ""
         elif early_exit:
@@ -359,8 +438,11 @@ class CodeVerifier(Verifier):
                 "The program exited with status 0 before the tests finished "
                 "(sys.exit() or os._exit() in the solution?)."
             )
-        else:
+        elif result.killed or result.timed_out or (report.get("stage") == "load" and result.stderr.strip()):
+            # a limit, or the program failed before the tests ran: its own traceback says why
             feedback = failure_feedback(result, self.limits, self.max_feedback_chars)
+        else:  # the judge's traceback of the failing test
+            feedback = judge_says
         info: dict[str, Any] = {
             "passed": passed,
             "style": style,
@@ -368,9 +450,9 @@ class CodeVerifier(Verifier):
             "killed_reason": result.killed_reason,
             "timed_out": result.timed_out,
             "early_exit": early_exit,
-            "stderr_tail": _tail(result.stderr, self.max_feedback_chars),
+            "stderr_tail": _tail(strip_terminal_escapes(result.stderr), self.max_feedback_chars),
             "stdout_tail": _tail(stdout, self.max_feedback_chars),
-            "feedback": feedback,
+            "feedback": strip_terminal_escapes(feedback),
         }
         return Score(1.0 if passed else 0.0, info)
 

@@ -30,12 +30,13 @@ normalised text is equal match without parsing (word answers such as "Monday").
 
 **Time limits.** math-verify's own time-out uses ``signal.alarm``, which raises off the main thread;
 it is switched off (``parsing_timeout=None``, ``timeout_seconds=None``) and the limit is enforced
-here: a single call uses the :class:`~llmgym.Verifier` watchdog thread (works from any thread or
-worker process; the caller gets its 0.0 on time, but a computation that never ends keeps its daemon
-thread busy), and :meth:`MathVerifier.verify_batch` with ``max_workers`` runs in worker processes
-where a hung check's process is killed and replaced. A watchdog thread cannot interrupt one long C
-call that holds the GIL, such as SymPy computing ``9^{9^{9}}`` exactly, so answers holding numbers
-over :data:`MAX_NUMBER_BITS` bits (power towers, huge factorials) are refused before comparison.
+here, by processes, never threads: extraction runs in the caller and is linear in the completion's
+length (scanners and regexes without overlapping quantifiers; the env caps the length at
+``max_completion_chars``); math-verify's parse and comparison of a single call run in a worker
+process shared by this process's verifiers, killed and replaced when a call overstays
+``time_limit``; :meth:`MathVerifier.verify_batch` with ``max_workers`` runs whole checks in worker
+processes the same way. Nothing keeps running after a step returns. Answers holding numbers over
+:data:`MAX_NUMBER_BITS` bits (power towers, huge factorials) are refused before comparison.
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ from decimal import Decimal
 from typing import Any
 
 from llmgym import Score, Task, Verifier
+from llmgym import verifiers as _verifiers
 from llmgym.verifiers import RegexFormat, WeightedSum
 
 __all__ = [
+    "MAX_ANSWER_CHARS",
     "MAX_NUMBER_BITS",
     "extract_answer",
     "normalize_gold",
@@ -70,9 +73,6 @@ _ANSWER_CLOSE = re.compile(r"</answer>", re.IGNORECASE)
 _THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _MARKER = re.compile(r"####|\banswer\b\s*(?:is\b|:|=)\s*:?", re.IGNORECASE)
-_MATH_SPAN = re.compile(
-    r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL
-)
 _NUMBER = re.compile(
     r"(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:\s*/\s*\d+)?|\.\d+)"
 )
@@ -93,17 +93,26 @@ def _region(text: str) -> str:
     return text
 
 
+_BRACE = re.compile(r"[{}]")
+
+
 def _last_boxed(text: str) -> str | None:
-    matches = list(_BOXED.finditer(text))
-    for match in reversed(matches):  # a truncated last box (no closing brace) yields to the one before
-        depth, start = 1, match.end()
-        for i in range(start, len(text)):
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:i]
+    starts = [match.end() for match in _BOXED.finditer(text)]
+    if not starts:
+        return None
+    # one pass over the braces pairs each "{" with its "}" (a brace's partner depends only on what
+    # follows it), so trying every box from the last costs O(len(text)), not O(boxes * len(text))
+    partner: dict[int, int] = {}
+    stack: list[int] = []
+    for brace in _BRACE.finditer(text, starts[0] - 1):
+        if brace.group() == "{":
+            stack.append(brace.start())
+        elif stack:
+            partner[stack.pop()] = brace.start()
+    for start in reversed(starts):  # a truncated last box (no closing brace) yields to the one before
+        end = partner.get(start - 1)
+        if end is not None:
+            return text[start:end]
     return None
 
 
@@ -118,14 +127,63 @@ def _is_math(text: str) -> bool:
 
 def _tidy(candidate: str) -> str:
     candidate = candidate.strip().strip("*").strip()  # markdown bold around an answer
-    candidate = re.sub(r"[.。]+$", "", candidate).strip()
+    candidate = candidate.rstrip(".。").strip()
     if len(candidate) > 1 and candidate[0] == candidate[-1] == "$":
         candidate = candidate.strip("$").strip()
     return candidate
 
 
 def _math_spans(text: str) -> list[str]:
-    return [next(g for g in m.groups() if g is not None) for m in _MATH_SPAN.finditer(text)]
+    """Contents of ``$$…$$``, ``$…$`` (unescaped dollars), ``\\(…\\)`` and ``\\[…\\]``, left to right.
+
+    A scanner, linear in ``len(text)``: the closing delimiter after a position is looked up once and
+    remembered (a regex with lazy ``.+?`` rescans to the end for every unclosed opener: quadratic).
+    """
+    spans: list[str] = []
+    found: dict[str, tuple[int, int]] = {}  # delimiter -> (searched from, first closer at or after)
+
+    def closer(delim: str, start: int, unescaped: bool) -> int:
+        known = found.get(delim)
+        if known is not None and known[0] <= start and (known[1] < 0 or known[1] >= start):
+            return known[1]
+        k = start
+        while True:
+            k = text.find(delim, k)
+            if k < 0 or not unescaped or text[k - 1] != "\\":
+                break
+            k += 1
+        found[delim] = (start, k)
+        return k
+
+    i, n = 0, len(text)
+    while i < n:
+        dollar, backslash = text.find("$", i), text.find("\\", i)
+        j = backslash if dollar < 0 else dollar if backslash < 0 else min(dollar, backslash)
+        if j < 0:
+            break
+        if text[j] == "$":
+            if j > 0 and text[j - 1] == "\\":  # an escaped dollar
+                i = j + 1
+                continue
+            if text.startswith("$$", j):
+                k = closer("$$", j + 3, True)
+                if k >= 0:
+                    spans.append(text[j + 2 : k])
+                    i = k + 2
+                    continue
+            k = closer("$", j + 2, True)
+            if k >= 0:
+                spans.append(text[j + 1 : k])
+                i = k + 1
+                continue
+        elif text.startswith(("\\(", "\\["), j):
+            k = closer("\\)" if text[j + 1] == "(" else "\\]", j + 3, False)
+            if k >= 0:
+                spans.append(text[j + 2 : k])
+                i = k + 2
+                continue
+        i = j + 1
+    return spans
 
 
 def _last_number(text: str) -> str | None:
@@ -248,8 +306,9 @@ def _plain(text: str, fold_case: bool = False) -> str:
 
     Case is kept (``2N`` is not ``2n``) unless ``fold_case`` (both answers are plain words).
     """
-    text = _SPACE_AROUND_OPERATOR.sub(r"\1", _unwrap(text))
-    text = re.sub(r"\s+", " ", _SPACE_BEFORE_COMMAND.sub("", text))
+    # whitespace runs first become one space, so the two patterns below never rescan a long run
+    text = re.sub(r"\s+", " ", _unwrap(text))
+    text = _SPACE_BEFORE_COMMAND.sub("", _SPACE_AROUND_OPERATOR.sub(r"\1", text))
     return text.lower() if fold_case else text
 
 
@@ -274,9 +333,61 @@ def _case_only_difference(gold: str, predicted: str) -> bool:
 # -- math-verify, without its signal-based time-out -----------------------------------------------
 
 
+_IN_WORKER = False  # True inside a DeadlinePool worker: the parent kills this process at the limit
+
+
 def _verify_in_worker(verifier: Verifier, task: Task, completion: str) -> Score:
     # No watchdog thread here: the parent process enforces the limit by killing this worker.
+    global _IN_WORKER
+    _IN_WORKER = True
     return verifier._guarded(task, completion)
+
+
+def _compare(gold: str, predicted: str, float_rounding: int, numeric_precision: int, strict: bool) -> tuple[float, str | None]:
+    """``(reward, error)`` of math-verify's comparison (parse both, refuse astronomical numbers, verify)."""
+    gold_parsed, predicted_parsed = _parse(gold), _parse(predicted)
+    if not gold_parsed:
+        return 0.0, f"the gold answer {gold!r} could not be parsed"
+    if not predicted_parsed:
+        return 0.0, None
+    for side, parsed in (("gold answer", gold_parsed), ("answer", predicted_parsed)):
+        if _too_large(parsed):
+            return 0.0, f"the {side} holds a number over {MAX_NUMBER_BITS} bits: not compared"
+    equal = _math_verify().verify(
+        list(gold_parsed),
+        list(predicted_parsed),
+        float_rounding=float_rounding,
+        numeric_precision=numeric_precision,
+        strict=strict,
+        timeout_seconds=None,
+    )
+    return float(bool(equal)), None
+
+
+def _compare_in_worker(*args: Any) -> tuple[float, str | None]:
+    global _IN_WORKER
+    _IN_WORKER = True
+    return _compare(*args)
+
+
+_SINGLE_POOLS: dict[str, Any] = {}
+_SINGLE_POOLS_LOCK = threading.Lock()
+
+
+def _single_call_pool(mp_context: Any) -> Any:
+    """One worker process per start method, shared by every MathVerifier of this process, for single calls."""
+    from llmgym.envs.math.pool import DeadlinePool, default_mp_context
+
+    ctx = mp_context or default_mp_context()
+    if isinstance(ctx, str):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context(ctx)
+    key = ctx.get_start_method()
+    with _SINGLE_POOLS_LOCK:
+        if key not in _SINGLE_POOLS:
+            _SINGLE_POOLS[key] = DeadlinePool(_compare_in_worker, 1, ctx, initializer=_warm_up)
+        return _SINGLE_POOLS[key]
 
 
 def _warm_up() -> None:
@@ -327,6 +438,10 @@ def _parse(candidate: str) -> tuple:
 # can interrupt. 2^20 bits (~315,000 digits) is far beyond any real answer and still quick to handle.
 MAX_NUMBER_BITS = 1 << 20
 
+#: An extracted answer longer than this (characters) is not handed to math-verify: no real answer is
+#: that long, and parsing kilobytes of LaTeX costs seconds of a worker's time limit for nothing.
+MAX_ANSWER_CHARS = 2000
+
 
 def _log2_size(expr: Any) -> float:
     """An upper bound on log2 of the magnitude of ``expr``'s numbers (``inf`` when astronomical)."""
@@ -365,7 +480,8 @@ class MathVerifier(Verifier):
     equations ``x = 3`` vs ``3``, percentages.
 
     Args:
-        time_limit: seconds per check (watchdog thread for single calls; worker kill in batches).
+        time_limit: seconds per check, enforced by killing a worker process (``None``: no limit,
+            everything runs in the caller).
         float_rounding, numeric_precision, strict: passed to ``math_verify.verify``.
         mp_context: start method (or context) of :meth:`verify_batch`'s worker processes; default
             ``forkserver`` where available, else ``spawn``.
@@ -409,28 +525,31 @@ class MathVerifier(Verifier):
         info = {"extracted": predicted, "extracted_by": rule, "gold": gold}
         if predicted is None:
             return Score(0.0, {**info, "error": "no answer found in the completion"})
+        if len(predicted) > MAX_ANSWER_CHARS:
+            return Score(0.0, {**info, "extracted": predicted[:100] + "...",
+                               "error": f"the answer is {len(predicted)} characters long (over {MAX_ANSWER_CHARS}): not compared"})
         words = _is_words(_unwrap(predicted)) and _is_words(_unwrap(gold))
         if _plain(predicted, fold_case=words) == _plain(gold, fold_case=words):
             return Score(1.0, info)
         if not words and _case_only_difference(gold, predicted):
             return Score(0.0, {**info, "error": "the answers differ in the case of a symbol"})
-        gold_parsed, predicted_parsed = _parse(gold), _parse(predicted)
-        if not gold_parsed:
-            return Score(0.0, {**info, "error": f"the gold answer {gold!r} could not be parsed"})
-        if not predicted_parsed:
-            return Score(0.0, info)
-        for side, parsed in (("gold answer", gold_parsed), ("answer", predicted_parsed)):
-            if _too_large(parsed):
-                return Score(0.0, {**info, "error": f"the {side} holds a number over {MAX_NUMBER_BITS} bits: not compared"})
-        equal = _math_verify().verify(
-            list(gold_parsed),
-            list(predicted_parsed),
-            float_rounding=self.float_rounding,
-            numeric_precision=self.numeric_precision,
-            strict=self.strict,
-            timeout_seconds=None,
-        )
-        return Score(float(bool(equal)), info)
+        settings = (self.float_rounding, self.numeric_precision, self.strict)
+        if self.time_limit is None or _IN_WORKER or _verifiers._IN_KILLABLE_CHILD:
+            # no limit asked, or this very process is the one that gets killed at the limit
+            reward, error = _compare(gold, predicted, *settings)
+        else:
+            status, value = _single_call_pool(self.mp_context).map([(gold, predicted, *settings)], self.time_limit)[0]
+            if status == "timeout":
+                return Score(0.0, {**info, "error": f"timeout: verification took longer than {self.time_limit} s"})
+            if status != "ok":
+                return Score(0.0, {**info, "error": value})
+            reward, error = value
+        return Score(reward, info if error is None else {**info, "error": error})
+
+    def _safe(self, task: Task, completion: str) -> Score:
+        # No watchdog thread: extraction is linear on bounded text, and math-verify runs in a worker
+        # process that is killed at the time limit (see verify()).
+        return self._guarded(task, completion)
 
     # -- batches in worker processes ------------------------------------------------------------
     def verify_batch(
@@ -528,11 +647,54 @@ class ThinkAnswerFormat(RegexFormat):
 
     PATTERN = (
         r"\A\s*<think>(?:(?!</?think>|</?answer>).)*</think>\s*"
-        r"<answer>(?:(?!</?think>|</?answer>).)*\S(?:(?!</?think>|</?answer>).)*</answer>\s*\Z"
+        r"<answer>(?:(?!</?think>|</?answer>).)*(?!</?think>|</?answer>)\S(?:(?!</?think>|</?answer>).)*</answer>\s*\Z"
     )
 
     def __init__(self, time_limit: float | None = None):
         super().__init__(self.PATTERN, time_limit=time_limit)
+
+    def verify(self, task: Task, completion: str) -> Score:
+        # The scanner below accepts exactly what PATTERN matches, in linear time: the regex backtracks
+        # quadratically over an unclosed answer (16k characters took 7 s, 64k would take minutes).
+        return Score(float(_think_answer_shape(completion)), {"pattern": self.pattern.pattern})
+
+
+_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+
+
+def _think_answer_shape(text: str) -> bool:
+    """``<think>…</think>`` blank ``<answer>…</answer>``, blanks around, no tag inside, a non-blank answer."""
+    text = _strip_regex_space(text)
+    if not (text.startswith("<think>") and text.endswith("</answer>")):
+        return False
+    close = text.find("</think>")
+    if close < 0:
+        return False
+    think, rest = text[7:close], _strip_regex_space(text[close + 8 :], right=False)
+    if len(rest) < 17 or not rest.startswith("<answer>"):
+        return False
+    answer = rest[8:-9]
+    if any(tag in part for tag in _TAGS for part in (think, answer)):
+        return False
+    return bool(_strip_regex_space(answer))
+
+
+def _strip_regex_space(text: str, right: bool = True) -> str:
+    # what `\s*` at the ends skips: str.isspace() and the regex's \s differ on a few separators
+    # (\x1c-\x1f are whitespace to str, not to re), so strip exactly re's set
+    start, end = 0, len(text)
+    while start < end and _IS_RE_SPACE(text[start]):
+        start += 1
+    while right and end > start and _IS_RE_SPACE(text[end - 1]):
+        end -= 1
+    return text[start:end]
+
+
+_RE_SPACE = re.compile(r"\s")
+
+
+def _IS_RE_SPACE(char: str) -> bool:  # noqa: N802
+    return _RE_SPACE.match(char) is not None
 
 
 def math_reward(format_weight: float = 0.1, time_limit: float | None = 5.0) -> WeightedSum:
