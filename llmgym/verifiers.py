@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Sequence, Union
 from llmgym.types import Score, Task
 
 __all__ = [
+    "start_child_process",
     "Verifier",
     "FunctionVerifier",
     "as_verifier",
@@ -147,12 +148,36 @@ def _child_main(conn: Any, fn: Callable[[Task, str], Score], task: Task, complet
         os._exit(0)  # no atexit handlers or flushing of the parent's copied state
 
 
+def start_child_process(process: multiprocessing.process.BaseProcess) -> None:
+    """Start a daemonic worker ``process``, also from inside a daemonic process.
+
+    ``multiprocessing`` refuses children of a daemonic process (an ``AsyncVectorEnv`` worker is one)
+    because it could not join them at exit. A verifier's workers are daemonic themselves, are killed
+    at their time limit and end when their pipe closes, so the flag is lifted for the start alone.
+
+    Example:
+        >>> import multiprocessing
+        >>> p = multiprocessing.get_context("spawn").Process(target=abs, args=(-1,), daemon=True)
+        >>> start_child_process(p); p.join(); p.exitcode
+        0
+    """
+    config = multiprocessing.current_process()._config  # noqa: SLF001 (no public switch exists)
+    parent_is_daemon = bool(config.get("daemon"))
+    if parent_is_daemon:
+        config["daemon"] = False
+    try:
+        process.start()
+    finally:
+        if parent_is_daemon:
+            config["daemon"] = True
+
+
 def _in_killable_child(fn: Callable[[Task, str], Score], task: Task, completion: str, limit: float) -> Score:
     """``fn(task, completion)`` in a forked child, SIGKILLed when it overstays ``limit`` seconds."""
     ctx = multiprocessing.get_context("fork")
     receiver, sender = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child_main, args=(sender, fn, task, completion), daemon=True)
-    child.start()
+    start_child_process(child)
     sender.close()
     try:
         outcome = receiver.recv() if receiver.poll(limit) else None

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from llmgym.verifiers import start_child_process
+
 __all__ = ["DeadlinePool", "default_mp_context"]
 
 
@@ -76,7 +78,7 @@ class _Worker:
         self.process = ctx.Process(
             target=_serve, args=(child, fn, initializer), daemon=True, name="llmgym-verifier"
         )
-        self.process.start()
+        start_child_process(self.process)  # also inside an AsyncVectorEnv worker (a daemonic process)
         child.close()
         self.ready = False
         self.started = time.monotonic()
