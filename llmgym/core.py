@@ -428,22 +428,28 @@ class SequenceEnv(gym.Env):
             info["error"] = score.info["error"]
         return self._observation(), score.reward, True, False, info
 
+    def _over_bounds(self) -> bool:
+        return len(self._text) > self.max_prompt_chars or (
+            self.tokenizer is not None and len(self._ids) > self.max_prompt_tokens
+        )
+
     def _observation(self) -> dict[str, Any]:
         # an observation must lie in observation_space (vector envs size their buffers from it)
-        if len(self._text) > self.max_prompt_chars:
-            raise ValueError(
-                f"the prompt/transcript has {len(self._text):,} characters, over this env's bound "
-                f"max_prompt_chars={self.max_prompt_chars:,}: pass a larger max_prompt_chars= to the env "
-                f"(gymnasium.make(id, max_prompt_chars=...) where its factory accepts it)"
-            )
-        obs: dict[str, Any] = {"prompt": self._text}
-        if self.tokenizer is not None:
-            if len(self._ids) > self.max_prompt_tokens:
+        text, ids = self._text, self._ids
+        if self._over_bounds():
+            if not self._done:  # a prompt too long for the space: a configuration error, said at reset
                 raise ValueError(
-                    f"the prompt/transcript has {len(self._ids):,} token ids, over this env's bound "
-                    f"max_prompt_tokens={self.max_prompt_tokens:,}: pass a larger max_prompt_tokens= to the env"
+                    f"the prompt has {len(text):,} characters / {len(ids):,} token ids, over this env's bounds "
+                    f"max_prompt_chars={self.max_prompt_chars:,} / max_prompt_tokens={self.max_prompt_tokens:,}: "
+                    f"pass larger bounds to the env (gymnasium.make(id, max_prompt_chars=..., max_prompt_tokens=...) "
+                    f"where its factory accepts them)"
                 )
-            obs["prompt_ids"] = as_token_array(self._ids)
+            # a finished episode whose transcript outgrew the space (multi-turn): its last observation is
+            # never acted on, so show the tail that fits rather than crash a training run
+            text, ids = text[-self.max_prompt_chars:], ids[-self.max_prompt_tokens:]
+        obs: dict[str, Any] = {"prompt": text}
+        if self.tokenizer is not None:
+            obs["prompt_ids"] = as_token_array(ids)
         return obs
 
     def _parse_action(self, action: Any) -> tuple[str, list[int]]:
@@ -592,5 +598,11 @@ class MultiTurnEnv(SequenceEnv):
             if self.tokenizer is not None:
                 self._ids += encode_text(self.tokenizer, shown, first=False)
             info["reply"] = turn.reply
+            if self._over_bounds():  # the model's output may grow the transcript past the space: end here
+                truncated = True
+                info["error"] = (
+                    f"the transcript outgrew the observation bounds (max_prompt_chars={self.max_prompt_chars:,}, "
+                    f"max_prompt_tokens={self.max_prompt_tokens:,}): episode truncated; pass larger bounds to the env"
+                )
         self._done = terminated or truncated
         return self._observation(), float(turn.reward), terminated, truncated, info

@@ -326,3 +326,18 @@ def test_a_verifier_or_agent_missing_its_hook_fails_at_construction(tiny_model, 
         NoVerify()
     with pytest.raises(TypeError, match="abstract method.*loss"):
         NoLoss(tiny_model, tokenizer)
+
+
+def test_a_transcript_that_outgrows_the_observation_space_ends_the_episode_instead_of_crashing(tokenizer):
+    # the policy controls the completion's length: a long one must not crash a training run
+    env = MultiTurnEnv([Task("say hi", answer="hi")], lambda t, c: c == t.answer, tokenizer,
+                       max_turns=5, max_prompt_chars=64, max_prompt_tokens=64)
+    obs, _ = env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step("x" * 30)  # still fits: the episode goes on
+    assert not (terminated or truncated) and env.observation_space.contains(obs)
+    obs, reward, terminated, truncated, info = env.step("y" * 100)
+    assert truncated and not terminated and reward == 0.0
+    assert "max_prompt_chars=64" in info["error"]
+    assert env.observation_space.contains(obs)  # the tail that fits
+    with pytest.raises(ValueError, match="max_prompt_chars"):  # a prompt that never fits is a set-up error
+        SequenceEnv([Task("p" * 100)], None, max_prompt_chars=64).reset(seed=0)
