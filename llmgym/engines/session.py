@@ -32,7 +32,7 @@ from llmgym.engines.hf import _cache_of, pad_left
 __all__ = ["HFDecodeSession", "RecomputeSession", "TokenStepper", "token_stepper", "weights_version"]
 
 
-def weights_version(model: torch.nn.Module) -> int:
+def weights_version(model: torch.nn.Module | Sequence[torch.nn.Parameter]) -> int:
     """A number that changes whenever a parameter of ``model`` is modified in place.
 
     Optimiser steps, ``load_state_dict`` and ``sync_weights`` all write parameters in place, which
@@ -48,7 +48,8 @@ def weights_version(model: torch.nn.Module) -> int:
         >>> weights_version(layer) != before
         True
     """
-    return sum(p._version for p in model.parameters())
+    params = model.parameters() if isinstance(model, torch.nn.Module) else model
+    return sum(p._version for p in params)
 
 
 def _as_ids(context: Any) -> list[int]:
@@ -125,7 +126,7 @@ class HFDecodeSession:
         >>> session.drop([a])
         >>> full = engine.next_token_logits([[8, 10, 11]])
         >>> session.rows == [b], torch.allclose(session.logits([b]), full, atol=1e-5)
-        ([1], True)
+        (True, True)
         >>> session.tokens_computed
         7
     """
@@ -134,7 +135,8 @@ class HFDecodeSession:
         self.engine = engine
         self.model = engine.model
         self.pad_id = engine.pad_id
-        self.weights_version = weights_version(self.model)
+        self._params = list(self.model.parameters())  # walked once: the staleness check runs per token
+        self.weights_version = weights_version(self._params)
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = getattr(engine, "_cache_arg", "past_key_values")
         self._keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
@@ -160,7 +162,7 @@ class HFDecodeSession:
     @property
     def stale(self) -> bool:
         """Whether the model's weights changed since the cache was built (its logits are then old)."""
-        return self.engine.model is not self.model or weights_version(self.model) != self.weights_version
+        return self.engine.model is not self.model or weights_version(self._params) != self.weights_version
 
     def context(self, row: int) -> list[int]:
         """The ids of ``row`` so far (a copy)."""
@@ -220,15 +222,11 @@ class HFDecodeSession:
         self._check_rows(tokens)
         device = self._mask.device
         width = max(len(t) for t in tokens.values())
-        chunk = torch.full((len(self._handles), width), self.pad_id, dtype=torch.long)
-        chunk_mask = torch.zeros((len(self._handles), width), dtype=torch.long)
-        changed = torch.zeros(len(self._handles), dtype=torch.bool)
-        for i, h in enumerate(self._handles):
-            new = tokens.get(h)
-            if new:
-                chunk[i, width - len(new):] = torch.tensor(new, dtype=torch.long)
-                chunk_mask[i, width - len(new):] = 1
-                changed[i] = True
+        # each row's new ids right-aligned in one [B, width] chunk (built as lists: one tensor call)
+        rows = [tokens.get(h, ()) for h in self._handles]
+        chunk = torch.tensor([[self.pad_id] * (width - len(t)) + list(t) for t in rows], dtype=torch.long)
+        chunk_mask = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t in rows], dtype=torch.long)
+        changed = torch.tensor([len(t) > 0 for t in rows])
         chunk, chunk_mask, changed = chunk.to(device), chunk_mask.to(device), changed.to(device)
         positions = (self._lengths[:, None] + chunk_mask.cumsum(-1) - 1).clamp(min=0)
         mask = torch.cat([self._mask, chunk_mask], dim=1)
@@ -276,7 +274,9 @@ class HFDecodeSession:
 
     def _forward(self, ids, mask, positions, cache):
         kwargs = {self._cache_arg: cache} if cache is not None else {}
-        with self.engine._eval_mode():
+        # the engine's eval switch walks every module twice; a per-token call pays it only when needed
+        mode = self.engine._eval_mode() if self.model.training else torch.inference_mode()
+        with mode:
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                              **self._keep_last, **kwargs)
         return _cache_of(out), out.logits[:, -1, :].float()
@@ -308,7 +308,8 @@ class RecomputeSession:
     def __init__(self, engine, contexts: Iterable[Sequence[int]] = ()):
         self.engine = engine
         model = getattr(engine, "model", None)
-        self.weights_version = weights_version(model) if isinstance(model, torch.nn.Module) else None
+        self._params = list(model.parameters()) if isinstance(model, torch.nn.Module) else None
+        self.weights_version = weights_version(self._params) if self._params is not None else None
         self._contexts: dict[int, list[int]] = {}
         self._logits: dict[int, torch.Tensor] = {}
         self._handles: list[int] = []
@@ -325,8 +326,7 @@ class RecomputeSession:
 
     @property
     def stale(self) -> bool:
-        model = getattr(self.engine, "model", None)
-        return self.weights_version is not None and weights_version(model) != self.weights_version
+        return self._params is not None and weights_version(self._params) != self.weights_version
 
     def context(self, row: int) -> list[int]:
         return list(self._contexts[row])
@@ -435,7 +435,8 @@ class TokenStepper:
     def _logits_of(self, ids: list[int]) -> torch.Tensor:
         if not ids:
             raise ValueError("a context needs at least one token")
-        if any(s.stale for s in self._sessions.values()):
+        # every cache was built (or cleared) at the last call's weights: checking one checks all
+        if self._sessions and next(iter(self._sessions.values())).stale:
             self._sessions.clear()  # new weights: every cached key/value is out of date
         best, best_len = None, -1
         for sid, session in self._sessions.items():
