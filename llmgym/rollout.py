@@ -4,7 +4,9 @@
 (``reset(options={"task": task})``), and steps every live episode with completions sampled in one
 batched engine call per turn — single-turn and multi-turn envs alike. At token level (an env whose
 action space is ``Discrete``) every live episode is stepped one token at a time, with the same keyed
-sampling, so the same seed yields the same tokens and rewards at both levels.
+sampling, so the same seed yields the same tokens and rewards at both levels; a decode session
+(:func:`llmgym.engines.open_decode_session`) keeps the KV cache between steps, so each context token
+— prompt, sampled token, a multi-turn env's reply — goes through the model once.
 
 The result is a list of :class:`Episode`; :class:`llmgym.batch.Batch` pads them into tensors.
 """
@@ -256,6 +258,11 @@ def _run_token_rows(live, envs, episodes, observations, engine, sampling, seed, 
     from llmgym.engines.base import open_decode_session
 
     session = open_decode_session(engine, [observations[i]["prompt_ids"] for i in live])
+    with session:  # eval mode held for the whole rollout, not switched per token
+        return _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns)
+
+
+def _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns) -> int:
     row_of = dict(zip(live, session.rows))
     turn_of = {i: 0 for i in live}
     buffers: dict[int, list[int]] = {i: [] for i in live}

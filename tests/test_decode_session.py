@@ -242,3 +242,15 @@ def test_agent_act_at_token_level_reuses_the_cache_and_keeps_its_tokens(tiny_mod
     plain, _ = play(NoSessionEngine(HFEngine(tiny_model, tokenizer)))
     assert cached == plain
     assert agent._token_stepper.rebuilds == 2 and agent._token_stepper.reuses == len(cached) - 2
+
+
+def test_a_rollout_leaves_a_training_model_in_training_mode(tiny_model, tokenizer):
+    env = gym.make("llmgym/CopyRetry-v0", tokenizer=tokenizer, level="token", max_new_tokens=4)
+    kw = dict(num_tasks=2, group_size=2, sampling=SamplingParams(max_new_tokens=4), seed=1, max_turns=2)
+    engine = HFEngine(tiny_model, tokenizer)
+    tiny_model.eval()
+    expected, _ = collect_episodes(env, engine, **kw)
+    tiny_model.train()
+    got, _ = collect_episodes(env, engine, **kw)
+    assert tiny_model.training
+    _same_episodes(got, expected)

@@ -107,6 +107,9 @@ class DecodeSession(Protocol):
     * ``drop(rows)``: rows leave (their episode or turn is over);
     * ``context(row)`` / ``context_length(row)``: the ids a row holds;
     * ``stale``: the model's weights changed since the cache was built.
+
+    A session is also a context manager: ``with session:`` holds the model in eval mode for a block
+    of calls (a rollout) instead of switching it per call.
     """
 
     @property

@@ -153,6 +153,18 @@ class HFDecodeSession:
         if contexts:
             self.add(contexts)
 
+    def __enter__(self) -> "HFDecodeSession":
+        """Hold the model in eval mode for a block of calls (a rollout) instead of per call."""
+        self._was_training = self.model.training
+        if self._was_training:
+            self.model.eval()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if getattr(self, "_was_training", False):
+            self.model.train()
+        self._was_training = False
+
     # -- reading ------------------------------------------------------------------------------
     @property
     def rows(self) -> list[int]:
@@ -319,6 +331,12 @@ class RecomputeSession:
         contexts = [_as_ids(c) for c in contexts]
         if contexts:
             self.add(contexts)
+
+    def __enter__(self) -> "RecomputeSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
 
     @property
     def rows(self) -> list[int]:
