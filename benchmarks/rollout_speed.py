@@ -119,19 +119,22 @@ def main() -> None:
             times[name].append(median_time(fn, 1))
     t_seq, t_tok, t_old = (statistics.median(times[k]) for k in ("seq", "tok", "old"))
 
-    loop_rows = []
-    for length in (16, 64, 256):
-        env_loop = gym.make("llmgym/Copy-v0", tokenizer=tok, level="token", max_new_tokens=length)
-        per_token = {}
-        for name, logits_fn in (("stepper", lambda: TokenStepper(engine).next_token_logits),
-                                ("recompute", lambda: engine.next_token_logits)):
-            def run(logits_fn=logits_fn):
-                return user_loop(env_loop, logits_fn(), tok.eos_token_id)
-
-            steps = run()
-            assert steps == length, steps
-            per_token[name] = median_time(run, args.repeats) / steps
-        loop_rows.append((length, per_token["stepper"], per_token["recompute"]))
+    # a user's loop: 256 tokens per measurement (256 / length episodes), lengths and methods
+    # interleaved within each repeat so that load drifting during the run falls on all alike
+    lengths = (16, 64, 256)
+    loop_envs = {n: gym.make("llmgym/Copy-v0", tokenizer=tok, level="token", max_new_tokens=n) for n in lengths}
+    methods = {"stepper": lambda: TokenStepper(engine).next_token_logits,
+               "recompute": lambda: engine.next_token_logits}
+    per_token: dict[tuple[str, int], list[float]] = {}
+    for _ in range(args.repeats):
+        for length in lengths:
+            for name, make in methods.items():
+                started = time.perf_counter()
+                steps = sum(user_loop(loop_envs[length], make(), tok.eos_token_id) for _ in range(256 // length))
+                assert steps == 256, steps
+                per_token.setdefault((name, length), []).append((time.perf_counter() - started) / steps)
+    loop_rows = [(n, statistics.median(per_token["stepper", n]), statistics.median(per_token["recompute", n]))
+                 for n in lengths]
 
     table = Table(title=f"rollout speed (tiny Llama {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
                         f"{torch.get_num_threads()} threads, median of {args.repeats})")
@@ -145,7 +148,8 @@ def main() -> None:
     table.add_row("same batch, token level (recomputed, before)", f"{t_old:.3f}", "", f"{t_old / t_seq:.2f}x")
     console = Console()
     console.print(table)
-    loop = Table(title="a user's token loop (batch 1, env.step per token): milliseconds per token")
+    loop = Table(title="a user's token loop (batch 1, env.step per token, 256 tokens per measurement): "
+                       "milliseconds per token")
     for col in ("tokens", "TokenStepper", "next_token_logits (recomputed)", "per-token vs 16 (stepper)"):
         loop.add_column(col)
     base = loop_rows[0][1]

@@ -64,14 +64,13 @@ def _concat_dynamic_caches(old, new, old_width: int, new_width: int) -> bool:
     """Append ``new``'s rows to ``old`` in place, left-padding the narrower one; False if unsupported."""
     from transformers.cache_utils import DynamicLayer
 
+    layers = (*old.layers, *new.layers)
     if len(old.layers) != len(new.layers) or not all(
-        type(layer) is DynamicLayer for layer in (*old.layers, *new.layers)
+        type(layer) is DynamicLayer and layer.keys is not None and layer.keys.numel() > 0 for layer in layers
     ):
         return False  # sliding-window, quantised or linear-attention layers: the caller rebuilds instead
     width = max(old_width, new_width)
     for a, b in zip(old.layers, new.layers):
-        if a.keys is None or b.keys is None or a.keys.numel() == 0 or b.keys.numel() == 0:
-            return False
         a.keys = torch.cat([_pad_time(a.keys, width), _pad_time(b.keys, width)], dim=0)
         a.values = torch.cat([_pad_time(a.values, width), _pad_time(b.values, width)], dim=0)
     return True
@@ -245,9 +244,9 @@ class HFDecodeSession:
         self._cache, logits = self._forward(chunk, mask, positions, self._cache)
         self._logits = torch.where(changed[:, None], logits, self._logits)
         self._mask, self._lengths = mask, self._lengths + chunk_mask.sum(-1)
-        self.tokens_computed += int(chunk_mask.sum())
+        self.tokens_computed += sum(len(t) for t in tokens.values())
         for h, new in tokens.items():
-            self._contexts[h] = self._contexts[h] + new
+            self._contexts[h].extend(new)
 
     def drop(self, rows: Iterable[int]) -> None:
         """Remove finished rows (their cache slots are freed)."""
@@ -385,7 +384,7 @@ class RecomputeSession:
         if missing:
             raise KeyError(f"rows {missing} are not live in this session (live rows: {self._handles})")
         for r, new in tokens.items():
-            self._contexts[r] = self._contexts[r] + new
+            self._contexts[r].extend(new)
         if tokens:
             self._compute(list(tokens))
 
