@@ -21,6 +21,7 @@ from llmgym.agents.corrections import TIS_LEVELS, truncated_importance_weights
 from llmgym import distributed
 from llmgym.batch import Batch
 from llmgym.engines import HFEngine, SamplingParams
+from llmgym.engines.session import token_stepper
 from llmgym.engines.sampling import row_keys, sample_next_token
 from llmgym.models import flush_denormals
 from llmgym.rollout import collect_episodes, draw_tasks, is_token_level
@@ -182,7 +183,7 @@ class Agent(abc.ABC):
         key = row_keys(self.config.seed + 104_729 * self._act_calls, 1)
         self._act_calls += 1
         if level == "token":
-            logits = self.engine.next_token_logits([ids])
+            logits = token_stepper(self).next_token_logits([ids])  # KV cache reused along the episode
             token, _ = sample_next_token(logits, torch.tensor(key, device=logits.device),
                                          torch.zeros(1, dtype=torch.long, device=logits.device),
                                          self.config.temperature, self.config.top_p)

@@ -2,7 +2,13 @@
 
 1. ``HFEngine.generate`` (KV cache + keyed Gumbel sampling) vs ``transformers``' own
    ``model.generate(do_sample=True)`` on the same model, prompts and token budget.
-2. Collecting the same GRPO batch at sequence level vs token level (one env step per token).
+2. Collecting the same GRPO batch at sequence level vs token level (one env step per token), the
+   token level both with the KV cache kept between steps (a decode session, today's path) and
+   recomputing every context at every step (the path before sessions, still used by engines
+   without ``open_session``).
+3. A user's own token loop (``env.step`` per token, EOS masked so every episode runs the full
+   length) at 16, 64 and 256 tokens: time per token with ``TokenStepper`` (cache reused) vs
+   ``engine.next_token_logits`` (recomputed). With the cache the time per token stays flat.
 
 Prints tokens/s and the ratios. Usage: ``python benchmarks/rollout_speed.py [--repeats 3]``.
 """
@@ -19,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 import llmgym  # noqa: F401
-from llmgym.engines import HFEngine, SamplingParams, pad_left
+from llmgym.engines import HFEngine, SamplingParams, TokenStepper, pad_left
 from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
 from llmgym.rollout import collect_episodes
 
@@ -31,6 +37,33 @@ def median_time(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - started)
     return statistics.median(times)
+
+
+class RecomputingEngine:
+    """The engine without ``open_session``: token level recomputes every context (the old path)."""
+
+    def __init__(self, engine: HFEngine):
+        self.inner = engine
+        self.tokenizer, self.eos_ids, self.pad_id = engine.tokenizer, engine.eos_ids, engine.pad_id
+        self.max_batch_size = engine.max_batch_size
+
+    def generate(self, *args, **kwargs):
+        return self.inner.generate(*args, **kwargs)
+
+    def next_token_logits(self, contexts):
+        return self.inner.next_token_logits(contexts)
+
+
+def user_loop(env, next_token_logits, eos_id: int) -> int:
+    """One episode of a user's greedy token loop; EOS is masked so it runs to the token budget."""
+    obs, _ = env.reset(seed=0)
+    done, steps = False, 0
+    while not done:
+        logits = next_token_logits([obs["prompt_ids"]])[0].clone()
+        logits[eos_id] = float("-inf")
+        obs, _, terminated, truncated, _ = env.step(int(logits.argmax()))
+        done, steps = terminated or truncated, steps + 1
+    return steps
 
 
 def main() -> None:
@@ -74,7 +107,34 @@ def main() -> None:
     def token_level():
         collect_episodes(env_tok, engine, num_tasks=8, group_size=8, sampling=small, seed=0)
 
-    t_seq, t_tok = median_time(seq_level, args.repeats), median_time(token_level, args.repeats)
+    recomputing = RecomputingEngine(engine)
+
+    def token_level_recomputed():
+        collect_episodes(env_tok, recomputing, num_tasks=8, group_size=8, sampling=small, seed=0)
+
+    # interleaved, so load from other processes falls on all three alike
+    times = {"seq": [], "tok": [], "old": []}
+    for _ in range(args.repeats):
+        for name, fn in (("seq", seq_level), ("tok", token_level), ("old", token_level_recomputed)):
+            times[name].append(median_time(fn, 1))
+    t_seq, t_tok, t_old = (statistics.median(times[k]) for k in ("seq", "tok", "old"))
+
+    # a user's loop: 256 tokens per measurement (256 / length episodes), lengths and methods
+    # interleaved within each repeat so that load drifting during the run falls on all alike
+    lengths = (16, 64, 256)
+    loop_envs = {n: gym.make("llmgym/Copy-v0", tokenizer=tok, level="token", max_new_tokens=n) for n in lengths}
+    methods = {"stepper": lambda: TokenStepper(engine).next_token_logits,
+               "recompute": lambda: engine.next_token_logits}
+    per_token: dict[tuple[str, int], list[float]] = {}
+    for _ in range(args.repeats):
+        for length in lengths:
+            for name, make in methods.items():
+                started = time.perf_counter()
+                steps = sum(user_loop(loop_envs[length], make(), tok.eos_token_id) for _ in range(256 // length))
+                assert steps == 256, steps
+                per_token.setdefault((name, length), []).append((time.perf_counter() - started) / steps)
+    loop_rows = [(n, statistics.median(per_token["stepper", n]), statistics.median(per_token["recompute", n]))
+                 for n in lengths]
 
     table = Table(title=f"rollout speed (tiny Llama {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
                         f"{torch.get_num_threads()} threads, median of {args.repeats})")
@@ -84,8 +144,18 @@ def main() -> None:
     table.add_row("transformers generate()", f"{t_hf:.3f}", f"{produced['hf'] / t_hf:,.0f}",
                   f"{(produced['hf'] / t_hf) / (produced['ours'] / t_ours):.2f}")
     table.add_row("GRPO batch 8x8, sequence level", f"{t_seq:.3f}", "", "1.00")
-    table.add_row("same batch, token level", f"{t_tok:.3f}", "", f"{t_tok / t_seq:.2f}x slower")
-    Console().print(table)
+    table.add_row("same batch, token level (KV cache session)", f"{t_tok:.3f}", "", f"{t_tok / t_seq:.2f}x")
+    table.add_row("same batch, token level (recomputed, before)", f"{t_old:.3f}", "", f"{t_old / t_seq:.2f}x")
+    console = Console()
+    console.print(table)
+    loop = Table(title="a user's token loop (batch 1, env.step per token, 256 tokens per measurement): "
+                       "milliseconds per token")
+    for col in ("tokens", "TokenStepper", "next_token_logits (recomputed)", "per-token vs 16 (stepper)"):
+        loop.add_column(col)
+    base = loop_rows[0][1]
+    for length, stepper, recompute in loop_rows:
+        loop.add_row(str(length), f"{1e3 * stepper:.2f}", f"{1e3 * recompute:.2f}", f"{stepper / base:.2f}")
+    console.print(loop)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 import gymnasium as gym
 
 import llmgym  # noqa: F401  (registers the llmgym/... ids)
-from llmgym.engines import HFEngine, SamplingParams
+from llmgym.engines import HFEngine, SamplingParams, TokenStepper
 from llmgym.models import load_model
 
 model, tokenizer = load_model("tiny")  # a tiny random-init model built locally; or a path to a checkpoint
@@ -19,10 +19,11 @@ for episode in range(3):
 
 # token level: one action = one token id; the reward arrives at EOS or at the token limit
 env = gym.make("llmgym/Addition-v0", tokenizer=tokenizer, level="token", max_new_tokens=8)
+stepper = TokenStepper(engine)  # keeps the KV cache along the episode: one new token per model call
 obs, info = env.reset(seed=0)
 done = False
 while not done:
-    logits = engine.next_token_logits([obs["prompt_ids"]])
+    logits = stepper.next_token_logits([obs["prompt_ids"]])
     obs, reward, terminated, truncated, info = env.step(int(logits[0].argmax()))
     done = terminated or truncated
 print(f"token level: {obs['prompt']!r} reward={reward:.2f} ({info['finish_reason']})")

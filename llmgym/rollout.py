@@ -4,7 +4,9 @@
 (``reset(options={"task": task})``), and steps every live episode with completions sampled in one
 batched engine call per turn — single-turn and multi-turn envs alike. At token level (an env whose
 action space is ``Discrete``) every live episode is stepped one token at a time, with the same keyed
-sampling, so the same seed yields the same tokens and rewards at both levels.
+sampling, so the same seed yields the same tokens and rewards at both levels; a decode session
+(:func:`llmgym.engines.open_decode_session`) keeps the KV cache between steps, so each context token
+— prompt, sampled token, a multi-turn env's reply — goes through the model once.
 
 The result is a list of :class:`Episode`; :class:`llmgym.batch.Batch` pads them into tensors.
 """
@@ -234,10 +236,10 @@ def _token_wrapper(env: gym.Env):
 
 
 def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns) -> int:
-    if not hasattr(engine, "next_token_logits"):
+    if not (hasattr(engine, "open_session") or hasattr(engine, "next_token_logits")):
         raise TypeError(
-            f"{type(engine).__name__} cannot drive a token-level env (it has no next_token_logits); "
-            f"use HFEngine, or the sequence-level env"
+            f"{type(engine).__name__} cannot drive a token-level env (it has neither open_session nor "
+            f"next_token_logits); use HFEngine, or the sequence-level env"
         )
     if sampling.stop:
         raise ValueError("stop strings are not supported at token level: the env ends a completion at EOS "
@@ -246,16 +248,34 @@ def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_t
         wrapper = _token_wrapper(e)
         wrapper.max_new_tokens = sampling.max_new_tokens
         wrapper.stop_token_ids = wrapper.stop_token_ids | set(getattr(engine, "eos_ids", ()))
-    live = list(range(len(envs)))
-    turn_of = [0] * len(envs)
-    buffers: list[list[int]] = [[] for _ in envs]
-    buffer_lps: list[list[float]] = [[] for _ in envs]
-    buffer_rewards: list[list[float]] = [[] for _ in envs]
+    # rows are independent (keyed sampling, one env each): a session per engine batch bounds the cache
+    chunk = max(1, int(getattr(engine, "max_batch_size", len(envs)) or len(envs)))
+    sampled = 0
+    for start in range(0, len(envs), chunk):
+        sampled += _run_token_rows(list(range(start, min(start + chunk, len(envs)))), envs, episodes,
+                                   observations, engine, sampling, seed, max_turns)
+    return sampled
+
+
+def _run_token_rows(live, envs, episodes, observations, engine, sampling, seed, max_turns) -> int:
+    """Step episodes ``live`` one token at a time; the model sees each context token once (a session)."""
+    from llmgym.engines.base import open_decode_session
+
+    session = open_decode_session(engine, [observations[i]["prompt_ids"] for i in live])
+    with session:  # eval mode held for the whole rollout, not switched per token
+        return _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns)
+
+
+def _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns) -> int:
+    row_of = dict(zip(live, session.rows))
+    turn_of = {i: 0 for i in live}
+    buffers: dict[int, list[int]] = {i: [] for i in live}
+    buffer_lps: dict[int, list[float]] = {i: [] for i in live}
+    buffer_rewards: dict[int, list[float]] = {i: [] for i in live}
     keys_cache: dict[int, list[int]] = {}
     sampled = 0
     while live:
-        contexts = [observations[i]["prompt_ids"].tolist() for i in live]
-        logits = engine.next_token_logits(contexts)
+        logits = session.logits([row_of[i] for i in live])
         keys = []
         for i in live:
             if turn_of[i] not in keys_cache:
@@ -264,7 +284,7 @@ def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_t
         positions = torch.tensor([len(buffers[i]) for i in live])
         tokens, lps = sample_next_token(logits, torch.tensor(keys, device=logits.device),
                                         positions.to(logits.device), sampling.temperature, sampling.top_p)
-        still = []
+        still, finished, extensions = [], [], {}
         for i, tok, lp in zip(live, tokens.tolist(), lps.tolist()):
             sampled += 1
             buffers[i].append(tok)
@@ -280,8 +300,28 @@ def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_t
             observations[i] = obs
             if not (terminated or truncated) and turn_of[i] < max_turns:
                 still.append(i)
+                extensions[row_of[i]] = _new_ids(session, row_of[i], obs["prompt_ids"], tok)
+            else:
+                finished.append(row_of[i])
+        session.drop(finished)
+        stale = [r for r, ids in extensions.items() if ids is None]
+        if stale:  # the observation rewrote the context: start those rows again from their full context
+            session.drop(stale)
+            fresh = session.add([observations[i]["prompt_ids"] for i in still if row_of[i] in stale])
+            row_of.update(zip([i for i in still if row_of[i] in stale], fresh))
+        session.extend({r: ids for r, ids in extensions.items() if ids is not None})
         live = still
     return sampled
+
+
+def _new_ids(session, row: int, context, token: int) -> list[int] | None:
+    """What ``context`` adds to ``row``'s cached ids (the token just sampled, maybe an env reply);
+    ``None`` when it does not extend them."""
+    n = session.context_length(row)
+    if len(context) == n + 1 and int(context[-1]) == token:
+        return [token]  # the common step: the observation grew by the sampled token
+    ids = [int(t) for t in context]
+    return ids[n:] if len(ids) > n and ids[:n] == session.context(row) else None
 
 
 def evaluate(

@@ -223,3 +223,26 @@ def test_importing_vllm_engine_without_vllm_says_what_to_install():
         import llmgym.engines.vllm  # noqa: F401
     with pytest.raises(ImportError, match="GPU"):
         from llmgym.engines import VLLMEngine  # noqa: F401
+
+
+def test_decode_session_follows_the_context_or_refuses_clearly(setup):
+    """An engine's session gives the recomputed next-token logits as rows grow, join and leave;
+    an engine that cannot hold a per-token cache says so (and token level then refuses clearly)."""
+    from llmgym.engines import open_decode_session
+
+    prompts = _prompts(setup.tok)
+    if not hasattr(setup.engine, "next_token_logits"):
+        with pytest.raises(NotImplementedError, match="session"):
+            setup.engine.open_session(prompts)
+        with pytest.raises(TypeError, match="one token at a time"):
+            open_decode_session(setup.engine, prompts)
+        return
+    session = setup.engine.open_session(prompts)
+    a, b, c = session.rows
+    session.extend({a: [40], b: [41, 42, 43]})
+    session.drop([c])
+    (d,) = session.add([prompts[2][:4]])
+    session.extend({a: [44], d: [45]})
+    rows = [a, b, d]
+    want = setup.engine.next_token_logits([session.context(r) for r in rows])
+    assert (session.logits(rows) - want).abs().max() < setup.tol

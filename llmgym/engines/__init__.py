@@ -6,14 +6,18 @@ Example:
     True
 """
 
-from llmgym.engines.base import Completion, Engine, SamplingParams
+from llmgym.engines.base import Completion, DecodeSession, Engine, SamplingParams, open_decode_session
 from llmgym.engines.hf import HFEngine, pad_left, sequence_logprobs
 from llmgym.engines.sampling import row_keys, sample_next_token
+from llmgym.engines.session import TokenStepper
 
 __all__ = [
     "Completion",
     "Engine",
     "SamplingParams",
+    "DecodeSession",
+    "open_decode_session",
+    "TokenStepper",
     "HFEngine",
     "sequence_logprobs",
     "pad_left",

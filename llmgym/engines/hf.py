@@ -206,8 +206,30 @@ class HFEngine:
             hits.append(any(s in text for s in stop))
         return torch.tensor(hits, device=tokens.device)
 
+    def open_session(self, contexts: Sequence[Sequence[int]] = ()):
+        """An incremental decoding session over ``contexts`` that keeps the KV cache between calls.
+
+        See :class:`llmgym.engines.session.HFDecodeSession` (and :class:`~llmgym.engines.DecodeSession`
+        for the contract); token-level rollouts and :class:`~llmgym.engines.TokenStepper` use it.
+
+        Example:
+            >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+            >>> from llmgym.engines import HFEngine
+            >>> tok = build_tokenizer()
+            >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
+            >>> engine.open_session([[5, 6, 7]]).logits().shape[0]
+            1
+        """
+        from llmgym.engines.session import HFDecodeSession
+
+        return HFDecodeSession(self, contexts)
+
     def next_token_logits(self, contexts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Logits ``[B, V]`` (float32) of the next token after each context (no cache; token-level use)."""
+        """Logits ``[B, V]`` (float32) of the next token after each context, recomputed from scratch.
+
+        A token loop that calls this at every step is quadratic in the context length; use
+        :class:`~llmgym.engines.TokenStepper` (same call, cache kept) or :meth:`open_session`.
+        """
         ids, attn = pad_left([list(c) for c in contexts], self.pad_id, self.device)
         with self._eval_mode():
             out = self.model(input_ids=ids, attention_mask=attn, position_ids=_positions(attn))

@@ -258,6 +258,17 @@ class VLLMEngine:
             self.sleep()
         return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
 
+    def open_session(self, contexts: Sequence[Sequence[int]] = ()):
+        """Not supported: vLLM schedules whole completions and exposes no per-token KV cache here.
+
+        Token-level envs need an engine that steps one token at a time (``HFEngine``); drive vLLM
+        through the sequence-level env, where it samples every token of a completion in one call.
+        """
+        raise NotImplementedError(
+            "VLLMEngine cannot open an incremental decoding session (vLLM generates whole completions); "
+            "use HFEngine for token-level envs, or the sequence-level env with VLLMEngine"
+        )
+
     def _completion(self, prompt: list[int], output, key: int) -> Completion:
         token_ids = [int(t) for t in output.token_ids]
         if output.logprobs is None or len(output.logprobs) != len(token_ids):
