@@ -266,8 +266,8 @@ class Agent(abc.ABC):
         """Per-token rewards with −β·KL folded in when ``kl_placement == "reward"``."""
         rewards = batch.token_rewards
         if self.ref_model is not None and self.config.kl_placement == "reward":
-            kl = F.kl_estimate(batch.old_logprobs, batch.ref_logprobs, self.config.kl_estimator)
-            rewards = rewards - self.config.kl_coef * kl * batch.action_mask
+            kl = F.kl_estimate(batch.old_logprobs, batch.ref_logprobs, self.config.kl_estimator, batch.action_mask)
+            rewards = rewards - self.config.kl_coef * kl
         return rewards
 
     @abc.abstractmethod
@@ -282,7 +282,7 @@ class Agent(abc.ABC):
         """``β · KL_t`` per token when ``kl_placement == "loss"`` (else 0), and the KL itself."""
         if self.ref_model is None:
             return torch.zeros_like(out.logprobs), None
-        kl = F.kl_estimate(out.logprobs, batch.ref_logprobs, self.config.kl_estimator)
+        kl = F.kl_estimate(out.logprobs, batch.ref_logprobs, self.config.kl_estimator, batch.action_mask)
         if self.config.kl_placement == "loss":
             return self.config.kl_coef * kl, kl
         return torch.zeros_like(out.logprobs), kl

@@ -92,6 +92,20 @@ def _as_float(x: Tensor) -> Tensor:
     return x if x.is_floating_point() else x.to(torch.get_default_dtype())
 
 
+def _zero_masked(mask: Optional[Tensor], *xs: Tensor) -> tuple[Tensor, ...]:
+    """Each ``x`` with its masked positions replaced by 0, *before* any arithmetic.
+
+    Padded log-probs may be ±inf or NaN. Masking the result afterwards keeps the value finite but
+    not the gradient: autograd multiplies the zero upstream gradient by the local derivative at the
+    padded position (``exp(inf)``, ``inf − inf``) and ``0 · inf`` is NaN. ``torch.where`` on the
+    inputs routes exactly zero gradient to them, so padding can never poison a backward pass.
+    """
+    if mask is None:
+        return xs
+    valid = _valid(mask)
+    return tuple(torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device)) for x in xs)
+
+
 def _expand_to(x: Tensor, ref: Tensor) -> Tensor:
     """Broadcast per-sequence ``x [B]`` against per-token ``ref [B, T]`` (adds a trailing dim)."""
     while x.dim() < ref.dim():
@@ -550,7 +564,7 @@ def kl_penalised_rewards(
         >>> kl_penalised_rewards(torch.tensor([1.]), lp, ref, m, kl_coef=0.1)  # -0.1*0.5, 1 - 0
         tensor([[-0.0500,  1.0000,  0.0000]])
     """
-    kl = kl_estimate(logprobs.detach(), ref_logprobs.detach(), estimator)
+    kl = kl_estimate(logprobs.detach(), ref_logprobs.detach(), estimator, mask)
     rewards = token_level_rewards(sequence_rewards, mask).to(kl.dtype) - kl_coef * kl
     return torch.where(_valid(mask), rewards, torch.zeros_like(rewards)).detach()
 
@@ -641,13 +655,15 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return torch.logsumexp(z, dim=-1) - p_z.sum(dim=-1)
 
 
-def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     """k1 estimator of ``KL(π ‖ π_ref)`` from samples of π: ``log π − log π_ref``.
 
     Unbiased, high variance, can be negative per token.
 
     Args:
         logprobs, ref_logprobs: ``[B, T]``.
+        mask: optional ``[B, T]``; masked positions give 0 with a zero (never NaN) gradient, even
+            where the padded log-probs are ±inf or NaN.
 
     Returns:
         ``[B, T]``.
@@ -656,16 +672,18 @@ def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
         >>> kl_k1(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]))
         tensor([[ 0.5000, -1.0000]])
     """
+    logprobs, ref_logprobs = _zero_masked(mask, logprobs, ref_logprobs)
     return logprobs - ref_logprobs
 
 
-def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     """k2 estimator of ``KL(π ‖ π_ref)``: ``½ (log π − log π_ref)²``.
 
     Biased, low variance, ≥ 0; its gradient is that of the true KL's (Schulman 2020).
 
     Args:
         logprobs, ref_logprobs: ``[B, T]``.
+        mask: optional ``[B, T]``; masked positions give 0 with a zero gradient (see :func:`kl_k1`).
 
     Returns:
         ``[B, T]``, ≥ 0.
@@ -674,10 +692,11 @@ def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
         >>> kl_k2(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]))
         tensor([[0.1250, 0.5000]])
     """
+    logprobs, ref_logprobs = _zero_masked(mask, logprobs, ref_logprobs)
     return 0.5 * (logprobs - ref_logprobs) ** 2
 
 
-def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     """k3 estimator of ``KL(π ‖ π_ref)`` (GRPO's KL term): ``exp(ρ) − ρ − 1``.
 
     Here ``ρ = log π_ref − log π``.
@@ -686,6 +705,7 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
     Args:
         logprobs, ref_logprobs: ``[B, T]``.
+        mask: optional ``[B, T]``; masked positions give 0 with a zero gradient (see :func:`kl_k1`).
 
     Returns:
         ``[B, T]``, ≥ 0.
@@ -694,6 +714,7 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
         >>> kl_k3(torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.0, 0.0]]))  # ρ = 0, 1: e − 2
         tensor([[0.0000, 0.7183]])
     """
+    logprobs, ref_logprobs = _zero_masked(mask, logprobs, ref_logprobs)
     log_ratio = ref_logprobs - logprobs
     return torch.expm1(log_ratio) - log_ratio  # expm1 keeps precision near ρ = 0
 
@@ -701,12 +722,13 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
-def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3", mask: Optional[Tensor] = None) -> Tensor:
     """Per-token estimate of ``KL(π ‖ π_ref)`` by estimator name (``"k1"``, ``"k2"``, ``"k3"``).
 
     Args:
         logprobs, ref_logprobs: ``[B, T]``.
         estimator: name in :data:`KL_ESTIMATORS`.
+        mask: optional ``[B, T]``: masked positions give 0 with a zero gradient.
 
     Returns:
         ``[B, T]``.
@@ -724,7 +746,7 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -
         raise ValueError(
             f"unknown KL estimator {estimator!r}; choose one of {sorted(KL_ESTIMATORS)}"
         ) from None
-    return fn(logprobs, ref_logprobs)
+    return fn(logprobs, ref_logprobs, mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -758,6 +780,7 @@ def clipped_surrogate_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: Optional[float] = None,
+    mask: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """PPO's clipped surrogate loss per token, with DAPO's clip-higher and optional dual-clip.
 
@@ -782,6 +805,8 @@ def clipped_surrogate_loss(
         clip_low: ε_low.
         clip_high: ε_high.
         dual_clip: c > 1, or ``None`` to disable.
+        mask: optional ``[B, T]``: padded log-probs (±inf, NaN) are zeroed before the arithmetic,
+            so masked positions get a zero gradient (aggregate with the same mask).
 
     Returns:
         ``(loss [B, T], is_clipped [B, T] bool)``.
@@ -800,7 +825,8 @@ def clipped_surrogate_loss(
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (it caps the ratio for A < 0), got {dual_clip}")
     advantages = _expand_to(advantages.detach(), logprobs)
-    log_ratio = (logprobs - old_logprobs.detach()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    logprobs, old_logprobs = _zero_masked(mask, logprobs, old_logprobs.detach())
+    log_ratio = (logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -861,7 +887,8 @@ def sequence_ratio_surrogate_loss(
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
     advantages = _expand_to(advantages.detach(), logprobs)
-    token_log_ratio = logprobs - old_logprobs.detach()
+    logprobs, old_logprobs = _zero_masked(mask, logprobs, old_logprobs.detach())  # padding may be ±inf/NaN
+    token_log_ratio = logprobs - old_logprobs
     seq_log_ratio = masked_mean(token_log_ratio, mask, dim=-1)  # [B], NaN-safe on padding
     seq_log_ratio = seq_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).unsqueeze(-1)
     # value s_i, gradient s_i · ∇log π_t: sg[log s_i] + log π_t − sg[log π_t]

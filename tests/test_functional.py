@@ -717,3 +717,68 @@ def test_all_masked_batch_with_nan_padding_produces_no_nan_anywhere():
     ]
     for out in outs:
         assert torch.isfinite(out).all()
+
+
+# --------------------------------------------------------------------------------------------
+# padding that is ±inf / NaN: values *and gradients* stay finite at masked positions
+# --------------------------------------------------------------------------------------------
+
+
+def _poisoned_logprobs():
+    """Valid tokens in column 0..1; the masked column holds the worst padding values."""
+    lp = T_([[-1.0, -2.0, -math.inf], [-0.5, -1.5, math.nan], [-1.0, -1.0, math.inf]], requires_grad=True)
+    other = T_([[-1.5, -1.0, 0.0], [-0.5, -2.0, -math.inf], [-2.0, -1.0, math.nan]])
+    mask = T_([[1, 1, 0], [1, 1, 0], [1, 1, 0]])
+    return lp, other, mask
+
+
+@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+def test_masked_kl_estimators_have_finite_gradients_on_inf_nan_padding(name):
+    lp, ref, mask = _poisoned_logprobs()
+    kl = kl_estimate(lp, ref, name, mask)
+    assert torch.isfinite(kl).all() and (kl[:, 2] == 0).all()
+    aggregate_loss(kl, mask).backward()
+    assert torch.isfinite(lp.grad).all(), lp.grad
+    assert (lp.grad[:, 2] == 0).all()
+    # the valid positions get the same gradient as with clean padding
+    clean = lp.detach()[:, :2].clone().requires_grad_(True)
+    aggregate_loss(kl_estimate(clean, ref[:, :2], name), mask[:, :2], num_tokens=6).backward()
+    assert torch.allclose(lp.grad[:, :2], clean.grad)
+
+
+def test_unmasked_kl_on_inf_padding_would_poison_the_gradient():
+    # why the mask argument exists: masking the *output* keeps the value, not the gradient
+    lp, ref, mask = _poisoned_logprobs()
+    aggregate_loss(kl_k3(lp, ref), mask).backward()
+    assert not torch.isfinite(lp.grad).all()
+
+
+@pytest.mark.parametrize("surrogate", ["token", "sequence"])
+def test_masked_ratios_have_finite_gradients_on_inf_nan_padding(surrogate):
+    lp, old, mask = _poisoned_logprobs()
+    adv = T_([1.0, -1.0, 0.5])
+    if surrogate == "sequence":
+        loss, clipped = sequence_ratio_surrogate_loss(lp, old, adv, mask, 0.2, 0.2)
+    else:
+        loss, clipped = clipped_surrogate_loss(lp, old, adv, 0.2, 0.2, mask=mask)
+    aggregate_loss(loss, mask, "seq-mean-token-mean").backward()
+    assert torch.isfinite(lp.grad).all(), lp.grad
+    assert (lp.grad[:, 2] == 0).all() and (lp.grad[:, :2] != 0).any()
+
+
+def test_kl_penalised_rewards_finite_on_inf_padding():
+    lp, ref, mask = _poisoned_logprobs()
+    r = kl_penalised_rewards(T_([1.0, 0.0, 1.0]), lp, ref, mask, kl_coef=0.1, estimator="k3")
+    assert torch.isfinite(r).all() and (r[:, 2] == 0).all()
+
+
+def test_reinforce_plus_plus_puts_k1_in_the_reward():
+    # Hu (2025): r_t = −β·(log π_old − log π_ref) per token (+ R at the last token).
+    # β = 0.01, δ = log π_old − log π_ref = −0.5 at both tokens, R = 0: r = −0.01·(−0.5) = +0.005
+    from llmgym.agents import REINFORCEPlusPlusConfig
+
+    cfg = REINFORCEPlusPlusConfig()
+    assert (cfg.kl_estimator, cfg.kl_placement, cfg.kl_coef) == ("k1", "reward", 0.01)
+    r = kl_penalised_rewards(T_([0.0]), T_([[-1.5, -2.5]]), T_([[-1.0, -2.0]]), T_([[1, 1]]),
+                             kl_coef=cfg.kl_coef, estimator=cfg.kl_estimator)
+    assert close(r, [[0.005, 0.005]], atol=1e-7)
