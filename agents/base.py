@@ -420,12 +420,21 @@ class Agent(abc.ABC):
         return local * distributed.world_size() / total if total > 0 else 0.0
 
     def policy_stats(self, batch: Batch, out: ForwardOutput, is_clipped=None, kl=None) -> dict[str, float]:
-        """Diagnostics common to every agent: entropy, KL (both estimators), clip fraction."""
+        """Diagnostics common to every agent: entropy, KL to the reference, clip fraction.
+
+        ``kl`` is the k3 estimate of KL(π‖π_ref), non-negative per token, whatever estimator the
+        penalty uses; ``kl_k1`` and ``kl_k3`` report both estimators (as CleanRL reports both).
+        The tokens were sampled from π_old, not π: after the first optimiser step of a batch the k1
+        mean estimates ``−KL(π_old‖π)``-like quantities and goes negative (PPO's −0.05 at step 1),
+        which is why the headline ``kl`` is k3.
+        """
         mask = batch.action_mask
         stats = {"entropy": float(F.masked_mean(out.entropy.detach(), mask))}
         if kl is not None:
-            stats["kl"] = float(F.masked_mean(kl.detach(), mask))
-            stats["kl_k1"] = float(F.masked_mean(F.kl_k1(out.logprobs.detach(), batch.ref_logprobs), mask))
+            lp = out.logprobs.detach()
+            stats["kl_k1"] = float(F.masked_mean(F.kl_k1(lp, batch.ref_logprobs, mask), mask))
+            stats["kl_k3"] = float(F.masked_mean(F.kl_k3(lp, batch.ref_logprobs, mask), mask))
+            stats["kl"] = stats["kl_k3"]
         if is_clipped is not None:
             stats["clip_frac"] = float(F.clip_fraction(is_clipped, mask))
         # how far π_old is from the current policy (0 at an on-policy step), both estimators
@@ -445,7 +454,9 @@ class Agent(abc.ABC):
 
         Every entry has ``step``, ``reward_mean``, ``reward_std``, ``loss``, ``kl`` (NaN where no
         KL is defined), ``entropy``, ``clip_frac`` (NaN where there is no clipping),
-        ``tokens_per_s`` and ``wall_s``. A ``callback`` returning ``False`` stops early.
+        ``tokens_per_s`` and ``wall_s``, plus the rollout's counters in ``batch.stats``
+        (``rollout_s``, ``tokens_sampled``; DAPO adds ``extra_draws`` and ``kept_groups``).
+        A ``callback`` returning ``False`` stops early.
         """
         history: list[dict[str, float]] = []
         bar = None
@@ -473,6 +484,8 @@ class Agent(abc.ABC):
                     "completion_len": float(batch.lengths.mean()),
                     "wall_s": time.perf_counter() - started,
                 }
+                # the rollout's own counters too (DAPO's extra_draws / kept_groups, tokens sampled)
+                row.update({k: float(v) for k, v in batch.stats.items() if k not in row})
                 history.append(row)
                 if bar is not None:
                     bar.update(job, advance=1, reward=row["reward_mean"])

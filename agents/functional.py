@@ -1038,17 +1038,20 @@ def aggregate_loss(
 # --------------------------------------------------------------------------------------------
 
 
-def explained_variance(predicted: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+def explained_variance(predicted: Tensor, target: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     """Explained variance of a value head: ``1 − Var[R − V] / Var[R]`` over valid positions.
 
-    1 is perfect, 0 is no better than a constant, < 0 is worse than a constant. When the target
-    has zero variance (or nothing is valid) the quantity is undefined; 0 is returned instead of
-    NaN so logs and plots stay clean.
+    1 is perfect, 0 is no better than a constant, < 0 is worse than a constant. When the target's
+    variance is ~0 (``Var[R] ≤ eps``, or nothing is valid) the ratio is undefined — and dividing by
+    round-off gives nonsense such as −4·10⁸ when every reward is 0 and the returns hold only a tiny
+    KL penalty — so 0 is returned: logs and plots stay clean, and a constant target has nothing
+    left to explain.
 
     Args:
         predicted: ``[B, T]`` values V.
         target: ``[B, T]`` returns R.
         mask: ``[B, T]``.
+        eps: variance of R at or below which the quantity is reported as 0.
 
     Returns:
         scalar tensor (detached).
@@ -1059,12 +1062,15 @@ def explained_variance(predicted: Tensor, target: Tensor, mask: Tensor) -> Tenso
         tensor(1.)
         >>> explained_variance(torch.full((1, 4), 2.5), R, torch.ones(1, 4))
         tensor(0.)
+        >>> explained_variance(torch.zeros(1, 4), torch.tensor([[0., 1e-6, 0., -1e-6]]), torch.ones(1, 4))
+        tensor(0.)
     """
     predicted, target = predicted.detach(), target.detach()
     var_target = masked_var(target, mask)
     var_residual = masked_var(target - predicted, mask)
-    ev = 1.0 - var_residual / var_target.clamp(min=torch.finfo(var_target.dtype).tiny)
-    return torch.where(var_target > 0, ev, torch.zeros_like(ev))
+    defined = var_target > eps
+    ev = 1.0 - var_residual / torch.where(defined, var_target, torch.ones_like(var_target))
+    return torch.where(defined, ev, torch.zeros_like(ev))
 
 
 def clip_fraction(is_clipped: Tensor, mask: Tensor) -> Tensor:

@@ -204,3 +204,33 @@ def test_dapo_overlong_penalty_is_per_turn_in_multi_turn_envs(tiny_model, tokeni
     agent = DAPO(tiny_model, tokenizer, tasks_per_step=2, group_size=2, max_new_tokens=8, dynamic_sampling=False)
     batch = agent.collect(gym.make("llmgym/CopyRetry-v0", tokenizer=tokenizer))
     assert (batch.longest_turn <= 8).all() and (batch.lengths > 8).any()
+
+
+def test_dapo_draw_counters_reach_the_history_rows(tiny_model, tokenizer):
+    # DAPO's dynamic sampling counters must reach the per-step rows (the CLI writes them to metrics.jsonl)
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    agent = small(DAPO, tiny_model, tokenizer, max_extra_draws=1)
+    row = agent.learn(env, steps=1)[0]
+    assert row["extra_draws"] in (0.0, 1.0)
+    assert 1.0 <= row["kept_groups"] <= SMALL["tasks_per_step"]
+    assert row["tokens_sampled"] > 0 and row["rollout_s"] >= 0
+
+
+def test_ppo_reports_a_non_negative_kl_and_both_estimators(tiny_model, tokenizer):
+    # PPO samples from π_old and takes several optimiser steps per batch: the k1 mean over π_old's
+    # tokens drifts negative (−0.05 was reported at step 1); the headline `kl` is k3, ≥ 0 per token
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    agent = small(PPO, tiny_model, tokenizer, tasks_per_step=4, kl_coef=0.1, lr=5e-3, update_epochs=3)
+    rows = agent.learn(env, steps=2)
+    for row in rows:
+        assert row["kl"] == row["kl_k3"] and row["kl"] >= 0.0
+        assert math.isfinite(row["kl_k1"])
+    assert rows[-1]["kl_k3"] > 0.0  # the policy moved away from the reference
+
+
+def test_ppo_explained_variance_is_sane_when_every_reward_is_zero(tiny_model, tokenizer):
+    env = SequenceEnv([Task("copy: ab", answer="ab")], lambda task, text: 0.0, tokenizer)
+    agent = small(PPO, tiny_model, tokenizer, tasks_per_step=4, kl_coef=0.05, update_epochs=2)
+    for row in agent.learn(env, steps=2):
+        assert row["reward_mean"] == 0.0
+        assert -1.0 <= row["explained_variance"] <= 1.0, row["explained_variance"]

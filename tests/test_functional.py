@@ -782,3 +782,17 @@ def test_reinforce_plus_plus_puts_k1_in_the_reward():
     r = kl_penalised_rewards(T_([0.0]), T_([[-1.5, -2.5]]), T_([[-1.0, -2.0]]), T_([[1, 1]]),
                              kl_coef=cfg.kl_coef, estimator=cfg.kl_estimator)
     assert close(r, [[0.005, 0.005]], atol=1e-7)
+
+
+def test_explained_variance_is_zero_not_huge_when_returns_barely_vary():
+    # all rewards 0: the returns hold only a tiny KL penalty (variance ~1e-12), the value head's
+    # random outputs vary by ~1e-2; 1 − Var[R−V]/Var[R] would be ≈ −1e8 — report 0 instead
+    R = T_([[1e-6, -1e-6, 2e-6, 0.0]])
+    V = T_([[0.01, -0.02, 0.015, 0.0]])
+    m = torch.ones(1, 4)
+    assert 1 - masked_var(R - V, m) / masked_var(R, m) < -1e6  # the raw ratio is nonsense
+    assert explained_variance(V, R, m).item() == 0.0
+    # a real spread of returns is still measured (eps is far below any reward scale)
+    R2 = T_([[0.0, 1.0, 0.0, 1.0]])
+    assert close(explained_variance(R2, R2, m), 1.0)
+    assert explained_variance(torch.zeros(1, 4), R2, m).item() == pytest.approx(0.0, abs=1e-6)
