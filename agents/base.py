@@ -424,9 +424,9 @@ class Agent(abc.ABC):
 
         ``kl`` is the k3 estimate of KL(π‖π_ref), non-negative per token, whatever estimator the
         penalty uses; ``kl_k1`` and ``kl_k3`` report both estimators (as CleanRL reports both).
-        The tokens were sampled from π_old, not π: after the first optimiser step of a batch the k1
-        mean estimates ``−KL(π_old‖π)``-like quantities and goes negative (PPO's −0.05 at step 1),
-        which is why the headline ``kl`` is k3.
+        The tokens were sampled from π_old, not π: at step 1 (π_old = π_ref) the k1 mean over them
+        estimates ``E_{π_ref}[log π − log π_ref] = −KL(π_ref‖π) ≤ 0`` once the first minibatch has
+        moved π (PPO logged −0.05), which is why the headline ``kl`` is k3.
         """
         mask = batch.action_mask
         stats = {"entropy": float(F.masked_mean(out.entropy.detach(), mask))}

@@ -234,3 +234,52 @@ def test_ppo_explained_variance_is_sane_when_every_reward_is_zero(tiny_model, to
     for row in agent.learn(env, steps=2):
         assert row["reward_mean"] == 0.0
         assert -1.0 <= row["explained_variance"] <= 1.0, row["explained_variance"]
+
+
+def test_new_loss_presets_are_registered():
+    from llmgym.agents import CISPO, GDPO, SAPO
+
+    assert AGENTS["cispo"] is CISPO and AGENTS["sapo"] is SAPO and AGENTS["gdpo"] is GDPO
+    assert (CISPO.config_class().clip_low, CISPO.config_class().loss_agg) == (1.0, "token-mean")
+    assert (SAPO.config_class().tau_pos, SAPO.config_class().tau_neg) == (1.0, 1.05)
+
+
+def _two_part_env(tokenizer):
+    from llmgym.envs.toy import positional_match, sample_tasks
+    from llmgym.verifiers import WeightedSum, exact_match
+
+    verifier = WeightedSum({"match": (0.5, positional_match), "exact": (2.0, exact_match)})
+    return SequenceEnv(sample_tasks("copy", 16, seed=5), verifier, tokenizer)
+
+
+def test_gdpo_reads_the_verifiers_components_and_weights(tiny_model, tokenizer):
+    from llmgym.agents import GDPO
+    from llmgym.agents import functional as F
+
+    agent = small(GDPO, tiny_model, tokenizer, group_size=4)
+    batch = agent.collect(_two_part_env(tokenizer))
+    parts = [e.info["score"] for e in batch.episodes]
+    match = torch.tensor([p["match"]["reward"] for p in parts])
+    exact = torch.tensor([p["exact"]["reward"] for p in parts])
+    agent.prepare(batch)
+    # the advantage is GDPO's formula on the components, weighted by the verifier's weights (0.5, 2)
+    expected = F.gdpo_advantages(torch.stack([match, exact], -1).view(-1, 4, 2), torch.tensor([0.5, 2.0]))
+    got = batch.advantages.sum(-1) / batch.action_mask.sum(-1)
+    assert torch.allclose(got, expected.view(-1), atol=1e-5)
+    assert agent._component_stats["reward_components"] == 2.0
+
+
+def test_gdpo_single_reward_falls_back_and_named_components_are_checked(tiny_model, tokenizer):
+    from llmgym.agents import GDPO
+    from llmgym.agents import functional as F
+
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)  # one reward, no components in its info
+    agent = small(GDPO, tiny_model, tokenizer, group_size=4)
+    batch = agent.prepare(agent.collect(env))
+    expected = F.gdpo_advantages(batch.rewards.view(-1, 4, 1))
+    assert torch.allclose(batch.advantages.sum(-1) / batch.action_mask.sum(-1), expected.view(-1), atol=1e-5)
+    with pytest.raises(ValueError, match="none of the reward components"):
+        small(GDPO, tiny_model, tokenizer, reward_components=("nope",)).prepare(
+            small(GDPO, tiny_model, tokenizer).collect(_two_part_env(tokenizer)))
+    with pytest.raises(ValueError, match="kl_placement='loss'"):
+        GDPO(tiny_model, tokenizer, kl_coef=0.1, kl_placement="reward")
