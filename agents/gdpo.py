@@ -12,8 +12,14 @@ returns as ``info["score"]`` of the final step and each episode keeps in ``Episo
 reads every entry with a numeric ``"reward"`` (or the names in ``reward_components``), weighting
 each by its ``"weight"`` (default 1; ``component_weights`` overrides). A component missing from an
 episode's info (e.g. the verifier failed) counts as 0. With no components at all (a single-reward
-verifier) the env's reward is the one component: GRPO's advantage, then batch-normalised.
-Multi-turn envs: the components of the final turn's score are used.
+verifier) the env's reward is the one component (logged as ``reward_env``): GRPO's advantage,
+then batch-normalised.
+Multi-turn envs: the components of the final turn's score are used. Each step logs
+``reward_components`` (K) and ``reward_<name>``, the batch mean of every component.
+
+Every component's group advantages sum to 0 within the group, so the batch mean of the summed
+advantage is 0 and the batch normalisation only rescales: under Adam it changes little (Adam is
+nearly scale-invariant; the gradient-norm clip still sees the scale), under SGD it sets the step.
 """
 
 from __future__ import annotations
@@ -142,7 +148,7 @@ class GDPO(GRPO):
         c = self.config
         names, rewards, weights = reward_components([e.info for e in batch.episodes], c.reward_components)
         if not names:  # a single-reward verifier: the env's reward is the one component
-            names, rewards, weights = ("reward",), batch.rewards.detach().float().cpu()[:, None], torch.ones(1)
+            names, rewards, weights = ("env",), batch.rewards.detach().float().cpu()[:, None], torch.ones(1)
         for k, name in enumerate(names):
             if c.component_weights and name in c.component_weights:
                 weights[k] = float(c.component_weights[name])
