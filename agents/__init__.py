@@ -5,20 +5,26 @@ config. ``act`` / ``collect`` / ``update`` / ``learn`` work on any llmgym env, a
 token level or multi-turn.
 
 Example:
-    >>> from llmgym.agents import REINFORCE, RLOO, PPO, GRPO, DAPO
+    >>> from llmgym.agents import REINFORCE, RLOO, PPO, GRPO, DAPO, AGENTS
     >>> sorted(a.name for a in (REINFORCE, RLOO, PPO, GRPO, DAPO))
     ['dapo', 'grpo', 'ppo', 'reinforce', 'rloo']
+    >>> {"cispo", "sapo", "gdpo"} <= set(AGENTS)
+    True
 """
 
 from llmgym.agents.base import Agent, AgentConfig
+from llmgym.agents.cispo import CISPO, CISPOConfig
 from llmgym.agents.dapo import DAPO, DAPOConfig
+from llmgym.agents.gdpo import GDPO, GDPOConfig
 from llmgym.agents.grpo import GRPO, GSPO, DrGRPO, DrGRPOConfig, GRPOConfig, GSPOConfig
 from llmgym.agents.ppo import PPO, PPOConfig
 from llmgym.agents.reinforce import REINFORCE, REINFORCEConfig, REINFORCEPlusPlus, REINFORCEPlusPlusConfig, ReMax, ReMaxConfig
 from llmgym.agents.rloo import RLOO, RLOOConfig
+from llmgym.agents.sapo import SAPO, SAPOConfig
 
 AGENTS: dict[str, type[Agent]] = {
-    cls.name: cls for cls in (REINFORCE, RLOO, PPO, GRPO, DAPO, DrGRPO, GSPO, REINFORCEPlusPlus, ReMax)
+    cls.name: cls for cls in (REINFORCE, RLOO, PPO, GRPO, DAPO, DrGRPO, GSPO, REINFORCEPlusPlus, ReMax,
+                              CISPO, SAPO, GDPO)
 }
 """Agents by their command-line name."""
 
@@ -27,4 +33,5 @@ __all__ = [
     "REINFORCE", "REINFORCEConfig", "RLOO", "RLOOConfig", "PPO", "PPOConfig",
     "GRPO", "GRPOConfig", "DAPO", "DAPOConfig", "DrGRPO", "DrGRPOConfig", "GSPO", "GSPOConfig",
     "REINFORCEPlusPlus", "REINFORCEPlusPlusConfig", "ReMax", "ReMaxConfig",
+    "CISPO", "CISPOConfig", "SAPO", "SAPOConfig", "GDPO", "GDPOConfig",
 ]

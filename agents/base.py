@@ -267,8 +267,8 @@ class Agent(abc.ABC):
         """Per-token rewards with −β·KL folded in when ``kl_placement == "reward"``."""
         rewards = batch.token_rewards
         if self.ref_model is not None and self.config.kl_placement == "reward":
-            kl = F.kl_estimate(batch.old_logprobs, batch.ref_logprobs, self.config.kl_estimator)
-            rewards = rewards - self.config.kl_coef * kl * batch.action_mask
+            kl = F.kl_estimate(batch.old_logprobs, batch.ref_logprobs, self.config.kl_estimator, batch.action_mask)
+            rewards = rewards - self.config.kl_coef * kl
         return rewards
 
     @abc.abstractmethod
@@ -283,7 +283,7 @@ class Agent(abc.ABC):
         """``β · KL_t`` per token when ``kl_placement == "loss"`` (else 0), and the KL itself."""
         if self.ref_model is None:
             return torch.zeros_like(out.logprobs), None
-        kl = F.kl_estimate(out.logprobs, batch.ref_logprobs, self.config.kl_estimator)
+        kl = F.kl_estimate(out.logprobs, batch.ref_logprobs, self.config.kl_estimator, batch.action_mask)
         if self.config.kl_placement == "loss":
             return self.config.kl_coef * kl, kl
         return torch.zeros_like(out.logprobs), kl
@@ -421,12 +421,21 @@ class Agent(abc.ABC):
         return local * distributed.world_size() / total if total > 0 else 0.0
 
     def policy_stats(self, batch: Batch, out: ForwardOutput, is_clipped=None, kl=None) -> dict[str, float]:
-        """Diagnostics common to every agent: entropy, KL (both estimators), clip fraction."""
+        """Diagnostics common to every agent: entropy, KL to the reference, clip fraction.
+
+        ``kl`` is the k3 estimate of KL(π‖π_ref), non-negative per token, whatever estimator the
+        penalty uses; ``kl_k1`` and ``kl_k3`` report both estimators (as CleanRL reports both).
+        The tokens were sampled from π_old, not π: at step 1 (π_old = π_ref) the k1 mean over them
+        estimates ``E_{π_ref}[log π − log π_ref] = −KL(π_ref‖π) ≤ 0`` once the first minibatch has
+        moved π (PPO logged −0.05), which is why the headline ``kl`` is k3.
+        """
         mask = batch.action_mask
         stats = {"entropy": float(F.masked_mean(out.entropy.detach(), mask))}
         if kl is not None:
-            stats["kl"] = float(F.masked_mean(kl.detach(), mask))
-            stats["kl_k1"] = float(F.masked_mean(F.kl_k1(out.logprobs.detach(), batch.ref_logprobs), mask))
+            lp = out.logprobs.detach()
+            stats["kl_k1"] = float(F.masked_mean(F.kl_k1(lp, batch.ref_logprobs, mask), mask))
+            stats["kl_k3"] = float(F.masked_mean(F.kl_k3(lp, batch.ref_logprobs, mask), mask))
+            stats["kl"] = stats["kl_k3"]
         if is_clipped is not None:
             stats["clip_frac"] = float(F.clip_fraction(is_clipped, mask))
         # how far π_old is from the current policy (0 at an on-policy step), both estimators
@@ -446,7 +455,9 @@ class Agent(abc.ABC):
 
         Every entry has ``step``, ``reward_mean``, ``reward_std``, ``loss``, ``kl`` (NaN where no
         KL is defined), ``entropy``, ``clip_frac`` (NaN where there is no clipping),
-        ``tokens_per_s`` and ``wall_s``. A ``callback`` returning ``False`` stops early.
+        ``tokens_per_s`` and ``wall_s``, plus the rollout's counters in ``batch.stats``
+        (``rollout_s``, ``tokens_sampled``; DAPO adds ``extra_draws`` and ``kept_groups``).
+        A ``callback`` returning ``False`` stops early.
         """
         history: list[dict[str, float]] = []
         bar = None
@@ -474,6 +485,8 @@ class Agent(abc.ABC):
                     "completion_len": float(batch.lengths.mean()),
                     "wall_s": time.perf_counter() - started,
                 }
+                # the rollout's own counters too (DAPO's extra_draws / kept_groups, tokens sampled)
+                row.update({k: float(v) for k, v in batch.stats.items() if k not in row})
                 history.append(row)
                 if bar is not None:
                     bar.update(job, advance=1, reward=row["reward_mean"])

@@ -41,6 +41,8 @@ __all__ = [
     "gae_advantages",
     "baseline_advantages",
     "group_advantages",
+    "decoupled_group_advantages",
+    "gdpo_advantages",
     "rloo_advantages",
     "batch_whitened_advantages",
     "remax_advantages",
@@ -60,6 +62,8 @@ __all__ = [
     "policy_gradient_loss",
     "clipped_surrogate_loss",
     "sequence_ratio_surrogate_loss",
+    "cispo_loss",
+    "sapo_loss",
     "clipped_value_loss",
     "aggregate_loss",
     "LOSS_AGG_MODES",
@@ -90,6 +94,20 @@ def _weights(mask: Tensor, like: Tensor) -> Tensor:
 
 def _as_float(x: Tensor) -> Tensor:
     return x if x.is_floating_point() else x.to(torch.get_default_dtype())
+
+
+def _zero_masked(mask: Optional[Tensor], *xs: Tensor) -> tuple[Tensor, ...]:
+    """Each ``x`` with its masked positions replaced by 0, *before* any arithmetic.
+
+    Padded log-probs may be ±inf or NaN. Masking the result afterwards keeps the value finite but
+    not the gradient: autograd multiplies the zero upstream gradient by the local derivative at the
+    padded position (``exp(inf)``, ``inf − inf``) and ``0 · inf`` is NaN. ``torch.where`` on the
+    inputs routes exactly zero gradient to them, so padding can never poison a backward pass.
+    """
+    if mask is None:
+        return xs
+    valid = _valid(mask)
+    return tuple(torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device)) for x in xs)
 
 
 def _expand_to(x: Tensor, ref: Tensor) -> Tensor:
@@ -409,6 +427,74 @@ def group_advantages(
     return torch.where(all_equal, torch.zeros_like(centred), centred)
 
 
+def decoupled_group_advantages(
+    component_rewards: Tensor, weights: Optional[Tensor] = None, eps: float = 1e-6
+) -> Tensor:
+    """GDPO's group-decoupled advantage, before its batch normalisation.
+
+    GDPO (Liu et al., 2026) normalises each reward component *within the group on its own* and only
+    then sums: ``A_sum = Σ_k w_k · (r_k − mean_g(r_k)) / (std_g(r_k) + eps)``. Summing first and
+    normalising the sum (GRPO) maps distinct combinations — e.g. rewards (1, 0) vs (0, 0) and
+    (1, 1) vs (0, 0) — to the same advantages; decoupling keeps them apart. Each component uses
+    :func:`group_advantages` (unbiased std; an all-equal component contributes exactly 0).
+
+    Args:
+        component_rewards: ``[num_groups, group_size, K]``, one column per reward component.
+        weights: ``[K]`` component weights ``w_k`` (default: all 1).
+        eps: added to each component's group std.
+
+    Returns:
+        ``[num_groups, group_size]``.
+
+    Example:
+        >>> r = torch.tensor([[[1., 0.], [0., 0.]], [[1., 1.], [0., 0.]]])  # 2 groups of 2, K = 2
+        >>> decoupled_group_advantages(r)  # GRPO on the sums would give ±0.7071 to both groups
+        tensor([[ 0.7071, -0.7071],
+                [ 1.4142, -1.4142]])
+    """
+    if component_rewards.dim() != 3:
+        raise ValueError(
+            "decoupled_group_advantages expects component rewards of shape [num_groups, group_size, K], "
+            f"got {tuple(component_rewards.shape)}"
+        )
+    r = _as_float(component_rewards)
+    k = r.shape[-1]
+    w = torch.ones(k, dtype=r.dtype, device=r.device) if weights is None else torch.as_tensor(
+        weights, dtype=r.dtype, device=r.device)
+    if w.shape != (k,):
+        raise ValueError(f"weights must have one entry per reward component ({k}), got shape {tuple(w.shape)}")
+    per_component = torch.stack([group_advantages(r[..., j], eps=eps) for j in range(k)], dim=-1)
+    return (per_component * w).sum(dim=-1)
+
+
+def gdpo_advantages(
+    component_rewards: Tensor, weights: Optional[Tensor] = None, eps: float = 1e-6, batch_eps: float = 1e-8
+) -> Tensor:
+    """GDPO advantages: :func:`decoupled_group_advantages`, then normalised over the whole batch.
+
+    Formula: ``Â = (A_sum − mean_batch(A_sum)) / sqrt(var_batch(A_sum) + batch_eps)`` (unbiased
+    variance over every sample of the batch), which keeps the advantage's scale from growing with
+    the number of reward components.
+
+    Args:
+        component_rewards: ``[num_groups, group_size, K]``.
+        weights: ``[K]`` (default: all 1).
+        eps: group-std epsilon of each component.
+        batch_eps: added to the batch variance (an all-zero batch stays 0).
+
+    Returns:
+        ``[num_groups, group_size]``.
+
+    Example:
+        >>> r = torch.tensor([[[1., 0.], [0., 0.]], [[1., 1.], [0., 0.]]])
+        >>> gdpo_advantages(r)  # A_sum = ±0.7071, ±1.4142; batch var = 5/3
+        tensor([[ 0.5477, -0.5477],
+                [ 1.0954, -1.0954]])
+    """
+    summed = decoupled_group_advantages(component_rewards, weights, eps)
+    return masked_whiten(summed, torch.ones_like(summed, dtype=torch.bool), eps=batch_eps)
+
+
 def rloo_advantages(rewards: Tensor) -> Tensor:
     """REINFORCE leave-one-out advantages (Ahmadian et al. 2024).
 
@@ -550,7 +636,7 @@ def kl_penalised_rewards(
         >>> kl_penalised_rewards(torch.tensor([1.]), lp, ref, m, kl_coef=0.1)  # -0.1*0.5, 1 - 0
         tensor([[-0.0500,  1.0000,  0.0000]])
     """
-    kl = kl_estimate(logprobs.detach(), ref_logprobs.detach(), estimator)
+    kl = kl_estimate(logprobs.detach(), ref_logprobs.detach(), estimator, mask)
     rewards = token_level_rewards(sequence_rewards, mask).to(kl.dtype) - kl_coef * kl
     return torch.where(_valid(mask), rewards, torch.zeros_like(rewards)).detach()
 
@@ -641,13 +727,15 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return torch.logsumexp(z, dim=-1) - p_z.sum(dim=-1)
 
 
-def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     """k1 estimator of ``KL(π ‖ π_ref)`` from samples of π: ``log π − log π_ref``.
 
     Unbiased, high variance, can be negative per token.
 
     Args:
         logprobs, ref_logprobs: ``[B, T]``.
+        mask: optional ``[B, T]``; masked positions give 0 with a zero (never NaN) gradient, even
+            where the padded log-probs are ±inf or NaN.
 
     Returns:
         ``[B, T]``.
@@ -656,16 +744,18 @@ def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
         >>> kl_k1(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]))
         tensor([[ 0.5000, -1.0000]])
     """
+    logprobs, ref_logprobs = _zero_masked(mask, logprobs, ref_logprobs)
     return logprobs - ref_logprobs
 
 
-def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     """k2 estimator of ``KL(π ‖ π_ref)``: ``½ (log π − log π_ref)²``.
 
     Biased, low variance, ≥ 0; its gradient is that of the true KL's (Schulman 2020).
 
     Args:
         logprobs, ref_logprobs: ``[B, T]``.
+        mask: optional ``[B, T]``; masked positions give 0 with a zero gradient (see :func:`kl_k1`).
 
     Returns:
         ``[B, T]``, ≥ 0.
@@ -674,10 +764,11 @@ def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
         >>> kl_k2(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]))
         tensor([[0.1250, 0.5000]])
     """
+    logprobs, ref_logprobs = _zero_masked(mask, logprobs, ref_logprobs)
     return 0.5 * (logprobs - ref_logprobs) ** 2
 
 
-def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     """k3 estimator of ``KL(π ‖ π_ref)`` (GRPO's KL term): ``exp(ρ) − ρ − 1``.
 
     Here ``ρ = log π_ref − log π``.
@@ -686,6 +777,7 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
     Args:
         logprobs, ref_logprobs: ``[B, T]``.
+        mask: optional ``[B, T]``; masked positions give 0 with a zero gradient (see :func:`kl_k1`).
 
     Returns:
         ``[B, T]``, ≥ 0.
@@ -694,6 +786,7 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
         >>> kl_k3(torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.0, 0.0]]))  # ρ = 0, 1: e − 2
         tensor([[0.0000, 0.7183]])
     """
+    logprobs, ref_logprobs = _zero_masked(mask, logprobs, ref_logprobs)
     log_ratio = ref_logprobs - logprobs
     return torch.expm1(log_ratio) - log_ratio  # expm1 keeps precision near ρ = 0
 
@@ -701,12 +794,13 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
-def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3", mask: Optional[Tensor] = None) -> Tensor:
     """Per-token estimate of ``KL(π ‖ π_ref)`` by estimator name (``"k1"``, ``"k2"``, ``"k3"``).
 
     Args:
         logprobs, ref_logprobs: ``[B, T]``.
         estimator: name in :data:`KL_ESTIMATORS`.
+        mask: optional ``[B, T]``: masked positions give 0 with a zero gradient.
 
     Returns:
         ``[B, T]``.
@@ -724,7 +818,7 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -
         raise ValueError(
             f"unknown KL estimator {estimator!r}; choose one of {sorted(KL_ESTIMATORS)}"
         ) from None
-    return fn(logprobs, ref_logprobs)
+    return fn(logprobs, ref_logprobs, mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -758,6 +852,7 @@ def clipped_surrogate_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: Optional[float] = None,
+    mask: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """PPO's clipped surrogate loss per token, with DAPO's clip-higher and optional dual-clip.
 
@@ -782,6 +877,8 @@ def clipped_surrogate_loss(
         clip_low: ε_low.
         clip_high: ε_high.
         dual_clip: c > 1, or ``None`` to disable.
+        mask: optional ``[B, T]``: padded log-probs (±inf, NaN) are zeroed before the arithmetic,
+            so masked positions get a zero gradient (aggregate with the same mask).
 
     Returns:
         ``(loss [B, T], is_clipped [B, T] bool)``.
@@ -800,7 +897,8 @@ def clipped_surrogate_loss(
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (it caps the ratio for A < 0), got {dual_clip}")
     advantages = _expand_to(advantages.detach(), logprobs)
-    log_ratio = (logprobs - old_logprobs.detach()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    logprobs, old_logprobs = _zero_masked(mask, logprobs, old_logprobs.detach())
+    log_ratio = (logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -861,7 +959,8 @@ def sequence_ratio_surrogate_loss(
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
     advantages = _expand_to(advantages.detach(), logprobs)
-    token_log_ratio = logprobs - old_logprobs.detach()
+    logprobs, old_logprobs = _zero_masked(mask, logprobs, old_logprobs.detach())  # padding may be ±inf/NaN
+    token_log_ratio = logprobs - old_logprobs
     seq_log_ratio = masked_mean(token_log_ratio, mask, dim=-1)  # [B], NaN-safe on padding
     seq_log_ratio = seq_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).unsqueeze(-1)
     # value s_i, gradient s_i · ∇log π_t: sg[log s_i] + log π_t − sg[log π_t]
@@ -872,6 +971,111 @@ def sequence_ratio_surrogate_loss(
     loss = torch.maximum(pg_loss1, pg_loss2)
     is_clipped = pg_loss2 > pg_loss1
     return loss, is_clipped
+
+
+def cispo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    clip_low: float = 1.0,
+    clip_high: float = 0.28,
+    mask: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor]:
+    """CISPO's per-token loss (MiniMax-M1, 2025): clip the importance-sampling *weight*, not the update.
+
+    Formula::
+
+        r    = π / π_old
+        r̂    = clip(r, 1 − ε_low, 1 + ε_high)
+        loss = −sg(r̂) · A · log π          (sg = stop-gradient)
+
+    Every token keeps its gradient ``sg(r̂)·A·∇log π`` — PPO's clip would zero the gradient of a
+    token whose ratio left the band (often the rare "fork" tokens of a reasoning chain); CISPO only
+    caps how much such a token weighs. MiniMax-M1 sets no lower bound (a large ε_low: the default
+    ``clip_low = 1`` makes the lower bound 0) and tunes only ε_high. ``is_clipped`` marks tokens
+    whose weight was capped (their gradient is kept, only scaled).
+
+    Args:
+        logprobs: ``[B, T]`` log π (with grad).
+        old_logprobs: ``[B, T]`` log π_old (detached).
+        advantages: ``[B, T]`` or ``[B]`` (detached).
+        clip_low, clip_high: ε_low, ε_high of the weight's clip.
+        mask: optional ``[B, T]``: padded log-probs (±inf, NaN) get a zero gradient.
+
+    Returns:
+        ``(loss [B, T], is_clipped [B, T] bool)``.
+
+    Example:
+        >>> lp = torch.log(torch.tensor([[2.0, 0.5, 1.1]]))  # old log-probs 0: r = 2, 0.5, 1.1
+        >>> loss, capped = cispo_loss(lp, torch.zeros(1, 3), torch.tensor([1.0]), 1.0, 0.28)
+        >>> loss  # -1.28·log 2, -0.5·log 0.5, -1.1·log 1.1
+        tensor([[-0.8872,  0.3466, -0.1048]])
+        >>> capped
+        tensor([[ True, False, False]])
+    """
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    advantages = _expand_to(advantages.detach(), logprobs)
+    logprobs, old_logprobs = _zero_masked(mask, logprobs, old_logprobs.detach())
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)).detach()
+    weight = ratio.clamp(max(0.0, 1.0 - clip_low), 1.0 + clip_high)
+    is_clipped = weight != ratio
+    return -weight * advantages * logprobs, is_clipped
+
+
+def sapo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    mask: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor]:
+    """SAPO's per-token loss (Gao et al., 2025): a smooth sigmoid gate in place of PPO's hard clip.
+
+    Formula::
+
+        r    = π / π_old
+        τ    = τ_pos if A > 0 else τ_neg
+        f(r) = σ(τ (r − 1)) · 4 / τ
+        loss = −f(r) · A
+
+    Its gradient is ``−A · w · r · ∇log π`` with the gate weight ``w = 4 σ(1 − σ)``
+    (σ = σ(τ(r − 1))): the unclipped surrogate's gradient ``−A · r · ∇log π`` scaled by ``w``, which
+    is 1 on policy (r = 1) and decays smoothly as r leaves 1 — a soft trust region instead of PPO's
+    cliff; ``4/τ`` makes the slope at r = 1 independent of τ. A larger τ decays faster; the paper
+    takes ``τ_neg > τ_pos`` because negative-advantage updates spread probability to many unsampled
+    tokens and destabilise training (τ_pos = 1.0, τ_neg = 1.05).
+
+    Args:
+        logprobs: ``[B, T]`` log π (with grad).
+        old_logprobs: ``[B, T]`` log π_old (detached).
+        advantages: ``[B, T]`` or ``[B]`` (detached).
+        tau_pos, tau_neg: gate temperatures (> 0) for A > 0 and A ≤ 0.
+        mask: optional ``[B, T]``: padded log-probs (±inf, NaN) get a zero gradient.
+
+    Returns:
+        ``(loss [B, T], gate_weight [B, T])``: ``gate_weight`` is ``w`` above (detached), the factor
+        the gate puts on the unclipped surrogate's gradient.
+
+    Example:
+        >>> lp = torch.log(torch.tensor([[1.0, 1.5]]))  # old log-probs 0: r = 1, 1.5
+        >>> loss, w = sapo_loss(lp, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]))
+        >>> loss  # -σ(0)·4/1 = -2;  +σ(1.05·0.5)·4/1.05 = 0.62832·3.80952 = 2.3936
+        tensor([[-2.0000,  2.3936]])
+        >>> w  # 4·σ(1-σ): 1 on policy; 4·0.62832·0.37168 = 0.9341
+        tensor([[1.0000, 0.9341]])
+    """
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos}, {tau_neg}")
+    advantages = _expand_to(advantages.detach(), logprobs)
+    logprobs, old_logprobs = _zero_masked(mask, logprobs, old_logprobs.detach())
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    tau = torch.where(advantages > 0, torch.full_like(advantages, tau_pos), torch.full_like(advantages, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -gate * (4.0 / tau) * advantages
+    gate_weight = (4.0 * gate * (1.0 - gate)).detach()
+    return loss, gate_weight
 
 
 def clipped_value_loss(
@@ -1011,17 +1215,20 @@ def aggregate_loss(
 # --------------------------------------------------------------------------------------------
 
 
-def explained_variance(predicted: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+def explained_variance(predicted: Tensor, target: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     """Explained variance of a value head: ``1 − Var[R − V] / Var[R]`` over valid positions.
 
-    1 is perfect, 0 is no better than a constant, < 0 is worse than a constant. When the target
-    has zero variance (or nothing is valid) the quantity is undefined; 0 is returned instead of
-    NaN so logs and plots stay clean.
+    1 is perfect, 0 is no better than a constant, < 0 is worse than a constant. When the target's
+    variance is ~0 (``Var[R] ≤ eps``, or nothing is valid) the ratio is undefined — and dividing by
+    round-off gives nonsense such as −4·10⁸ when every reward is 0 and the returns hold only a tiny
+    KL penalty — so 0 is returned: logs and plots stay clean, and a constant target has nothing
+    left to explain.
 
     Args:
         predicted: ``[B, T]`` values V.
         target: ``[B, T]`` returns R.
         mask: ``[B, T]``.
+        eps: variance of R at or below which the quantity is reported as 0.
 
     Returns:
         scalar tensor (detached).
@@ -1032,12 +1239,15 @@ def explained_variance(predicted: Tensor, target: Tensor, mask: Tensor) -> Tenso
         tensor(1.)
         >>> explained_variance(torch.full((1, 4), 2.5), R, torch.ones(1, 4))
         tensor(0.)
+        >>> explained_variance(torch.zeros(1, 4), torch.tensor([[0., 1e-6, 0., -1e-6]]), torch.ones(1, 4))
+        tensor(0.)
     """
     predicted, target = predicted.detach(), target.detach()
     var_target = masked_var(target, mask)
     var_residual = masked_var(target - predicted, mask)
-    ev = 1.0 - var_residual / var_target.clamp(min=torch.finfo(var_target.dtype).tiny)
-    return torch.where(var_target > 0, ev, torch.zeros_like(ev))
+    defined = var_target > eps
+    ev = 1.0 - var_residual / torch.where(defined, var_target, torch.ones_like(var_target))
+    return torch.where(defined, ev, torch.zeros_like(ev))
 
 
 def clip_fraction(is_clipped: Tensor, mask: Tensor) -> Tensor:

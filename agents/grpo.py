@@ -77,7 +77,7 @@ class GRPO(Agent):
             return F.sequence_ratio_surrogate_loss(out.logprobs, batch.old_logprobs, batch.advantages,
                                                    batch.action_mask, c.clip_low, c.clip_high)
         return F.clipped_surrogate_loss(out.logprobs, batch.old_logprobs, batch.advantages,
-                                        c.clip_low, c.clip_high, c.dual_clip)
+                                        c.clip_low, c.clip_high, c.dual_clip, mask=batch.action_mask)
 
     def loss_mask(self, batch: Batch):
         return batch.action_mask

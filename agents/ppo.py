@@ -94,7 +94,7 @@ class PPO(Agent):
         c = self.config
         mask = batch.action_mask
         pg_loss, is_clipped = F.clipped_surrogate_loss(
-            out.logprobs, batch.old_logprobs, batch.advantages, c.clip_low, c.clip_high, c.dual_clip
+            out.logprobs, batch.old_logprobs, batch.advantages, c.clip_low, c.clip_high, c.dual_clip, mask=mask
         )
         v_loss = F.clipped_value_loss(out.values, batch.values, batch.returns, c.value_clip)
         pg, stats = self.policy_loss(batch, out, pg_loss, is_clipped)

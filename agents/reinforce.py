@@ -127,12 +127,16 @@ class ReMax(REINFORCE):
 
 @dataclasses.dataclass
 class REINFORCEPlusPlusConfig(REINFORCEConfig):
-    """REINFORCE++: KL (k2) in the per-token reward, γ = 1 returns, whitened over the whole batch,
-    PPO's clipped surrogate; no critic and no per-prompt baseline."""
+    """REINFORCE++: KL in the per-token reward, γ = 1 returns, whitened over the whole batch,
+    PPO's clipped surrogate; no critic and no per-prompt baseline.
+
+    The reward's KL is the k1 estimate ``log π_old − log π_ref`` (Hu, 2025, eq. for r(s_t, a_t);
+    OpenRLHF's and verl's defaults): ``r_t = −β (log π_old(a_t) − log π_ref(a_t)) + R·[t = last]``.
+    """
 
     baseline: str = "none"
     kl_coef: float = 0.01
-    kl_estimator: str = "k2"
+    kl_estimator: str = "k1"
     kl_placement: str = "reward"
     loss_agg: str = "token-mean"
 
@@ -151,7 +155,7 @@ class REINFORCEPlusPlus(REINFORCE):
     def loss(self, batch: Batch, out: ForwardOutput):
         c = self.config
         pg_loss, is_clipped = F.clipped_surrogate_loss(out.logprobs, batch.old_logprobs, batch.advantages,
-                                                       c.clip_low, c.clip_high, c.dual_clip)
+                                                       c.clip_low, c.clip_high, c.dual_clip, mask=batch.action_mask)
         return self.policy_loss(batch, out, pg_loss, is_clipped)
 
 

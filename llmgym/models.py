@@ -199,7 +199,7 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = N
     if str(name_or_path) == "tiny":
         name_or_path = tiny_model_path()
     tokenizer = load_tokenizer(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype or torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(name_or_path), **_dtype_kwarg(dtype or torch.float32))
     if device is not None:
         model.to(device)
     if model.generation_config.pad_token_id is None:
@@ -207,10 +207,26 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = N
     return model, tokenizer
 
 
+def _transformers_version() -> tuple[int, int]:
+    import transformers
+
+    major, minor = transformers.__version__.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """``from_pretrained``'s dtype keyword: ``dtype`` since transformers 4.56, ``torch_dtype`` before."""
+    return {"dtype": dtype} if _transformers_version() >= (4, 56) else {"torch_dtype": dtype}
+
+
 def tiny_model_path(config: TinyModelConfig | None = None) -> Path:
-    """Build the random-init tiny model once and return its cached directory."""
+    """Build the random-init tiny model once and return its cached directory.
+
+    The cache is per transformers major version: a tokenizer saved by transformers 5 names a class
+    (``TokenizersBackend``) that transformers 4 cannot load."""
     config = config or TinyModelConfig()
-    digest = hashlib.sha1(json.dumps(dataclasses.asdict(config), sort_keys=True).encode()).hexdigest()[:10]
+    key = {**dataclasses.asdict(config), "transformers_major": _transformers_version()[0]}
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     path = cache_dir() / f"tiny-{digest}"
     if not (path / "config.json").exists():
         tokenizer = build_tokenizer()

@@ -250,6 +250,9 @@ def exact_match(task: Task, completion: str) -> float:
 class WeightedSum(Verifier):
     """``reward = Σ w_i · reward_i`` over named parts; each part's score lands in ``info[name]``.
 
+    ``info[name]`` is ``{"reward": reward_i, "weight": w_i, ...the part's own info}``: multi-reward
+    learners (``llmgym.agents.GDPO``) read the components from it.
+
     Example:
         >>> from llmgym import Task
         >>> from llmgym.verifiers import WeightedSum, RegexFormat, exact_match
@@ -271,7 +274,7 @@ class WeightedSum(Verifier):
         for name, (weight, verifier) in self.parts.items():
             score = verifier(task, completion)
             total += weight * score.reward
-            info[name] = {"reward": score.reward, **score.info}
+            info[name] = {"reward": score.reward, "weight": weight, **score.info}  # GDPO reads both
         return Score(total, info)
 
 

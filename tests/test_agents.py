@@ -204,3 +204,82 @@ def test_dapo_overlong_penalty_is_per_turn_in_multi_turn_envs(tiny_model, tokeni
     agent = DAPO(tiny_model, tokenizer, tasks_per_step=2, group_size=2, max_new_tokens=8, dynamic_sampling=False)
     batch = agent.collect(gym.make("llmgym/CopyRetry-v0", tokenizer=tokenizer))
     assert (batch.longest_turn <= 8).all() and (batch.lengths > 8).any()
+
+
+def test_dapo_draw_counters_reach_the_history_rows(tiny_model, tokenizer):
+    # DAPO's dynamic sampling counters must reach the per-step rows (the CLI writes them to metrics.jsonl)
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    agent = small(DAPO, tiny_model, tokenizer, max_extra_draws=1)
+    row = agent.learn(env, steps=1)[0]
+    assert row["extra_draws"] in (0.0, 1.0)
+    assert 1.0 <= row["kept_groups"] <= SMALL["tasks_per_step"]
+    assert row["tokens_sampled"] > 0 and row["rollout_s"] >= 0
+
+
+def test_ppo_reports_a_non_negative_kl_and_both_estimators(tiny_model, tokenizer):
+    # PPO samples from π_old and takes several optimiser steps per batch: the k1 mean over π_old's
+    # tokens drifts negative (−0.05 was reported at step 1); the headline `kl` is k3, ≥ 0 per token
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    agent = small(PPO, tiny_model, tokenizer, tasks_per_step=4, kl_coef=0.1, lr=5e-3, update_epochs=3)
+    rows = agent.learn(env, steps=2)
+    for row in rows:
+        assert row["kl"] == row["kl_k3"] and row["kl"] >= 0.0
+        assert math.isfinite(row["kl_k1"])
+    assert rows[-1]["kl_k3"] > 0.0  # the policy moved away from the reference
+
+
+def test_ppo_explained_variance_is_sane_when_every_reward_is_zero(tiny_model, tokenizer):
+    env = SequenceEnv([Task("copy: ab", answer="ab")], lambda task, text: 0.0, tokenizer)
+    agent = small(PPO, tiny_model, tokenizer, tasks_per_step=4, kl_coef=0.05, update_epochs=2)
+    for row in agent.learn(env, steps=2):
+        assert row["reward_mean"] == 0.0
+        assert -1.0 <= row["explained_variance"] <= 1.0, row["explained_variance"]
+
+
+def test_new_loss_presets_are_registered():
+    from llmgym.agents import CISPO, GDPO, SAPO
+
+    assert AGENTS["cispo"] is CISPO and AGENTS["sapo"] is SAPO and AGENTS["gdpo"] is GDPO
+    assert (CISPO.config_class().clip_low, CISPO.config_class().loss_agg) == (1.0, "token-mean")
+    assert (SAPO.config_class().tau_pos, SAPO.config_class().tau_neg) == (1.0, 1.05)
+
+
+def _two_part_env(tokenizer):
+    from llmgym.envs.toy import positional_match, sample_tasks
+    from llmgym.verifiers import WeightedSum, exact_match
+
+    verifier = WeightedSum({"match": (0.5, positional_match), "exact": (2.0, exact_match)})
+    return SequenceEnv(sample_tasks("copy", 16, seed=5), verifier, tokenizer)
+
+
+def test_gdpo_reads_the_verifiers_components_and_weights(tiny_model, tokenizer):
+    from llmgym.agents import GDPO
+    from llmgym.agents import functional as F
+
+    agent = small(GDPO, tiny_model, tokenizer, group_size=4)
+    batch = agent.collect(_two_part_env(tokenizer))
+    parts = [e.info["score"] for e in batch.episodes]
+    match = torch.tensor([p["match"]["reward"] for p in parts])
+    exact = torch.tensor([p["exact"]["reward"] for p in parts])
+    agent.prepare(batch)
+    # the advantage is GDPO's formula on the components, weighted by the verifier's weights (0.5, 2)
+    expected = F.gdpo_advantages(torch.stack([match, exact], -1).view(-1, 4, 2), torch.tensor([0.5, 2.0]))
+    got = batch.advantages.sum(-1) / batch.action_mask.sum(-1)
+    assert torch.allclose(got, expected.view(-1), atol=1e-5)
+    assert agent._component_stats["reward_components"] == 2.0
+
+
+def test_gdpo_single_reward_falls_back_and_named_components_are_checked(tiny_model, tokenizer):
+    from llmgym.agents import GDPO
+    from llmgym.agents import functional as F
+
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)  # one reward, no components in its info
+    agent = small(GDPO, tiny_model, tokenizer, group_size=4)
+    batch = agent.prepare(agent.collect(env))
+    expected = F.gdpo_advantages(batch.rewards.view(-1, 4, 1))
+    assert torch.allclose(batch.advantages.sum(-1) / batch.action_mask.sum(-1), expected.view(-1), atol=1e-5)
+    with pytest.raises(ValueError, match="none of the reward components"):
+        small(GDPO, tiny_model, tokenizer, reward_components=("nope",)).prepare(
+            small(GDPO, tiny_model, tokenizer).collect(_two_part_env(tokenizer)))
+    with pytest.raises(ValueError, match="kl_placement='loss'"):
+        GDPO(tiny_model, tokenizer, kl_coef=0.1, kl_placement="reward")

@@ -717,3 +717,187 @@ def test_all_masked_batch_with_nan_padding_produces_no_nan_anywhere():
     ]
     for out in outs:
         assert torch.isfinite(out).all()
+
+
+# --------------------------------------------------------------------------------------------
+# padding that is ±inf / NaN: values *and gradients* stay finite at masked positions
+# --------------------------------------------------------------------------------------------
+
+
+def _poisoned_logprobs():
+    """Valid tokens in column 0..1; the masked column holds the worst padding values."""
+    lp = T_([[-1.0, -2.0, -math.inf], [-0.5, -1.5, math.nan], [-1.0, -1.0, math.inf]], requires_grad=True)
+    other = T_([[-1.5, -1.0, 0.0], [-0.5, -2.0, -math.inf], [-2.0, -1.0, math.nan]])
+    mask = T_([[1, 1, 0], [1, 1, 0], [1, 1, 0]])
+    return lp, other, mask
+
+
+@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+def test_masked_kl_estimators_have_finite_gradients_on_inf_nan_padding(name):
+    lp, ref, mask = _poisoned_logprobs()
+    kl = kl_estimate(lp, ref, name, mask)
+    assert torch.isfinite(kl).all() and (kl[:, 2] == 0).all()
+    aggregate_loss(kl, mask).backward()
+    assert torch.isfinite(lp.grad).all(), lp.grad
+    assert (lp.grad[:, 2] == 0).all()
+    # the valid positions get the same gradient as with clean padding
+    clean = lp.detach()[:, :2].clone().requires_grad_(True)
+    aggregate_loss(kl_estimate(clean, ref[:, :2], name), mask[:, :2], num_tokens=6).backward()
+    assert torch.allclose(lp.grad[:, :2], clean.grad)
+
+
+def test_unmasked_kl_on_inf_padding_would_poison_the_gradient():
+    # why the mask argument exists: masking the *output* keeps the value, not the gradient
+    lp, ref, mask = _poisoned_logprobs()
+    aggregate_loss(kl_k3(lp, ref), mask).backward()
+    assert not torch.isfinite(lp.grad).all()
+
+
+@pytest.mark.parametrize("surrogate", ["token", "sequence"])
+def test_masked_ratios_have_finite_gradients_on_inf_nan_padding(surrogate):
+    lp, old, mask = _poisoned_logprobs()
+    adv = T_([1.0, -1.0, 0.5])
+    if surrogate == "sequence":
+        loss, clipped = sequence_ratio_surrogate_loss(lp, old, adv, mask, 0.2, 0.2)
+    else:
+        loss, clipped = clipped_surrogate_loss(lp, old, adv, 0.2, 0.2, mask=mask)
+    aggregate_loss(loss, mask, "seq-mean-token-mean").backward()
+    assert torch.isfinite(lp.grad).all(), lp.grad
+    assert (lp.grad[:, 2] == 0).all() and (lp.grad[:, :2] != 0).any()
+
+
+def test_kl_penalised_rewards_finite_on_inf_padding():
+    lp, ref, mask = _poisoned_logprobs()
+    r = kl_penalised_rewards(T_([1.0, 0.0, 1.0]), lp, ref, mask, kl_coef=0.1, estimator="k3")
+    assert torch.isfinite(r).all() and (r[:, 2] == 0).all()
+
+
+def test_reinforce_plus_plus_puts_k1_in_the_reward():
+    # Hu (2025): r_t = −β·(log π_old − log π_ref) per token (+ R at the last token).
+    # β = 0.01, δ = log π_old − log π_ref = −0.5 at both tokens, R = 0: r = −0.01·(−0.5) = +0.005
+    from llmgym.agents import REINFORCEPlusPlusConfig
+
+    cfg = REINFORCEPlusPlusConfig()
+    assert (cfg.kl_estimator, cfg.kl_placement, cfg.kl_coef) == ("k1", "reward", 0.01)
+    r = kl_penalised_rewards(T_([0.0]), T_([[-1.5, -2.5]]), T_([[-1.0, -2.0]]), T_([[1, 1]]),
+                             kl_coef=cfg.kl_coef, estimator=cfg.kl_estimator)
+    assert close(r, [[0.005, 0.005]], atol=1e-7)
+
+
+def test_explained_variance_is_zero_not_huge_when_returns_barely_vary():
+    # all rewards 0: the returns hold only a tiny KL penalty (variance ~1e-12), the value head's
+    # random outputs vary by ~1e-2; 1 − Var[R−V]/Var[R] would be ≈ −1e8 — report 0 instead
+    R = T_([[1e-6, -1e-6, 2e-6, 0.0]])
+    V = T_([[0.01, -0.02, 0.015, 0.0]])
+    m = torch.ones(1, 4)
+    assert 1 - masked_var(R - V, m) / masked_var(R, m) < -1e6  # the raw ratio is nonsense
+    assert explained_variance(V, R, m).item() == 0.0
+    # a real spread of returns is still measured (eps is far below any reward scale)
+    R2 = T_([[0.0, 1.0, 0.0, 1.0]])
+    assert close(explained_variance(R2, R2, m), 1.0)
+    assert explained_variance(torch.zeros(1, 4), R2, m).item() == pytest.approx(0.0, abs=1e-6)
+
+
+# --------------------------------------------------------------------------------------------
+# newer group-policy losses: CISPO, SAPO, GDPO (hand-worked against the papers' formulas)
+# --------------------------------------------------------------------------------------------
+
+
+def test_cispo_value_and_gradient_by_hand():
+    # MiniMax-M1: J = Σ sg(clip(r, 1-ε_low, 1+ε_high)) · A · log π;  loss = −J per token
+    # old log-probs 0 (π_old = 1 for the arithmetic): r = π. ε_low = 1 (no lower bound), ε_high = 0.28
+    p = T_([[2.0, 0.5, 1.1]])
+    lp = p.log().requires_grad_(True)
+    adv = T_([[1.0, 1.0, -2.0]])
+    loss, capped = F.cispo_loss(lp, torch.zeros(1, 3), adv, clip_low=1.0, clip_high=0.28)
+    # weights: min(2, 1.28) = 1.28; 0.5 (no lower clip); 1.1
+    # loss = -w·A·log p = -1.28·ln2 = -0.88723; -0.5·ln0.5 = 0.34657; +2·1.1·ln1.1 = 0.20968
+    assert close(loss, [[-0.88723, 0.34657, 0.20968]])
+    assert capped.tolist() == [[True, False, False]]
+    loss.sum().backward()
+    # ∂/∂log π = -w·A: the capped token KEEPS its gradient (PPO's clip would give it 0)
+    assert close(lp.grad, [[-1.28, -0.5, 2.2]])
+    # a lower bound where asked: ε_low = 0.2 lifts the 0.5 weight to 0.8
+    loss2, _ = F.cispo_loss(lp.detach(), torch.zeros(1, 3), adv, clip_low=0.2, clip_high=0.28)
+    assert close(loss2[0, 1], -0.8 * math.log(0.5))
+
+
+def test_cispo_differs_from_ppo_clip_exactly_where_ppo_drops_the_gradient():
+    lp = torch.log(T_([[2.0]])).requires_grad_(True)
+    ppo, _ = clipped_surrogate_loss(lp, torch.zeros(1, 1), T_([[1.0]]), 0.2, 0.28)
+    ppo.sum().backward()
+    assert lp.grad.item() == 0.0  # PPO: ratio 2 > 1.28 with A > 0 -> clipped, no gradient
+    lp.grad = None
+    F.cispo_loss(lp, torch.zeros(1, 1), T_([[1.0]]), 1.0, 0.28)[0].sum().backward()
+    assert close(lp.grad, [[-1.28]])
+
+
+def test_sapo_value_gradient_and_temperatures_by_hand():
+    # Gao et al.: f(r) = σ(τ(r−1))·4/τ, τ = τ_pos if A > 0 else τ_neg; loss = −f(r)·A
+    r = T_([[1.0, 1.5, 1.5, 0.5]])
+    lp = r.log().requires_grad_(True)
+    adv = T_([[1.0, 1.0, -1.0, 0.0]])
+    loss, w = F.sapo_loss(lp, torch.zeros(1, 4), adv, tau_pos=1.0, tau_neg=2.0)
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    # token 0: -σ(0)·4 = -2;  token 1: -σ(0.5)·4 = -2.48750;  token 2 (τ=2): +σ(1)·2 = 1.46212
+    # token 3: A = 0 -> τ_neg, loss 0
+    assert close(loss, [[-2.0, -4 * sig(0.5), 2 * sig(1.0), 0.0]])
+    loss.sum().backward()
+    # d/dlogπ (−f(r)A) = −A · w · r with the gate weight w = 4σ(1−σ)
+    # (σ' = σ(1−σ), the 4/τ cancels τ, dr/dlogπ = r)
+    expect_w = [4 * sig(0) * (1 - sig(0)), 4 * sig(0.5) * (1 - sig(0.5)),
+                4 * sig(1.0) * (1 - sig(1.0)), 4 * sig(-1.0) * (1 - sig(-1.0))]
+    assert close(w, [expect_w])
+    assert close(lp.grad, [[-expect_w[0] * 1.0, -expect_w[1] * 1.5, expect_w[2] * 1.5, 0.0]])
+    assert w[0, 0].item() == pytest.approx(1.0)  # on policy: the plain policy gradient
+
+
+def test_sapo_gate_decays_smoothly_and_faster_for_negative_advantages():
+    r = torch.linspace(0.5, 3.0, 26)
+    lp = r.log()[None]
+    _, w_pos = F.sapo_loss(lp, torch.zeros_like(lp), torch.ones_like(lp), 1.0, 1.05)
+    _, w_neg = F.sapo_loss(lp, torch.zeros_like(lp), -torch.ones_like(lp), 1.0, 1.05)
+    # peak 1 at r = 1, decreasing on both sides, never a cliff to exactly 0 (PPO's hard clip)
+    peak = int((r - 1).abs().argmin())
+    assert w_pos[0, peak].item() == pytest.approx(1.0) and (w_pos > 0).all()
+    assert (w_pos[0, 1:peak + 1] > w_pos[0, :peak]).all() and (w_pos[0, peak + 1:] < w_pos[0, peak:-1]).all()
+    # τ_neg > τ_pos: away from r = 1 the negative-advantage gate is the tighter one
+    off = (r - 1).abs() > 0.05
+    assert (w_neg[0, off] < w_pos[0, off]).all()
+    with pytest.raises(ValueError, match="tau"):
+        F.sapo_loss(lp, lp, lp, 0.0, 1.0)
+
+
+def test_gdpo_decouples_what_grpo_collapses_by_hand():
+    # the paper's collapse: 2 binary rewards, 2 rollouts per prompt.
+    # prompt 1: rollouts (1, 0) and (0, 0); prompt 2: rollouts (1, 1) and (0, 0)
+    r = T_([[[1.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [0.0, 0.0]]])
+    grpo = group_advantages(r.sum(-1))
+    # GRPO on the sums [1, 0] and [2, 0]: (x − mean)/std with unbiased std = |a−b|/√2 -> ±0.70711 for both
+    assert close(grpo, [[0.70711, -0.70711], [0.70711, -0.70711]])
+    summed = F.decoupled_group_advantages(r)
+    # GDPO: component 1 gives ±0.70711 in both groups; component 2 is constant in group 1 (0) and ±0.70711
+    # in group 2 -> sums ±0.70711 and ±1.41421
+    assert close(summed, [[0.70711, -0.70711], [1.41421, -1.41421]])
+    # batch normalisation: mean 0, unbiased var = (0.5 + 0.5 + 2 + 2)/3 = 5/3 -> divide by 1.29099
+    assert close(F.gdpo_advantages(r), [[0.54772, -0.54772], [1.09545, -1.09545]])
+    # weights multiply each component's normalised advantage: w = (1, 3)
+    assert close(F.decoupled_group_advantages(r, T_([1.0, 3.0])), [[0.70711, -0.70711], [2.82843, -2.82843]])
+
+
+def test_gdpo_edge_cases():
+    flat = torch.ones(3, 4, 2)  # every component constant in every group: no signal, exactly 0
+    assert torch.equal(F.gdpo_advantages(flat), torch.zeros(3, 4))
+    with pytest.raises(ValueError, match="num_groups, group_size, K"):
+        F.decoupled_group_advantages(torch.ones(4, 2))
+    with pytest.raises(ValueError, match="one entry per reward component"):
+        F.decoupled_group_advantages(torch.ones(1, 2, 3), T_([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("loss_name", ["cispo", "sapo"])
+def test_new_losses_have_finite_gradients_on_inf_nan_padding(loss_name):
+    lp, old, mask = _poisoned_logprobs()
+    fn = F.cispo_loss if loss_name == "cispo" else F.sapo_loss
+    loss, _ = fn(lp, old, T_([1.0, -1.0, 0.5]), mask=mask)
+    aggregate_loss(loss, mask).backward()
+    assert torch.isfinite(lp.grad).all() and (lp.grad[:, 2] == 0).all()

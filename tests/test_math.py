@@ -371,7 +371,10 @@ def test_reasoning_gym_own_answer_scores_one(dataset):
         obs, reward, terminated, truncated, info = env.step(f"<think>easy</think><answer>{task.answer}</answer>")
         assert (reward, terminated) == (1.0, True), info
         env.reset(seed=seed)
-        assert env.step(str(task.answer))[1] == 1.0  # no tags: the whole completion is the answer
+        assert env.step(str(task.answer))[1] == 0.0  # no tags: no answer, as reasoning-gym scores it
+        lenient = gymnasium.make(f"llmgym/RG-{dataset}-v0", lenient=True)
+        lenient.reset(seed=seed)
+        assert lenient.step(str(task.answer))[1] == 1.0  # the opt-in leniency: the whole completion
 
 
 def test_reasoning_gym_env_is_lazy_seeded_and_configurable():
@@ -532,3 +535,66 @@ def test_extraction_matches_the_old_regexes_and_is_linear():
         start = time.perf_counter()
         extract_answer(adversarial)
         assert time.perf_counter() - start < 5.0  # quadratic versions took minutes (a hang guard)
+
+
+_EXTRACTION_CASES = [
+    "<answer>4</answer>", "<answer> 4 </answer>", "<answer>\n 4\n</answer>", "4", "",
+    "<answer>1</answer> then <answer>2</answer>", "<answer>1</answer><answer>2", "<answer>2",
+    "<answer><answer>3</answer>", "<answer>1</answer></answer>5</answer>", "</answer><answer>6</answer>",
+    "<ANSWER>7</ANSWER>", "<Answer>8</answer>", "<answer></answer>", "<answer> </answer>",
+    "<answer>a\nb</answer>", "<answer>x</answer >", "< answer>9</answer>", "<answer>1<answer>2</answer>3</answer>",
+]
+
+
+def _fragments_text(rng):
+    parts = ["<answer>", "</answer>", "<ANSWER>", "</Answer>", " ", "\n", "7", "x", "<", ">", "answer", "/"]
+    return "".join(rng.choice(parts) for _ in range(rng.randint(0, 12)))
+
+
+def test_reasoning_gym_extraction_equals_reasoning_gyms_own():
+    pytest.importorskip("reasoning_gym")
+    import random
+
+    from reasoning_gym.utils import extract_answer as rg_extract
+
+    from llmgym.envs.math.reasoning import extract_tagged_answer
+
+    rng = random.Random(0)
+    texts = _EXTRACTION_CASES + [_fragments_text(rng) for _ in range(3000)]
+    for text in texts:
+        assert extract_tagged_answer(text) == rg_extract(text), repr(text)
+    assert rg_extract("4") is None and extract_tagged_answer("4") is None  # the reported difference
+
+
+def test_reasoning_gym_lenient_extraction_is_opt_in_and_documented():
+    from llmgym.envs.math.reasoning import extract_tagged_answer
+
+    assert extract_tagged_answer(" 42\n", lenient=True) == "42"  # no tag: the whole completion
+    assert extract_tagged_answer("<answer>2", lenient=True) == "2"  # unclosed last tag
+    assert extract_tagged_answer("<ANSWER>7</ANSWER>", lenient=True) == "7"  # any case
+    assert extract_tagged_answer("<answer>1</answer>x<answer>2", lenient=True) == "2"
+    assert extract_tagged_answer("<answer>1</answer>x<answer>2") == "1"
+    # hostile input: many opening tags and no closing one stays linear (reasoning-gym's regex rescans)
+    hostile = "<answer>" * 20_000
+    assert extract_tagged_answer(hostile) is None
+    assert extract_tagged_answer(hostile, lenient=True) == hostile[len("<answer>"):]  # the first tag runs to the end
+
+
+@pytest.mark.parametrize("dataset", ["basic_arithmetic", "countdown"])
+def test_reasoning_gym_verifier_reward_equals_reasoning_gyms_pipeline(dataset):
+    # reasoning-gym scores a completion as score_answer(extract_answer(completion), entry)
+    pytest.importorskip("reasoning_gym")
+    from reasoning_gym.utils import extract_answer as rg_extract
+
+    from llmgym.envs.math.reasoning import ReasoningGymVerifier, _scorer, reasoning_gym_task
+
+    task = reasoning_gym_task(dataset, seed=3)
+    meta = task.metadata
+    ds = _scorer(dataset, {}, meta["seed"])
+    gold = str(task.answer)
+    for text in (gold, f"<answer>{gold}</answer>", f"<answer>{gold}", "<answer>nope</answer>", ""):
+        expected = float(ds.score_answer(rg_extract(text), meta["entry"]) or 0.0)
+        assert ReasoningGymVerifier()(task, text).reward == expected, text
+    # countdown gives 0.01 to a missing answer; llmgym passes the None through, as reasoning-gym does
+    if dataset == "countdown":
+        assert ReasoningGymVerifier()(task, gold).reward == 0.01

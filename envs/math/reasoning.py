@@ -7,8 +7,14 @@ items are cached per process by ``(dataset, config, seed)``, so a group of reset
 (and ``gymnasium``'s env checker) pays once. Same seed, same item. A generator that finds no item for
 a seed (``word_ladder`` can run out of word pairs) is retried with a seed derived from it.
 
-The answer handed to the dataset's ``score_answer`` is the content of the completion's last
-``<answer>…</answer>`` block, else the whole completion, stripped (reasoning-gym's own convention).
+The answer handed to the dataset's ``score_answer`` is what reasoning-gym's own
+``reasoning_gym.utils.extract_answer`` returns: the content of the completion's last closed
+``<answer>…</answer>`` block (tags in lower case), stripped. A completion without one has no answer
+(``None``) and scores what ``score_answer(None, entry)`` gives (0; 0.01 for a few datasets), exactly
+as in reasoning-gym. ``lenient=True`` (off by default) also accepts an unclosed last tag, tags in any
+case, and — with no tag at all — the whole completion: llmgym's extra leniency, not reasoning-gym's
+convention, so rewards then differ from reasoning-gym's.
+
 Datasets with several valid answers (``boxnet``, ``graph_color``, ``propositional_logic``,
 ``rubiks_cube``, ``rush_hour``) store no single answer (``task.answer`` is ``None``); their
 ``score_answer`` checks a proposed solution itself.
@@ -53,7 +59,9 @@ _CACHE_SIZE = 512
 _ATTEMPTS, _RETRY_STRIDE = 5, 7919
 _cache: collections.OrderedDict[tuple, tuple[Any, dict]] = collections.OrderedDict()
 _cache_lock = threading.Lock()
-_ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL | re.IGNORECASE)
+_OPEN, _CLOSE = "<answer>", "</answer>"
+_OPEN_ANY_CASE = re.compile(re.escape(_OPEN), re.IGNORECASE)
+_CLOSE_ANY_CASE = re.compile(re.escape(_CLOSE), re.IGNORECASE)
 
 
 def _rg() -> Any:
@@ -81,16 +89,49 @@ def reasoning_gym_datasets() -> list[str]:
     return sorted(DATASETS)
 
 
-def extract_tagged_answer(completion: str) -> str:
-    """The last ``<answer>…</answer>`` content (an unclosed tag runs to the end), else the whole text; stripped.
+def _find(text: str, tag: str, start: int, any_case: bool) -> int:
+    """Index of the first ``tag`` at or after ``start`` (−1 if none); a literal search, linear."""
+    if not any_case:
+        return text.find(tag, start)
+    found = (_OPEN_ANY_CASE if tag == _OPEN else _CLOSE_ANY_CASE).search(text, start)
+    return found.start() if found else -1
+
+
+def extract_tagged_answer(completion: str, lenient: bool = False) -> str | None:
+    """The answer in a completion, as reasoning-gym's own ``reasoning_gym.utils.extract_answer``.
+
+    The content of the last closed ``<answer>…</answer>`` block (tags in lower case), stripped;
+    ``None`` when there is none. Blocks are paired as reasoning-gym's non-overlapping left-to-right
+    regex scan pairs them (each opening tag with the first closing tag after it; the scan resumes
+    after that closing tag), but found with literal substring search: linear time on any input.
+
+    ``lenient=True`` is llmgym's extra leniency (not reasoning-gym's): tags in any case, an unclosed
+    last tag runs to the end, and a completion without any opening tag is the answer as a whole.
 
     Example:
         >>> from llmgym.envs.math.reasoning import extract_tagged_answer
-        >>> extract_tagged_answer("<think>hmm</think><answer> 42 </answer>"), extract_tagged_answer(" 42\\n")
-        ('42', '42')
+        >>> extract_tagged_answer("<think>hmm</think><answer> 42 </answer>")
+        '42'
+        >>> extract_tagged_answer(" 42\\n") is None  # no tags: no answer, as in reasoning-gym
+        True
+        >>> extract_tagged_answer(" 42\\n", lenient=True), extract_tagged_answer("<ANSWER>7", lenient=True)
+        ('42', '7')
     """
-    found = _ANSWER.findall(completion)
-    return (found[-1] if found else completion).strip()
+    answer, pos = None, 0
+    while True:
+        opened = _find(completion, _OPEN, pos, lenient)
+        if opened < 0:
+            break
+        start = opened + len(_OPEN)
+        closed = _find(completion, _CLOSE, start, lenient)
+        if closed < 0:
+            if lenient:  # an unclosed last tag runs to the end
+                answer = completion[start:]
+            break
+        answer, pos = completion[start:closed], closed + len(_CLOSE)
+    if answer is None:  # no opening tag at all
+        return completion.strip() if lenient else None
+    return answer.strip()
 
 
 # Datasets whose constructor loads a data file (0.1-0.3 s) and does not depend on the seed, and whose
@@ -215,7 +256,12 @@ def reasoning_gym_task(
 class ReasoningGymVerifier(Verifier):
     """Score with the dataset's own ``score_answer(answer, entry)`` (a float in ``[0, 1]``).
 
-    The answer is :func:`extract_tagged_answer` of the completion. ``info["extracted"]`` holds it.
+    The answer is :func:`extract_tagged_answer` of the completion — reasoning-gym's own extraction,
+    and the dataset scores exactly what reasoning-gym's pipeline scores: a completion without a closed
+    ``<answer>…</answer>`` block is scored as ``score_answer(None, entry)`` — 0, or 0.01 for
+    ``countdown``, ``fraction_simplification`` and ``puzzle24`` (reasoning-gym 0.1.25).
+    ``lenient=True`` opts into llmgym's extra leniency (see :func:`extract_tagged_answer`).
+    ``info["extracted"]`` holds the answer.
 
     Example:
         >>> from llmgym.envs.math.reasoning import ReasoningGymVerifier, reasoning_gym_task
@@ -227,9 +273,10 @@ class ReasoningGymVerifier(Verifier):
 
     time_limit = 5.0
 
-    def __init__(self, time_limit: float | None = 5.0):
+    def __init__(self, time_limit: float | None = 5.0, lenient: bool = False):
         super().__init__()
         self.time_limit = time_limit
+        self.lenient = lenient
 
     def verify(self, task: Task, completion: str) -> Score:
         meta = task.metadata
@@ -239,7 +286,7 @@ class ReasoningGymVerifier(Verifier):
                 "llmgym.envs.math.reasoning.reasoning_gym_task"
             )
         ds = _scorer(meta["dataset"], dict(meta.get("config", {})), int(meta.get("seed", 0)))
-        answer = extract_tagged_answer(completion)
+        answer = extract_tagged_answer(completion, lenient=self.lenient)
         reward = ds.score_answer(answer, meta["entry"])
         return Score(float(reward or 0.0), {"extracted": answer})
 
@@ -255,6 +302,7 @@ def make_env(
     dataset: str,
     instruction: str | None = ANSWER_INSTRUCTION,
     time_limit: float | None = 5.0,
+    lenient: bool = False,
     **config: Any,
 ) -> SequenceEnv:
     """``llmgym/RG-<dataset>-v0``: one lazily generated item per reset, scored by the dataset itself.
@@ -262,7 +310,8 @@ def make_env(
     Keywords other than the ones named here are the dataset's configuration (its ``*Config`` fields,
     e.g. ``min_terms=2`` for ``chain_sum``). ``size`` and ``seed`` are not: items come from the env's
     seeded generator, so use ``env.reset(seed=...)``. ``instruction`` is appended to each question
-    (``None`` for none).
+    (``None`` for none). ``lenient=True`` turns on llmgym's extra answer-extraction leniency (off by
+    default: extraction is reasoning-gym's own; see :func:`extract_tagged_answer`).
 
     Example:
         >>> import gymnasium, llmgym
@@ -293,4 +342,4 @@ def make_env(
 
     # a partial of a module-level function, not a closure: the env must pickle (AsyncVectorEnv, multiprocessing)
     draw = functools.partial(_draw_task, dataset=dataset, config=config, instruction=instruction)
-    return SequenceEnv(draw, ReasoningGymVerifier(time_limit), tokenizer, render_mode=render_mode)
+    return SequenceEnv(draw, ReasoningGymVerifier(time_limit, lenient=lenient), tokenizer, render_mode=render_mode)
