@@ -33,6 +33,7 @@ __all__ = [
     "plot_comparison",
     "plot_curves",
     "read_metrics",
+    "reward_band",
     "steps_to_threshold",
     "truncate_metrics",
 ]
@@ -250,19 +251,10 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, titl
     path = Path(path)
     steps = [int(r["step"]) for r in rows]
     reward = np.array([_float(r.get("reward_mean")) for r in rows])
-    std = np.nan_to_num(np.array([_float(r.get("reward_std"), 0.0) for r in rows]))
     kl = [_float(r.get("kl")) for r in rows]
     fig, (ax_r, ax_kl) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     ax_r.plot(steps, reward, color="tab:blue", alpha=0.35, label="reward (batch mean)")
-    if reward_range is not None:
-        low, high = np.clip(reward - std, *reward_range), np.clip(reward + std, *reward_range)
-        band = f"± std, clipped to [{reward_range[0]:g}, {reward_range[1]:g}]"
-    else:
-        totals = [_float(r.get("samples_total")) for r in rows]
-        counts = np.diff([0.0] + totals) if all(math.isfinite(t) for t in totals) else np.ones(len(rows))
-        sem = std / np.sqrt(np.maximum(counts, 1.0))
-        low, high = reward - sem, reward + sem
-        band = "± std/√n (s.e. of the batch mean)"
+    low, high, band = reward_band(rows, reward_range)
     ax_r.fill_between(steps, low, high, color="tab:blue", alpha=0.12, label=band)
     ax_r.plot(steps, moving_average(list(reward), max(1, len(steps) // 20)), color="tab:blue", label="moving average")
     evals = [(int(r["step"]), _float(r.get("eval_reward"))) for r in rows if r.get("eval_reward") is not None]
@@ -290,6 +282,34 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, titl
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def reward_band(rows: Sequence[Mapping[str, Any]], reward_range: tuple[float, float] | None = None):
+    """The band drawn around the reward curve: ``(low, high, label)`` arrays over ``rows``.
+
+    Known bounds: mean ± std clipped to them. Unknown: mean ± std/√n, the standard error of the
+    batch mean (n = completions sampled that step, from ``samples_total``; 1 when unknown).
+
+    Example:
+        >>> from llmgym.logging import reward_band
+        >>> low, high, label = reward_band([{"reward_mean": 0.8, "reward_std": 0.4}], (0.0, 1.0))
+        >>> float(low[0]), float(high[0]), label
+        (0.4, 1.0, '± std, clipped to [0, 1]')
+        >>> low, high, label = reward_band([{"reward_mean": 0.8, "reward_std": 0.4, "samples_total": 16}])
+        >>> round(float(high[0]), 3), label
+        (0.9, '± std/√n (s.e. of the batch mean)')
+    """
+    import numpy as np
+
+    reward = np.array([_float(r.get("reward_mean")) for r in rows])
+    std = np.nan_to_num(np.array([_float(r.get("reward_std"), 0.0) for r in rows]))
+    if reward_range is not None:
+        return (np.clip(reward - std, *reward_range), np.clip(reward + std, *reward_range),
+                f"± std, clipped to [{reward_range[0]:g}, {reward_range[1]:g}]")
+    totals = [_float(r.get("samples_total")) for r in rows]
+    counts = np.diff([0.0] + totals) if all(math.isfinite(t) for t in totals) else np.ones(len(rows))
+    sem = std / np.sqrt(np.maximum(counts, 1.0))
+    return reward - sem, reward + sem, "± std/√n (s.e. of the batch mean)"
 
 
 def _float(value: Any, default: float = math.nan) -> float:

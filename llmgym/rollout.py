@@ -311,6 +311,10 @@ def evaluate(
             "success_rate": float(np.mean([r >= success_reward for r in rewards]))}
 
 
+DISTINCT_DRAW_PATIENCE = 200
+"""Draws in a row that found no new task after which :func:`distinct_tasks` stops looking."""
+
+
 def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0) -> tuple[list[Task], str]:
     """Tasks for an evaluation, each at most once; and a sentence saying how they were chosen.
 
@@ -353,18 +357,22 @@ def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0) ->
         raise ValueError(f"the number of tasks must be >= 1, got {num_tasks}")
     tasks: list[Task] = []
     seen: set[tuple[str, str]] = set()
-    budget = 10 * num_tasks + 100  # small task spaces run out of distinct tasks: stop, and say so
-    tried = 0
-    while len(tasks) < num_tasks and tried < budget:
+    # a small task space runs out of distinct tasks: stop after PATIENCE draws in a row gave nothing new
+    # (or 10 draws per task asked for), and say so
+    budget, misses, tried = 10 * num_tasks + 100, 0, 0
+    while len(tasks) < num_tasks and tried < budget and misses < DISTINCT_DRAW_PATIENCE:
         try:
             _, info = env.reset(seed=seed + tried)
         except ValueError:  # an iterable source ran out
             break
         tried += 1
         key = (info["task"].id, str(info["task"].prompt))
-        if key not in seen:
+        if key in seen:
+            misses += 1
+        else:
             seen.add(key)
             tasks.append(info["task"])
+            misses = 0
     if len(tasks) < num_tasks:
         raise ValueError(f"found only {len(tasks)} distinct tasks in {tried} draws; ask for {len(tasks)} or fewer")
     return tasks, f"{num_tasks} distinct tasks from seeds {seed}..{seed + tried - 1} (procedural source)"

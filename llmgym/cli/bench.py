@@ -111,13 +111,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         tasks, how = distinct_tasks(env, requested, seed=args.seed)
     except ValueError as exc:
-        if requested is None:  # a procedural env and no --tasks: its default count
-            try:
-                tasks, how = distinct_tasks(env, PROCEDURAL_DEFAULT_TASKS, seed=args.seed)
-            except ValueError as again:
-                raise UsageError(f"{args.env}: {again} (--tasks N)") from None
-        else:
+        if requested is not None or args.tasks is not None:  # an explicit count, or an explicit 'all'
             raise UsageError(f"{args.env}: {exc} (--tasks)") from None
+        try:  # a procedural env and no --tasks: its default count
+            tasks, how = distinct_tasks(env, PROCEDURAL_DEFAULT_TASKS, seed=args.seed)
+        except ValueError as again:
+            raise UsageError(f"{args.env}: {again} (--tasks N)") from None
     started = time.perf_counter()
     n = args.samples
     with console.status(f"sampling {n} completion(s) for each of {len(tasks)} distinct tasks"):

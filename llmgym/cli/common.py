@@ -169,11 +169,18 @@ def resolve_model(spec: str) -> str:
         return spec
     path = Path(spec).expanduser()
     if path.is_dir():
-        if (path / "config.json").is_file():
-            return str(path)
         last = path / "checkpoints" / "last"
         if (last / "config.json").is_file():
             raise UsageError(f"{spec!r} is a training run directory, not a model: use --model {last}")
+        if (path / "config.json").is_file():
+            try:
+                config = json.loads((path / "config.json").read_text())
+            except (OSError, ValueError):
+                config = {}
+            if isinstance(config, dict) and "agent" in config and "env" in config:  # a run's config.json
+                raise UsageError(f"{spec!r} is a training run directory without a checkpoint: train it with "
+                                 f"checkpoints, or give its base model {config.get('model')!r}")
+            return str(path)
         raise UsageError(f"{spec!r} holds no model (no config.json in it): {MODEL_HINT}")
     if path.exists():
         raise UsageError(f"--model {spec!r} is a file, not a model directory: {MODEL_HINT}")
