@@ -349,7 +349,7 @@ def train_run(
                               f"steps); start again with --overwrite[/]")
         curves = plot_curves(rows, out / "curves.png", title=f"{spec.agent} on {spec.env}",
                              reward_range=_reward_range(env)) if rows else None
-        interrupted = interrupted or stop.requested
+        interrupted = (interrupted or stop.requested) and agent.step_count < spec.steps  # a late Ctrl-C: done anyway
     return TrainResult(out, rows, agent, interrupted, time.perf_counter() - started, last_checkpoint, curves,
                        tensorboard_dir, checkpoint_step if checkpoints else None)
 
