@@ -346,8 +346,11 @@ def _respond_in_child(env: "MultiTurnEnv", text: str, limit: float) -> tuple[Tur
     def run() -> None:
         try:
             sender.send((env.respond(text), env.state, None))
-        except BaseException as exc:  # reported to the parent as data, never raised there
-            sender.send((None, None, f"{type(exc).__name__}: {exc}"))
+        except BaseException as exc:  # sent to the parent (as text if it does not pickle)
+            try:
+                sender.send((None, None, exc))
+            except Exception:
+                sender.send((None, None, f"{type(exc).__name__}: {exc}"))
 
     child = context.Process(target=run, daemon=True)
     child.start()
@@ -363,6 +366,8 @@ def _respond_in_child(env: "MultiTurnEnv", text: str, limit: float) -> tuple[Tur
         child.kill()
         child.join()
         receiver.close()
+    if isinstance(error, Exception):
+        raise error
     if error is not None:
         raise RuntimeError(error)
     return turn, state
@@ -379,7 +384,8 @@ class MultiTurnEnv(SequenceEnv):
     The episode terminates when ``respond`` says ``done`` and is truncated after ``max_turns``
     completions. ``respond`` judges hostile model output: an exception inside it (or, with
     ``respond_time_limit`` set, running past that many seconds) ends the episode with reward 0.0 and
-    the error in ``info["error"]``, like a verifier's, never a crash. Under a time limit ``respond``
+    the error in ``info["error"]``, like a verifier's, never a crash; a failure of the sandbox itself
+    (:class:`~llmgym.sandbox.SandboxError`) is the machine's, not the completion's, and is raised. Under a time limit ``respond``
     runs in a forked child process that is killed at the limit; its ``self.state`` changes are
     copied back with its :class:`Turn` (both must pickle). Token ids in, token ids out: the observation's ``prompt_ids`` are the previous
     context + the exact completion ids given to ``step`` + the encoded reply, never a re-tokenised
@@ -459,6 +465,10 @@ class MultiTurnEnv(SequenceEnv):
             else:
                 turn, self.state = _respond_in_child(self, text, self.respond_time_limit)
         except Exception as exc:  # a game's or tool's failure is the completion's zero, never a crash
+            from llmgym.sandbox import SandboxError
+
+            if isinstance(exc, SandboxError):  # the machine's failure, not the completion's: never a silent zero
+                raise
             return Turn(0.0, None, True, {"error": f"{type(exc).__name__}: {exc}",
                                           "traceback": traceback.format_exc(limit=5)})
         if not isinstance(turn, Turn):

@@ -143,6 +143,19 @@ def test_an_exception_in_respond_ends_the_episode_with_reward_0():
     assert info["error"].startswith("ValueError: invalid literal for int()") and "traceback" in info
 
 
+def test_a_sandbox_failure_inside_respond_is_raised_never_a_silent_zero():
+    from llmgym.sandbox import SandboxUnavailableError
+
+    class NeedsSandbox(MultiTurnEnv):
+        def respond(self, completion):
+            raise SandboxUnavailableError(["bwrap"], {"bwrap": "not installed"})
+
+    env = NeedsSandbox([Task("x")])
+    env.reset(seed=0)
+    with pytest.raises(SandboxUnavailableError):
+        env.step("code")
+
+
 def test_respond_past_its_time_limit_is_killed_and_keeps_state_otherwise():
     env = Hangs([Task("x")], max_turns=5)
     env.reset(seed=0)
