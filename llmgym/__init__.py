@@ -16,10 +16,11 @@ Example:
 
 from llmgym.core import MultiTurnEnv, SequenceEnv, TaskSource, Turn
 from llmgym.registry import env_info, register_env, registered_envs
+from llmgym.sources import tasks_from_dataset
 from llmgym.token_level import TokenLevel
 from llmgym.types import Score, Task
 from llmgym.vector import clone_env, make_group
-from llmgym.verifiers import Verifier, as_verifier
+from llmgym.verifiers import Verifier, as_verifier, from_reward_function
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,8 @@ __all__ = [
     "Score",
     "Verifier",
     "as_verifier",
+    "from_reward_function",
+    "tasks_from_dataset",
     "SequenceEnv",
     "MultiTurnEnv",
     "Turn",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections.abc
 import copy
 import dataclasses
+import traceback
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
 import gymnasium as gym
@@ -490,6 +491,43 @@ def _as_id_list(action: Any) -> list[int] | None:
     return None
 
 
+def _respond_in_child(env: "MultiTurnEnv", text: str, limit: float) -> tuple[Turn, dict[str, Any]]:
+    """``env.respond(text)`` in a forked process, killed after ``limit`` seconds: ``(turn, env.state)``."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+
+    def run() -> None:
+        try:
+            sender.send((env.respond(text), env.state, None))
+        except BaseException as exc:  # sent to the parent (as text if it does not pickle)
+            try:
+                sender.send((None, None, exc))
+            except Exception:
+                sender.send((None, None, f"{type(exc).__name__}: {exc}"))
+
+    child = context.Process(target=run, daemon=True)
+    child.start()
+    sender.close()
+    try:
+        if not receiver.poll(limit):
+            raise TimeoutError(f"respond took longer than {limit} s (killed)")
+        try:
+            turn, state, error = receiver.recv()
+        except EOFError:
+            raise RuntimeError("respond's process died before answering") from None
+    finally:
+        child.kill()
+        child.join()
+        receiver.close()
+    if isinstance(error, Exception):
+        raise error
+    if error is not None:
+        raise RuntimeError(error)
+    return turn, state
+
+
 class MultiTurnEnv(SequenceEnv):
     """An episode of several completions: after each one the env replies and the policy speaks again.
 
@@ -499,7 +537,12 @@ class MultiTurnEnv(SequenceEnv):
     "Incorrect, try again." — a retry loop.
 
     The episode terminates when ``respond`` says ``done`` and is truncated after ``max_turns``
-    completions. Token ids in, token ids out: the observation's ``prompt_ids`` are the previous
+    completions. ``respond`` judges hostile model output: an exception inside it (or, with
+    ``respond_time_limit`` set, running past that many seconds) ends the episode with reward 0.0 and
+    the error in ``info["error"]``, like a verifier's, never a crash; a failure of the sandbox itself
+    (:class:`~llmgym.sandbox.SandboxError`) is the machine's, not the completion's, and is raised. Under a time limit ``respond``
+    runs in a forked child process that is killed at the limit; its ``self.state`` changes are
+    copied back with its :class:`Turn` (both must pickle). Token ids in, token ids out: the observation's ``prompt_ids`` are the previous
     context + the exact completion ids given to ``step`` + the encoded reply, never a re-tokenised
     transcript, so a policy conditions on exactly what it produced.
 
@@ -532,6 +575,10 @@ class MultiTurnEnv(SequenceEnv):
         >>> obs, r, term, trunc, info = env.step("7")
         >>> r, term
         (1.0, True)
+        >>> _ = env.reset(seed=0)
+        >>> obs, r, term, trunc, info = env.step("seven")  # respond raised: reward 0, episode over
+        >>> r, term, info["error"]
+        (0.0, True, "ValueError: invalid literal for int() with base 10: 'seven'")
     """
 
     def __init__(
@@ -559,6 +606,9 @@ class MultiTurnEnv(SequenceEnv):
         other.turn = 0
         return other
 
+    respond_time_limit: float | None = None
+    """Seconds one :meth:`respond` may take; ``None``: no limit (a verifier it calls has its own)."""
+
     def respond(self, completion: str) -> Turn:
         """Judge ``completion`` and decide the env's reply. Override this for games and tools."""
         score = self.score(completion)
@@ -585,8 +635,26 @@ class MultiTurnEnv(SequenceEnv):
     def _uses_chat_template(self) -> bool:
         return bool(self.task.is_chat and self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None))
 
+    def _respond_safely(self, text: str) -> Turn:
+        """:meth:`respond`, with an exception, a time-out or a non-Turn result turned into reward 0 and done."""
+        try:
+            if self.respond_time_limit is None:
+                turn = self.respond(text)
+            else:
+                turn, self.state = _respond_in_child(self, text, self.respond_time_limit)
+        except Exception as exc:  # a game's or tool's failure is the completion's zero, never a crash
+            from llmgym.sandbox import SandboxError
+
+            if isinstance(exc, SandboxError):  # the machine's failure, not the completion's: never a silent zero
+                raise
+            return Turn(0.0, None, True, {"error": f"{type(exc).__name__}: {exc}",
+                                          "traceback": traceback.format_exc(limit=5)})
+        if not isinstance(turn, Turn):
+            return Turn(0.0, None, True, {"error": f"respond() must return a Turn, got {type(turn).__name__}"})
+        return turn
+
     def _after_completion(self, text: str, ids: list[int]):
-        turn = self.respond(text)
+        turn = self._respond_safely(text)
         self.turn += 1
         terminated = bool(turn.done)
         truncated = not terminated and self.turn >= self.max_turns

@@ -27,16 +27,18 @@ from typing import Any
 
 __all__ = [
     "TIMING_FIELDS",
+    "TRACKERS",
     "MetricsLogger",
     "moving_average",
     "plot_comparison",
     "plot_curves",
     "read_metrics",
+    "reward_band",
     "steps_to_threshold",
     "truncate_metrics",
 ]
 
-TIMING_FIELDS: tuple[str, ...] = ("wall_s", "tokens_per_s", "rollout_s", "time")
+TIMING_FIELDS: tuple[str, ...] = ("wall_s", "tokens_per_s", "rollout_s", "time", "eval_s")
 """Per-step fields that measure time, so differ between two otherwise identical runs."""
 
 
@@ -64,9 +66,16 @@ class MetricsLogger:
         out_dir: the run directory (created if missing).
         append: keep existing rows (resuming a run) instead of starting the file afresh.
         tensorboard: ``None`` = use it if importable; ``False`` = never.
+        trackers: experiment trackers to mirror every row to, by module name: ``"wandb"`` and/or
+            ``"trackio"`` (both have ``init(project=, name=, config=)``, ``log(dict, step=)`` and
+            ``finish()``). Not dependencies of llmgym: a tracker that is not installed raises
+            ``ImportError`` naming the package. The project is ``$LLMGYM_PROJECT`` or ``"llmgym"``.
+        run_name, run_config: the tracker run's name and config.
     """
 
-    def __init__(self, out_dir: str | os.PathLike, *, append: bool = False, tensorboard: bool | None = None):
+    def __init__(self, out_dir: str | os.PathLike, *, append: bool = False, tensorboard: bool | None = None,
+                 trackers: Sequence[str] = (), run_name: str | None = None,
+                 run_config: Mapping[str, Any] | None = None):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
@@ -79,6 +88,7 @@ class MetricsLogger:
                 self._writer = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
             except Exception:  # tensorboard not installed (or broken): JSONL only
                 self._writer = None
+        self._trackers = [_start_tracker(name, run_name, run_config) for name in trackers]
 
     @property
     def tensorboard_dir(self) -> Path | None:
@@ -95,6 +105,12 @@ class MetricsLogger:
             for key, value in clean.items():
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._writer.add_scalar(key, value, step)
+        if self._trackers:
+            step = int(clean.get("step", 0) or 0)
+            numbers = {k: v for k, v in clean.items()
+                       if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            for tracker in self._trackers:
+                tracker.log(numbers, step=step)
 
     def close(self) -> None:
         """Close the JSONL file and the TensorBoard writer."""
@@ -103,12 +119,33 @@ class MetricsLogger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        for tracker in self._trackers:
+            tracker.finish()
+        self._trackers = []
 
     def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+TRACKERS: tuple[str, ...] = ("wandb", "trackio")
+"""Experiment trackers :class:`MetricsLogger` can mirror rows to (optional; never installed by llmgym)."""
+
+
+def _start_tracker(name: str, run_name: str | None, run_config: Mapping[str, Any] | None):
+    """Import tracker ``name`` and start a run; return the module (its ``log``/``finish`` act on that run)."""
+    import importlib
+
+    if name not in TRACKERS:
+        raise ValueError(f"unknown tracker {name!r}: choose from {', '.join(TRACKERS)}")
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        raise ImportError(f"logging to {name} needs the {name} package: pip install {name}") from None
+    module.init(project=os.environ.get("LLMGYM_PROJECT", "llmgym"), name=run_name, config=dict(run_config or {}))
+    return module
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -187,8 +224,16 @@ def _pyplot():
     return plt
 
 
-def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, title: str = "") -> Path:
-    """Save reward (mean ± std, and a moving average) and KL over steps as one PNG.
+def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, title: str = "",
+                reward_range: tuple[float, float] | None = None) -> Path:
+    """Save reward (mean, a moving average, a spread band, held-out evaluations) and KL over steps as one PNG.
+
+    The band is the batch's ± std, clipped to ``reward_range`` when the reward's bounds are known
+    (a 0/1 reward with mean 0.8 has std 0.4, and mean + std would draw an impossible 1.2). Without
+    known bounds the band is the standard error of the batch mean (std / √n, with n the step's
+    sampled completions), which is what a reader of the mean's line needs, and the legend says so.
+    Rows with ``eval_reward`` (``--eval-every``) are drawn as points. Without a KL term (``kl_coef =
+    0``) the lower panel says so and shows the policy entropy instead.
 
     Example:
         >>> import tempfile
@@ -200,25 +245,34 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, titl
         ...     p.stat().st_size > 0
         True
     """
+    import numpy as np
+
     plt = _pyplot()
     path = Path(path)
     steps = [int(r["step"]) for r in rows]
-    reward = [float(r.get("reward_mean", math.nan)) for r in rows]
-    std = [float(r.get("reward_std", 0.0) or 0.0) for r in rows]
-    kl = [float(r.get("kl", math.nan) if r.get("kl") is not None else math.nan) for r in rows]
+    reward = np.array([_float(r.get("reward_mean")) for r in rows])
+    kl = [_float(r.get("kl")) for r in rows]
     fig, (ax_r, ax_kl) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     ax_r.plot(steps, reward, color="tab:blue", alpha=0.35, label="reward (batch mean)")
-    ax_r.fill_between(steps, [m - s for m, s in zip(reward, std)], [m + s for m, s in zip(reward, std)],
-                      color="tab:blue", alpha=0.08, label="± std")
-    ax_r.plot(steps, moving_average(reward, max(1, len(steps) // 20)), color="tab:blue", label="moving average")
+    low, high, band = reward_band(rows, reward_range)
+    ax_r.fill_between(steps, low, high, color="tab:blue", alpha=0.12, label=band)
+    ax_r.plot(steps, moving_average(list(reward), max(1, len(steps) // 20)), color="tab:blue", label="moving average")
+    evals = [(int(r["step"]), _float(r.get("eval_reward"))) for r in rows if r.get("eval_reward") is not None]
+    evals = [(s, v) for s, v in evals if math.isfinite(v)]
+    if evals:
+        ax_r.plot(*zip(*evals), "o-", color="tab:green", markersize=4, label="held-out reward (greedy)")
     ax_r.set_ylabel("reward")
     ax_r.legend(loc="lower right", fontsize=8)
     ax_r.grid(alpha=0.3)
     if any(math.isfinite(v) for v in kl):
         ax_kl.plot(steps, kl, color="tab:red")
+        ax_kl.set_ylabel("KL to reference")
     else:
-        ax_kl.text(0.5, 0.5, "no KL term (kl_coef = 0)", ha="center", va="center", transform=ax_kl.transAxes)
-    ax_kl.set_ylabel("KL to reference")
+        entropy = [_float(r.get("entropy")) for r in rows]
+        if any(math.isfinite(v) for v in entropy):
+            ax_kl.plot(steps, entropy, color="tab:purple")
+            ax_kl.set_ylabel("policy entropy (nats/token)")
+        ax_kl.set_title("no KL to a reference (kl_coef = 0): policy entropy shown", fontsize=9)
     ax_kl.set_xlabel("step")
     ax_kl.grid(alpha=0.3)
     if title:
@@ -230,8 +284,47 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, titl
     return path
 
 
+def reward_band(rows: Sequence[Mapping[str, Any]], reward_range: tuple[float, float] | None = None):
+    """The band drawn around the reward curve: ``(low, high, label)`` arrays over ``rows``.
+
+    Known bounds: mean ± std clipped to them. Unknown: mean ± std/√n, the standard error of the
+    batch mean (n = completions sampled that step, from ``samples_total``; 1 when unknown).
+
+    Example:
+        >>> from llmgym.logging import reward_band
+        >>> low, high, label = reward_band([{"reward_mean": 0.8, "reward_std": 0.4}], (0.0, 1.0))
+        >>> float(low[0]), float(high[0]), label
+        (0.4, 1.0, '± std, clipped to [0, 1]')
+        >>> low, high, label = reward_band([{"reward_mean": 0.8, "reward_std": 0.4, "samples_total": 16}])
+        >>> round(float(high[0]), 3), label
+        (0.9, '± std/√n (s.e. of the batch mean)')
+    """
+    import numpy as np
+
+    reward = np.array([_float(r.get("reward_mean")) for r in rows])
+    std = np.nan_to_num(np.array([_float(r.get("reward_std"), 0.0) for r in rows]))
+    if reward_range is not None:
+        return (np.clip(reward - std, *reward_range), np.clip(reward + std, *reward_range),
+                f"± std, clipped to [{reward_range[0]:g}, {reward_range[1]:g}]")
+    totals = [_float(r.get("samples_total")) for r in rows]
+    counts = np.diff([0.0] + totals) if all(math.isfinite(t) for t in totals) else np.ones(len(rows))
+    sem = std / np.sqrt(np.maximum(counts, 1.0))
+    return reward - sem, reward + sem, "± std/√n (s.e. of the batch mean)"
+
+
+def _float(value: Any, default: float = math.nan) -> float:
+    """A row value as a float (``None`` and missing become ``default``)."""
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
 def plot_comparison(curves: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]], path: str | os.PathLike,
-                    title: str = "", threshold: float | None = None, window: int = 5) -> Path:
+                    title: str = "", threshold: float | None = None, window: int = 5,
+                    x: str = "samples_total") -> Path:
     """One PNG with every agent's reward curve: the mean over seeds (smoothed) and its min–max band.
 
     Args:
@@ -239,25 +332,37 @@ def plot_comparison(curves: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]],
         path: the PNG to write.
         threshold: drawn as a dashed line when given.
         window: moving-average window of the plotted curves.
+        x: the row field on the x-axis: ``"samples_total"`` (sampled completions, the default: agents
+            that sample more per step are not flattered), ``"tokens_total"`` or ``"step"``. Steps are
+            marked on a secondary axis when the agents share samples per step.
     """
     import numpy as np
 
     plt = _pyplot()
     path = Path(path)
     fig, ax = plt.subplots(figsize=(8, 5))
+    per_step: set[float | None] = set()
     for name, runs in curves.items():
         runs = [r for r in runs if r]
         if not runs:
             continue
         length = min(len(r) for r in runs)
-        steps = [int(row["step"]) for row in runs[0][:length]]
+        # x of a point: the seeds' mean (DAPO's extra draws differ between seeds)
+        xs = np.array([[_float(row.get(x, row["step"] if x == "step" else math.nan)) for row in r[:length]]
+                       for r in runs]).mean(0)
         smoothed = np.array([moving_average([float(row["reward_mean"]) for row in r[:length]], window) for r in runs])
-        (line,) = ax.plot(steps, smoothed.mean(0), label=f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+        (line,) = ax.plot(xs, smoothed.mean(0), label=f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
         if len(runs) > 1:
-            ax.fill_between(steps, smoothed.min(0), smoothed.max(0), color=line.get_color(), alpha=0.15)
+            ax.fill_between(xs, smoothed.min(0), smoothed.max(0), color=line.get_color(), alpha=0.15)
+        per_step.add(round(float(xs[0]) / max(1, int(runs[0][0]["step"])), 6) if length else None)
     if threshold is not None:
         ax.axhline(threshold, color="gray", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
-    ax.set_xlabel("step")
+    labels = {"samples_total": "sampled completions", "tokens_total": "sampled completion tokens", "step": "step"}
+    ax.set_xlabel(labels.get(x, x))
+    if x == "samples_total" and len(per_step) == 1 and None not in per_step:
+        ratio = per_step.pop()  # every agent samples the same per step: steps on a second axis
+        secondary = ax.secondary_xaxis("top", functions=(lambda v: v / ratio, lambda v: v * ratio))
+        secondary.set_xlabel(f"step ({ratio:g} completions per step)")
     ax.set_ylabel(f"reward (moving average, {window} steps)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -22,7 +22,10 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
-__all__ = ["EnvInfo", "register_env", "make_env", "registered_envs", "env_info", "REASONING_GYM_DATASETS"]
+__all__ = [
+    "ENTRY_POINT_GROUP", "EnvInfo", "register_env", "make_env", "registered_envs", "env_info", "load_plugins",
+    "REASONING_GYM_DATASETS",
+]
 
 NAMESPACE = "llmgym"
 
@@ -177,19 +180,62 @@ def make_env(
     return env
 
 
+ENTRY_POINT_GROUP = "llmgym.envs"
+"""Entry-point group through which an installed package registers its envs (see docs/plug_in_env.md)."""
+
+_plugins_loaded = False
+
+
+def load_plugins() -> list[str]:
+    """Load every installed package's ``llmgym.envs`` entry point (once); return the names loaded.
+
+    An entry point names a module (``mytasks.envs``: importing it calls :func:`register_env`) or a
+    function (``mytasks.envs:register``: called with no arguments). :func:`registered_envs` and
+    :func:`env_info` call this first, so the command line sees plug-ins without ``--import``. A plug-in
+    that fails to load is skipped with a warning naming it: one broken package does not break the rest.
+
+    Example:
+        >>> from llmgym.registry import load_plugins
+        >>> isinstance(load_plugins(), list)
+        True
+    """
+    global _plugins_loaded
+    if _plugins_loaded:
+        return []
+    _plugins_loaded = True
+    import types
+    import warnings
+    from importlib.metadata import entry_points
+
+    loaded = []
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            target = entry.load()
+            if callable(target) and not isinstance(target, types.ModuleType):
+                target()
+            loaded.append(entry.name)
+        except Exception as exc:
+            warnings.warn(f"llmgym plug-in {entry.name!r} ({entry.value}) failed to load and is skipped: "
+                          f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+    return loaded
+
+
 def registered_envs(family: str | None = None) -> list[EnvInfo]:
-    """Registered llmgym envs, sorted by id (optionally one family).
+    """Registered llmgym envs (with installed plug-ins'), sorted by id (optionally one family).
 
     Example:
         >>> from llmgym import registered_envs
         >>> "llmgym/Copy-v0" in [e.id for e in registered_envs("toy")]
         True
     """
+    load_plugins()
     return sorted((i for i in _INFO.values() if family is None or i.family == family), key=lambda i: i.id)
 
 
 def env_info(env_id: str) -> EnvInfo:
     """The :class:`EnvInfo` of a registered id, with a clear error for an unknown one."""
+    if env_id not in _INFO:
+        load_plugins()
     try:
         return _INFO[env_id]
     except KeyError:

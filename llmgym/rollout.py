@@ -26,7 +26,7 @@ from llmgym.engines.sampling import row_keys, sample_next_token
 from llmgym.types import Task
 from llmgym.vector import clone_env
 
-__all__ = ["Episode", "collect_episodes", "evaluate", "draw_tasks", "turn_keys", "is_token_level"]
+__all__ = ["Episode", "collect_episodes", "evaluate", "draw_tasks", "distinct_tasks", "turn_keys", "is_token_level"]
 
 
 @dataclasses.dataclass
@@ -353,3 +353,70 @@ def evaluate(
     rewards = [e.total_reward for e in episodes]
     return {"mean_reward": float(np.mean(rewards)),
             "success_rate": float(np.mean([r >= success_reward for r in rewards]))}
+
+
+DISTINCT_DRAW_PATIENCE = 200
+"""Draws in a row that found no new task after which :func:`distinct_tasks` stops looking."""
+
+
+def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0) -> tuple[list[Task], str]:
+    """Tasks for an evaluation, each at most once; and a sentence saying how they were chosen.
+
+    * A finite task list (HumanEval, a JSONL file): ``num_tasks=None`` takes every task, in the list's
+      order; ``num_tasks=N`` takes N of them without replacement (a permutation seeded by ``seed``,
+      kept in list order).
+    * A procedural source (a function of the env's seeded generator, or an iterable): ``num_tasks``
+      is required; tasks come from ``env.reset(seed=seed + i)`` for i = 0, 1, …, and a task already
+      drawn (same id and prompt) is skipped, so the N tasks are distinct.
+
+    Raises ``ValueError`` (with what to do) when ``num_tasks`` exceeds the distinct tasks there are.
+
+    Example:
+        >>> import gymnasium, llmgym
+        >>> from llmgym import SequenceEnv, Task
+        >>> from llmgym.rollout import distinct_tasks
+        >>> env = SequenceEnv([Task(str(i), id=f"t{i}") for i in range(5)], lambda t, c: 0.0)
+        >>> [t.id for t in distinct_tasks(env)[0]]
+        ['t0', 't1', 't2', 't3', 't4']
+        >>> tasks, how = distinct_tasks(gymnasium.make("llmgym/Copy-v0"), 20, seed=0)
+        >>> len({t.id for t in tasks}), how
+        (20, '20 distinct tasks from seeds 0..19 (procedural source)')
+    """
+    from llmgym.core import TaskSource
+
+    source = getattr(env.unwrapped, "tasks", None)
+    if isinstance(source, TaskSource) and source.kind == "sequence":
+        every = list(source)
+        if num_tasks is None:
+            return every, f"all {len(every)} tasks of the list"
+        if not 1 <= num_tasks <= len(every):
+            raise ValueError(f"this env has {len(every)} tasks; ask for 1..{len(every)} (or all of them)")
+        if num_tasks == len(every):
+            return every, f"all {len(every)} tasks of the list"
+        chosen = sorted(np.random.default_rng(seed).permutation(len(every))[:num_tasks].tolist())
+        return [every[i] for i in chosen], f"{num_tasks} of {len(every)} tasks, drawn without replacement (seed {seed})"
+    if num_tasks is None:
+        raise ValueError("this env generates its tasks (no finite list): give a number of tasks")
+    if num_tasks < 1:
+        raise ValueError(f"the number of tasks must be >= 1, got {num_tasks}")
+    tasks: list[Task] = []
+    seen: set[tuple[str, str]] = set()
+    # a small task space runs out of distinct tasks: stop after PATIENCE draws in a row gave nothing new
+    # (or 10 draws per task asked for), and say so
+    budget, misses, tried = 10 * num_tasks + 100, 0, 0
+    while len(tasks) < num_tasks and tried < budget and misses < DISTINCT_DRAW_PATIENCE:
+        try:
+            _, info = env.reset(seed=seed + tried)
+        except ValueError:  # an iterable source ran out
+            break
+        tried += 1
+        key = (info["task"].id, str(info["task"].prompt))
+        if key in seen:
+            misses += 1
+        else:
+            seen.add(key)
+            tasks.append(info["task"])
+            misses = 0
+    if len(tasks) < num_tasks:
+        raise ValueError(f"found only {len(tasks)} distinct tasks in {tried} draws; ask for {len(tasks)} or fewer")
+    return tasks, f"{num_tasks} distinct tasks from seeds {seed}..{seed + tried - 1} (procedural source)"

@@ -32,6 +32,8 @@ __all__ = [
     "RegexFormat",
     "LengthPenalty",
     "exact_match",
+    "RewardFunctionVerifier",
+    "from_reward_function",
 ]
 
 VerifierLike = Union["Verifier", Callable[[Task, str], Union[float, Score]]]
@@ -371,3 +373,108 @@ class LengthPenalty(Verifier):
         free = self.max_length - self.cache_length
         penalty = min(1.0, max(0.0, (length - free) / self.cache_length))
         return Score(score.reward - penalty, {**score.info, "length": length, "length_penalty": penalty})
+
+
+class RewardFunctionVerifier(Verifier):
+    """A verifier over a TRL-style reward function ``fn(prompts, completions, **columns) -> list[float]``.
+
+    :meth:`verify_batch` calls ``fn`` once for the whole batch, as TRL does; a single completion is
+    a batch of one. ``prompts`` holds each task's prompt (text, or its chat messages), ``completions``
+    the completion text (for a chat task: ``[{"role": "assistant", "content": text}]``, TRL's
+    conversational form), and every key of the tasks' ``metadata`` arrives as a keyword argument with
+    one value per completion (:func:`llmgym.sources.tasks_from_dataset` puts a dataset's columns
+    there). A ``None`` in the returned list (TRL: "this function does not apply") scores 0.0 with a
+    note in ``info["error"]``; an exception, a wrong-length result, a non-finite value or a time-out
+    scores the whole batch 0.0 with the error, never a crash.
+
+    Example:
+        >>> from llmgym import Task
+        >>> from llmgym.verifiers import from_reward_function
+        >>> def reward_len(prompts, completions, target, **kwargs):  # TRL's list form
+        ...     return [-abs(t - len(c)) for c, t in zip(completions, target)]
+        >>> verifier = from_reward_function(reward_len)
+        >>> tasks = [Task("a", metadata={"target": 3}), Task("b", metadata={"target": 1})]
+        >>> [s.reward for s in verifier.verify_batch(tasks, ["abc", "abc"])]
+        [0.0, -2.0]
+        >>> verifier(tasks[0], "abcd").reward
+        -1.0
+    """
+
+    def __init__(self, fn: Callable[..., Sequence[float | None]], time_limit: float | None = None) -> None:
+        super().__init__(time_limit)
+        if not callable(fn):
+            raise TypeError(f"a reward function must be callable, got {type(fn).__name__}")
+        self.fn = fn
+
+    def verify(self, task: Task, completion: str) -> Score:
+        return self._scores([task], [completion])[0]
+
+    def __call__(self, task: Task, completion: str) -> Score:
+        return self.verify_batch([task], [completion])[0]
+
+    def verify_batch(
+        self, tasks: Sequence[Task], completions: Sequence[str], max_workers: int | None = None
+    ) -> list[Score]:
+        """One call of the reward function for all ``completions`` (``max_workers`` is not used)."""
+        if len(tasks) != len(completions):
+            raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
+        if not tasks:
+            return []
+        if self.time_limit is None:
+            return self._guarded_batch(tasks, completions)
+        result: list[list[Score]] = []
+        worker = threading.Thread(target=lambda: result.append(self._guarded_batch(tasks, completions)), daemon=True)
+        worker.start()
+        worker.join(self.time_limit)
+        if worker.is_alive() or not result:
+            error = f"timeout: the reward function took longer than {self.time_limit} s"
+            return [Score(0.0, {"error": error}) for _ in tasks]
+        return result[0]
+
+    def _guarded_batch(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[Score]:
+        try:
+            return self._scores(tasks, completions)
+        except Exception as exc:  # the function's failure is the batch's zero, never a crash
+            info = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
+            return [Score(0.0, dict(info)) for _ in tasks]
+
+    def _scores(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[Score]:
+        prompts = [list(t.prompt) if t.is_chat else t.prompt for t in tasks]
+        shown = [[{"role": "assistant", "content": c}] if t.is_chat else c for t, c in zip(tasks, completions)]
+        keys = sorted({k for t in tasks for k in t.metadata} - {"prompts", "completions"})
+        columns = {k: [t.metadata.get(k) for t in tasks] for k in keys}
+        values = self.fn(prompts=prompts, completions=shown, **columns)
+        values = list(values) if values is not None else []
+        if len(values) != len(tasks):
+            raise ValueError(f"the reward function returned {len(values)} values for {len(tasks)} completions")
+        scores = []
+        for value in values:
+            if value is None:
+                scores.append(Score(0.0, {"error": "the reward function returned None (does not apply): scored 0"}))
+                continue
+            reward = _to_score(value).reward
+            if not math.isfinite(reward):
+                scores.append(Score(0.0, {"error": f"non-finite reward {reward} (scored 0)"}))
+            else:
+                scores.append(Score(reward))
+        return scores
+
+    def __repr__(self) -> str:
+        return f"RewardFunctionVerifier({getattr(self.fn, '__name__', repr(self.fn))})"
+
+
+def from_reward_function(fn: Callable[..., Sequence[float | None]], time_limit: float | None = None
+                         ) -> RewardFunctionVerifier:
+    """A batched llmgym verifier from a TRL-style list reward function (see :class:`RewardFunctionVerifier`).
+
+    Example:
+        >>> from llmgym import SequenceEnv, Task
+        >>> from llmgym.verifiers import from_reward_function
+        >>> def exact(prompts, completions, answer, **kwargs):
+        ...     return [float(c.strip() == a) for c, a in zip(completions, answer)]
+        >>> env = SequenceEnv([Task("1+1=", metadata={"answer": "2"})], from_reward_function(exact))
+        >>> _ = env.reset(seed=0)
+        >>> env.step(" 2")[1]
+        1.0
+    """
+    return RewardFunctionVerifier(fn, time_limit)

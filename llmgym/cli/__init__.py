@@ -37,9 +37,17 @@ import sys
 from collections.abc import Sequence
 
 from llmgym.cli import bench, compare, listing, quickstart, train
-from llmgym.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, UsageError, build_agent_config, parse_overrides
-from llmgym.cli.quickstart import QUICKSTART_SETTINGS, evaluate_held_out, quickstart_base_model
-from llmgym.cli.training import RunSpec, TrainResult, train_run
+from llmgym.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    UsageError,
+    build_agent_config,
+    import_user_modules,
+    parse_overrides,
+    plugin_options,
+)
+from llmgym.cli.quickstart import QUICKSTART_SETTINGS, quickstart_base_model
+from llmgym.cli.training import RunSpec, TrainResult, evaluate_held_out, train_run
 
 __all__ = [
     "COMMANDS",
@@ -77,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Start with `llmgym quickstart`; `llmgym list` shows envs and agents.")
     parser.add_argument("--version", action="version", version=f"llmgym {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    common = argparse.ArgumentParser(add_help=False)
+    common = argparse.ArgumentParser(add_help=False, parents=[plugin_options()])
     common.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads for torch (default: 1 for a model under 20M parameters on CPU, "
                              "else torch's choice)")
@@ -100,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     threads = getattr(args, "threads", None)
     previous_threads = None
     try:
+        import_user_modules(getattr(args, "imports", None) or [])  # before any command reads the registry
         if threads is not None and threads < 1:
             raise UsageError(f"--threads must be >= 1, got {threads}")
         if hasattr(args, "threads"):  # commands that run a model may change torch's threads: restore them after
@@ -110,8 +119,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"llmgym: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError) as exc:
+        # a path that changed under a running command (its checks passed before the work began)
+        print(f"llmgym: error: {exc.strerror or type(exc).__name__}: {exc.filename!r} "
+              f"(check the paths given to --out, --model and --resume)", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        print("llmgym: interrupted", file=sys.stderr)
+        resume_dir = getattr(args, "resume_dir", None)
+        if resume_dir is not None and (resume_dir / "checkpoints" / "last" / "step.txt").is_file():
+            print(f"llmgym: interrupted; continue with: llmgym train --resume {resume_dir}", file=sys.stderr)
+        else:
+            print("llmgym: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         if previous_threads is not None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from llmgym.cli.common import (
     UsageError,
@@ -21,10 +20,15 @@ from llmgym.cli.common import (
     _load_model,
     _make_env,
     _require_env,
+    atomic_write_text,
+    check_out_file,
     parse_overrides,
 )
 
-__all__ = ["add_parser", "cmd_bench"]
+__all__ = ["PROCEDURAL_DEFAULT_TASKS", "add_parser", "cmd_bench", "parse_task_count"]
+
+PROCEDURAL_DEFAULT_TASKS = 64
+"""``--tasks`` when the env generates its tasks (it has no "all")."""
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -37,8 +41,11 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
     p.add_argument("--env", required=True, help="env id")
     p.add_argument("--model", default="tiny", help="'tiny', a saved directory (e.g. RUN/checkpoints/last), or a hub id")
     p.add_argument("--samples", type=int, default=8, metavar="K", help="completions per task (default 8)")
-    p.add_argument("--tasks", type=int, default=64, metavar="N", help="tasks drawn from the env (default 64)")
-    p.add_argument("--out", metavar="FILE.json", help="write the results as JSON")
+    p.add_argument("--tasks", metavar="N|all",
+                   help="distinct tasks to evaluate: 'all' (the default for a finite task list, e.g. HumanEval's "
+                        "164) or N (N of the list without replacement; for a procedural env N distinct seeds, "
+                        f"default {PROCEDURAL_DEFAULT_TASKS})")
+    p.add_argument("--out", metavar="FILE.json", help="write the results as JSON (checked before any work)")
     p.add_argument("--threshold", type=float, default=1.0, help="reward that counts as a pass (default 1.0)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
@@ -51,19 +58,40 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
     return p
 
 
+def parse_task_count(text: str | None) -> int | None:
+    """``--tasks``: ``None`` or ``"all"`` → ``None`` (every task of a finite list); else a count >= 1.
+
+    Example:
+        >>> from llmgym.cli.bench import parse_task_count
+        >>> parse_task_count("all"), parse_task_count("12")
+        (None, 12)
+    """
+    if text is None or text.strip().lower() == "all":
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        raise UsageError(f"--tasks expects a number or 'all', got {text!r}") from None
+    if count < 1:
+        raise UsageError(f"--tasks must be >= 1 (or 'all'), got {count}")
+    return count
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``llmgym bench``: pass@1, pass@k, mean reward ± 95% CI, tokens/s."""
+    """``llmgym bench``: each task at most once per sample index; pass@1, pass@k, mean reward ± 95% CI over
+    distinct tasks, tokens/s."""
     from rich.table import Table
 
     from llmgym.engines import HFEngine, SamplingParams
     from llmgym.metrics import mean_confidence_interval, pass_at_k
-    from llmgym.rollout import collect_episodes, draw_tasks
+    from llmgym.rollout import collect_episodes, distinct_tasks
 
     console = _console()
-    counts = (("--samples", args.samples), ("--tasks", args.tasks), ("--max-new-tokens", args.max_new_tokens))
+    counts = (("--samples", args.samples), ("--max-new-tokens", args.max_new_tokens))
     for flag, value in counts:
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
+    requested = parse_task_count(args.tasks)
     if args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
     if not args.temperature >= 0:
@@ -75,49 +103,59 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from None
     env_args = parse_overrides(args.env_arg or [], "--env-arg")
+    out = check_out_file(args.out, example="bench.json") if args.out else None
     _require_env(args.env)
     model, tokenizer = _load_model(args.model)
     _apply_threads(args.threads, model)
     env = _make_env(args.env, tokenizer, args.level, args.max_new_tokens, env_args)
-    tasks = draw_tasks(env, args.tasks, seed=args.seed)
+    try:
+        tasks, how = distinct_tasks(env, requested, seed=args.seed)
+    except ValueError as exc:
+        if requested is not None or args.tasks is not None:  # an explicit count, or an explicit 'all'
+            raise UsageError(f"{args.env}: {exc} (--tasks)") from None
+        try:  # a procedural env and no --tasks: its default count
+            tasks, how = distinct_tasks(env, PROCEDURAL_DEFAULT_TASKS, seed=args.seed)
+        except ValueError as again:
+            raise UsageError(f"{args.env}: {again} (--tasks N)") from None
     started = time.perf_counter()
-    with console.status(f"sampling {args.samples} completions for each of {args.tasks} tasks"):
-        episodes, stats = collect_episodes(env, HFEngine(model, tokenizer), num_tasks=len(tasks), tasks=tasks,
-                                           group_size=args.samples, sampling=sampling, seed=args.seed)
-    wall = time.perf_counter() - started
     n = args.samples
+    with console.status(f"sampling {n} completion(s) for each of {len(tasks)} distinct tasks"):
+        episodes, stats = collect_episodes(env, HFEngine(model, tokenizer), num_tasks=len(tasks), tasks=tasks,
+                                           group_size=n, sampling=sampling, seed=args.seed)
+    wall = time.perf_counter() - started
     ks = sorted({1, n} | {2 ** i for i in range(1, 10) if 2 ** i < n})
     per_task = []
     for g, task in enumerate(tasks):
         rewards = [e.total_reward for e in episodes[g * n:(g + 1) * n]]
         passed = sum(r >= args.threshold - 1e-9 for r in rewards)
         per_task.append({"id": task.id, "prompt": task.prompt if isinstance(task.prompt, str) else str(task.prompt),
-                         "samples": n, "passed": passed, "reward_mean": sum(rewards) / n})
+                         "samples": n, "passed": passed, "reward_mean": sum(rewards) / n, "rewards": rewards})
+    # every statistic is over distinct tasks: pass@k averages the per-task unbiased estimates, and the
+    # CI treats each task's mean reward (over its n samples) as one observation
     pass_k = {str(k): sum(pass_at_k(n, t["passed"], k) for t in per_task) / len(per_task) for k in ks}
     mean, half = mean_confidence_interval([t["reward_mean"] for t in per_task])
     low, high = mean - half, mean + half
     report = {
-        "env": args.env, "env_args": env_args, "model": args.model, "tasks": len(tasks), "samples": n, "threshold": args.threshold,
+        "env": args.env, "env_args": env_args, "model": args.model, "tasks": len(tasks), "task_selection": how,
+        "task_ids": [t.id for t in tasks], "samples": n, "threshold": args.threshold,
         "temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
         "pass@1": pass_k["1"], f"pass@{n}": pass_k[str(n)], "pass_at_k": pass_k,
-        "reward_mean": mean, "reward_ci95": [low, high], "tokens_sampled": stats["tokens_sampled"],
-        "tokens_per_s": stats["tokens_per_s"], "wall_s": wall, "per_task": per_task,
+        "reward_mean": mean, "reward_ci95": [low, high], "ci_over": "distinct tasks (each task's mean over its samples)",
+        "tokens_sampled": stats["tokens_sampled"], "tokens_per_s": stats["tokens_per_s"], "wall_s": wall,
+        "per_task": per_task,
     }
-    console.print(f"[bold]bench[/] {args.env} · model {args.model} · {len(tasks)} tasks × {n} samples "
+    console.print(f"[bold]bench[/] {args.env} · model {args.model} · {how} × {n} samples "
                   f"(temperature {args.temperature:g}, seed {args.seed})")
     table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k in ks:
         table.add_row(f"pass@{k} (reward ≥ {args.threshold:g})", _fmt(pass_k[str(k)]))
-    table.add_row("mean reward [95% CI]", f"{mean:.3f} [{low:.3f}, {high:.3f}]")
+    table.add_row(f"mean reward [95% CI over {len(tasks)} tasks]", f"{mean:.3f} [{low:.3f}, {high:.3f}]")
     table.add_row("tokens/s", _fmt(stats["tokens_per_s"], 0))
     table.add_row("wall s", _fmt(wall, 1))
     console.print(table)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
+    if out is not None:
+        atomic_write_text(out, json.dumps(report, indent=2) + "\n")
         console.print(f"results: {out}")
     return 0
-

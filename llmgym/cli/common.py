@@ -23,10 +23,17 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
     "LIST_HINT",
+    "MODEL_HINT",
     "SMALL_MODEL_PARAMETERS",
     "UsageError",
+    "atomic_write_text",
     "build_agent_config",
+    "check_out_dir",
+    "check_out_file",
+    "import_user_modules",
     "parse_overrides",
+    "plugin_options",
+    "resolve_model",
 ]
 
 EXIT_USAGE = 2
@@ -136,22 +143,82 @@ def _quiet_hf() -> None:
         pass
 
 
+MODEL_HINT = "give a directory saved with save_pretrained() (e.g. RUN/checkpoints/last), a hub id in your HF cache, or 'tiny'"
+
+
+def resolve_model(spec: str) -> str:
+    """Check that ``spec`` names a loadable model *before* any work; return what to load.
+
+    A run directory (one holding ``checkpoints/last``) is named as such, with the checkpoint to use;
+    a directory without ``config.json`` is named too (transformers would fail deep in a tokenizer);
+    a hub id missing from the local Hugging Face cache fails in about a second when the hub cannot
+    be reached (``HF_HUB_OFFLINE=1``: at once), not after a minute of retries.
+
+    Example:
+        >>> from llmgym.cli.common import resolve_model
+        >>> resolve_model("tiny")
+        'tiny'
+        >>> resolve_model("/no/such/dir")
+        Traceback (most recent call last):
+        ...
+        llmgym.cli.common.UsageError: no model at '/no/such/dir': ...
+    """
+    import os
+
+    if spec == "tiny":
+        return spec
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        last = path / "checkpoints" / "last"
+        if (last / "config.json").is_file():
+            raise UsageError(f"{spec!r} is a training run directory, not a model: use --model {last}")
+        if (path / "config.json").is_file():
+            try:
+                config = json.loads((path / "config.json").read_text())
+            except (OSError, ValueError):
+                config = {}
+            if isinstance(config, dict) and "agent" in config and "env" in config:  # a run's config.json
+                raise UsageError(f"{spec!r} is a training run directory without a checkpoint: train it with "
+                                 f"checkpoints, or give its base model {config.get('model')!r}")
+            return str(path)
+        raise UsageError(f"{spec!r} holds no model (no config.json in it): {MODEL_HINT}")
+    if path.exists():
+        raise UsageError(f"--model {spec!r} is a file, not a model directory: {MODEL_HINT}")
+    from llmgym.models import _looks_like_hub_id
+
+    if not _looks_like_hub_id(spec) or spec.startswith(("/", ".", "~")):
+        raise UsageError(f"no model at {spec!r}: {MODEL_HINT}")
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+        return spec  # cached: loads without network
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise UsageError(f"model {spec!r} is not in your Hugging Face cache and HF_HUB_OFFLINE is set: "
+                         f"download it first (hf download {spec}) or {MODEL_HINT}")
+    from huggingface_hub import model_info
+
+    try:  # one short request instead of transformers' minute of retries when the hub is unreachable
+        model_info(spec, timeout=5)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UsageError(f"model {spec!r} is not in your Hugging Face cache and the hub did not answer ({first}): "
+                         f"download it where you have network (hf download {spec}) or {MODEL_HINT}") from None
+    return spec
+
+
 def _load_model(spec: str):
     """``(model, tokenizer)`` from ``'tiny'``, a saved directory or a hub id; a :class:`UsageError` if absent."""
     from llmgym.models import load_model
 
+    target = resolve_model(spec)
     _quiet_hf()
-
     try:
-        return load_model(spec)
+        return load_model(target)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from None
-    except OSError as exc:  # a hub id without network, or a directory without model files
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(
-            f"could not load model {spec!r} ({first}); give a directory saved with save_pretrained() "
-            f"(e.g. RUN/checkpoints/last), a hub id in your HF cache, or 'tiny'"
-        ) from None
+    except (OSError, ValueError) as exc:  # a directory with a broken or missing tokenizer / weights
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"could not load model {spec!r} ({first}); {MODEL_HINT}") from None
 
 
 SMALL_MODEL_PARAMETERS = 20_000_000
@@ -176,20 +243,8 @@ def _apply_threads(requested: int | None, model) -> int:
 
 
 def _check_model(spec: str) -> None:
-    """Fail early (a :class:`UsageError`) if ``spec`` names no loadable model; reads only the tokenizer."""
-    if spec == "tiny":
-        return
-    from llmgym.models import load_tokenizer
-
-    _quiet_hf()
-    try:
-        load_tokenizer(spec)
-    except FileNotFoundError as exc:
-        raise UsageError(str(exc)) from None
-    except OSError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"could not load model {spec!r} ({first}); give a directory saved with save_pretrained(), "
-                         f"a hub id in your HF cache, or 'tiny'") from None
+    """Fail early (a :class:`UsageError`) if ``spec`` names no loadable model; loads nothing."""
+    resolve_model(spec)
 
 
 def parse_overrides(pairs: Sequence[str], option: str = "--set") -> dict[str, Any]:
@@ -363,3 +418,145 @@ def _summary_window(rows: list[dict[str, Any]]) -> int:
     """Steps averaged for the "first" and "last" reward of a summary: up to 10, at most half the run."""
     return max(1, min(10, len(rows) // 2))
 
+
+
+# ------------------------------------------------------------------------------------------------
+# output paths: checked before any work, written atomically, so nothing computed is lost
+
+
+def _probe_writable(path: Path, flag: str, shown: str) -> None:
+    """Raise a :class:`UsageError` unless a file can be created in the directory ``path`` (or in the
+    nearest existing folder above it, which is where the missing folders would be made)."""
+    import tempfile
+
+    folder = path
+    while not folder.exists():
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{flag} {shown!r} cannot be created: {str(folder)!r} is a file, not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".llmgym-write-check-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"{flag} {shown!r} is not writable ({reason} in {str(folder)!r}): "
+                         f"choose a folder you can write to") from None
+
+
+def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
+    """The run directory ``path``, checked before any work: not a file, and writable (created later).
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from llmgym.cli.common import check_out_dir
+        >>> with tempfile.NamedTemporaryFile() as f:
+        ...     check_out_dir(f.name)
+        Traceback (most recent call last):
+        ...
+        llmgym.cli.common.UsageError: --out '...' is a file, not a directory: give a directory for the run's files
+    """
+    out = Path(path).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{flag} {str(path)!r} is a file, not a directory: give a directory for the run's files")
+    _probe_writable(out, flag, str(path))
+    return out
+
+
+def check_out_file(path: str | Path, flag: str = "--out", example: str = "results.json") -> Path:
+    """The output file ``path``, checked before any work: not a directory, and its folder writable."""
+    out = Path(path).expanduser()
+    if out.is_dir():
+        raise UsageError(f"{flag} {str(path)!r} is a directory: give a file name, e.g. {flag} {out / example}")
+    _probe_writable(out.parent, flag, str(path))
+    return out
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename: a reader never sees half a file.
+
+    If the write fails after all (the disk filled up, the folder vanished), the text goes to a file in
+    the system's temporary folder instead and the :class:`UsageError` names it: results are never lost.
+    """
+    import os
+    import tempfile
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        fd, rescue = tempfile.mkstemp(prefix=f"llmgym-{path.stem}-", suffix=path.suffix or ".txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        raise UsageError(f"could not write {str(path)!r} ({exc.strerror or exc}); the results are saved in "
+                         f"{rescue} instead") from None
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# user modules and plug-ins (--import)
+
+
+def plugin_options():
+    """The ``--import MODULE`` option every command takes (an ``argparse`` parent parser).
+
+    Example:
+        >>> from llmgym.cli.common import plugin_options
+        >>> plugin_options().parse_args(["--import", "mytasks", "--import", "more"]).imports
+        ['mytasks', 'more']
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--import", action="append", dest="imports", metavar="MODULE",
+                        help="import MODULE first (repeatable), e.g. one that calls llmgym.register_env; the "
+                             "current directory is searched too. Installed packages can instead declare an "
+                             "'llmgym.envs' entry point")
+    return parser
+
+
+def import_user_modules(names: Sequence[str]) -> None:
+    """Import each ``--import MODULE`` (from the current directory too, as ``python -m`` would), so the
+    envs it registers exist before the registry is read.
+
+    Example:
+        >>> from llmgym.cli.common import import_user_modules
+        >>> import_user_modules(["no_such_module_xyz"])
+        Traceback (most recent call last):
+        ...
+        llmgym.cli.common.UsageError: --import no_such_module_xyz: no module named 'no_such_module_xyz' ...
+    """
+    import importlib
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    if names and cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    for name in names:
+        if name.endswith(".py") or "/" in name:
+            raise UsageError(f"--import takes a module name, not a file path: for {name!r} run from its folder "
+                             f"and give --import {Path(name).stem}")
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+                raise UsageError(f"--import {name}: no module named {exc.name!r} (run from the folder that holds "
+                                 f"it, add that folder to PYTHONPATH, or pip install its package)") from None
+            raise UsageError(f"--import {name} failed: it imports {exc.name!r}, which is not installed") from None
+        except Exception as exc:  # the user's module raised while importing: one line, with where
+            import traceback
+
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            raise UsageError(f"--import {name} failed: {type(exc).__name__}: {exc} "
+                             f"(at {where.filename}:{where.lineno})") from None

@@ -12,14 +12,17 @@ import argparse
 import importlib.util
 from collections.abc import Sequence
 
-from llmgym.cli.common import UsageError, _console
+from llmgym.cli.common import UsageError, _console, plugin_options
 
-__all__ = ["add_parser", "cmd_list"]
+__all__ = ["WIDE", "add_parser", "cmd_list"]
+
+WIDE = 120
+"""Terminal columns from which ``list`` draws tables; narrower (or piped, 80) it prints one paragraph per row."""
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``list`` sub-command to ``subparsers``."""
-    p = subparsers.add_parser("list", help="registered envs and agents")
+    p = subparsers.add_parser("list", parents=[plugin_options()], help="registered envs and agents")
     p.add_argument("--family", help="only the envs of one family (e.g. toy, math, games)")
     p.add_argument("--all", action="store_true", help="one row per env, also in large families")
     p.set_defaults(handler=cmd_list)
@@ -49,13 +52,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.family and not infos:
         families = sorted({i.family for i in registered_envs()})
         raise UsageError(f"no env family {args.family!r}; families: {', '.join(families)}")
-    envs = Table(title="environments", title_justify="left", caption_justify="left",
-                 caption="levels: sequence, token for every env — gymnasium.make(id, tokenizer=tok, level=...)")
-    envs.add_column("id", no_wrap=True)
-    envs.add_column("family", no_wrap=True)
-    envs.add_column("multi-turn", no_wrap=True)
-    envs.add_column("needs", no_wrap=True)
-    envs.add_column("description", min_width=16, ratio=1)
+    rows = []  # (id, family, multi-turn, needs, description)
 
     def needs(info) -> str:
         return ", ".join(m if importlib.util.find_spec(m.split(".")[0]) else f"[red]{m} (missing)[/]"
@@ -68,23 +65,48 @@ def cmd_list(args: argparse.Namespace) -> int:
         if fold and len(members) > 8:
             names = [m.id for m in members]
             first = members[0]
-            envs.add_row(_common_id_pattern(names), family, "yes" if first.multi_turn else "",
-                         needs(first), f"{len(members)} envs; `llmgym list --family {family}` lists them")
+            rows.append((_common_id_pattern(names), family, "yes" if first.multi_turn else "", needs(first),
+                         f"{len(members)} envs; `llmgym list --family {family}` lists them"))
             continue
         for info in members:
-            envs.add_row(info.id, info.family, "yes" if info.multi_turn else "", needs(info),
-                         info.description)
-    console.print(envs)
-    agents = Table(title="agents: llmgym train --agent NAME [--set field=value]", title_justify="left")
-    agents.add_column("name", no_wrap=True)
-    agents.add_column("group", justify="right")
-    agents.add_column("lr", justify="right")
-    agents.add_column("KL coef", justify="right")
-    agents.add_column("description", ratio=1)
+            rows.append((info.id, info.family, "yes" if info.multi_turn else "", needs(info), info.description))
+    caption = "levels: sequence, token for every env — gymnasium.make(id, tokenizer=tok, level=...)"
+    if console.width >= WIDE:
+        envs = Table(title="environments", title_justify="left", caption_justify="left", caption=caption)
+        for name in ("id", "family", "multi-turn", "needs"):
+            envs.add_column(name, no_wrap=True)
+        envs.add_column("description", min_width=16, ratio=1)
+        for row in rows:
+            envs.add_row(*row)
+        console.print(envs)
+    else:  # a narrow terminal or a pipe (80 columns): one env per paragraph, descriptions never cropped
+        console.print("[bold]environments[/]")
+        for env_id, family, multi_turn, needed, description in rows:
+            tags = ", ".join(t for t in (family, "multi-turn" if multi_turn else "", f"needs {needed}" if needed else "")
+                             if t)
+            console.print(f"[bold]{env_id}[/] ({tags})", soft_wrap=True)
+            console.print(f"    {description}", soft_wrap=True, highlight=False)
+        console.print(caption, soft_wrap=True)
+    agent_rows = []
     for name, cls in AGENTS.items():
         config = cls.config_class()
         doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        agents.add_row(name, str(config.group_size), f"{config.lr:g}", f"{config.kl_coef:g}", doc.replace("``", ""))
-    console.print(agents)
+        agent_rows.append((name, str(config.group_size), f"{config.lr:g}", f"{config.kl_coef:g}", doc.replace("``", "")))
+    title = "agents: llmgym train --agent NAME [--set field=value]"
+    if console.width >= WIDE:
+        agents = Table(title=title, title_justify="left")
+        agents.add_column("name", no_wrap=True)
+        agents.add_column("group", justify="right")
+        agents.add_column("lr", justify="right")
+        agents.add_column("KL coef", justify="right")
+        agents.add_column("description", ratio=1)
+        for row in agent_rows:
+            agents.add_row(*row)
+        console.print(agents)
+    else:
+        console.print(f"\n[bold]{title}[/]", soft_wrap=True)
+        for name, group, lr, kl, doc in agent_rows:
+            console.print(f"[bold]{name}[/] (group {group}, lr {lr}, KL coef {kl})", soft_wrap=True)
+            console.print(f"    {doc}", soft_wrap=True, highlight=False)
     return 0
 

@@ -30,8 +30,10 @@ from llmgym.cli.common import (
     _load_model,
     _make_env,
     _quiet_hf,
+    atomic_write_text,
+    check_out_dir,
 )
-from llmgym.cli.training import RunSpec, train_run
+from llmgym.cli.training import RunSpec, evaluate_held_out, train_run
 
 __all__ = ["QUICKSTART_SETTINGS", "add_parser", "cmd_quickstart", "evaluate_held_out", "quickstart_base_model"]
 
@@ -94,26 +96,6 @@ def quickstart_base_model(console=None) -> Path:
     return path
 
 
-def evaluate_held_out(model, tokenizer, env, tasks, *, temperature: float, samples: int = 1,
-                      max_new_tokens: int = 6, seed: int = 0) -> dict[str, float]:
-    """Mean reward and exact-match accuracy (reward 1) of ``model`` on fixed ``tasks``.
-
-    ``temperature=0`` is greedy decoding; otherwise ``samples`` completions per task are sampled
-    with a fixed ``seed``.
-    """
-    from llmgym.engines import HFEngine, SamplingParams
-    from llmgym.rollout import collect_episodes
-
-    engine = HFEngine(model, tokenizer)
-    episodes, _ = collect_episodes(
-        env, engine, num_tasks=len(tasks), tasks=list(tasks), group_size=samples if temperature > 0 else 1,
-        sampling=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens), seed=seed)
-    rewards = [e.total_reward for e in episodes]
-    return {"reward_mean": sum(rewards) / len(rewards),
-            "exact_match": sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards),
-            "episodes": float(len(rewards))}
-
-
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """``llmgym quickstart``: warm-up (cached) → GRPO on Copy → before/after table."""
     import torch
@@ -128,7 +110,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         if args.steps < 1:
             raise UsageError(f"--steps must be >= 1, got {args.steps}")
         settings["steps"] = args.steps
-    out = Path(args.out)
+    out = check_out_dir(args.out)  # before the warm-up and the training: a bad --out fails now
     console.rule("[bold]llmgym quickstart")
     console.print(f"GRPO on llmgym/Copy-v0 with a tiny model on CPU: "
                   f"{settings['steps']} steps × {settings['tasks_per_step']} prompts × "
@@ -177,7 +159,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     report = {"before": before, "after": after, "held_out": QUICKSTART_HELD_OUT, "settings": settings,
               "base_model": str(base_path), "train_wall_s": result.wall_s, "wall_s": wall,
               "interrupted": result.interrupted, "steps_done": result.agent.step_count}
-    (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_text(out / "eval.json", json.dumps(report, indent=2) + "\n")
     console.print(_files_table(f"run files ({wall:.0f} s in all)", {
         "metrics": out / "metrics.jsonl", "curves": result.curves, "before/after": out / "eval.json",
         "config": out / "config.json", "checkpoint": result.checkpoint, "tensorboard": result.tensorboard_dir,

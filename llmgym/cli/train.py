@@ -27,11 +27,14 @@ from llmgym.cli.common import (
     _read_config_file,
     _require_agent,
     _require_env,
+    _check_model,
     _summary_window,
     build_agent_config,
+    check_out_dir,
     parse_overrides,
 )
-from llmgym.cli.training import RunSpec, train_run
+from llmgym.cli.training import RunSpec, checkpoint_step, train_run
+from llmgym.logging import TRACKERS
 
 __all__ = ["add_parser", "cmd_train"]
 
@@ -59,6 +62,13 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
                    help="save checkpoints/step-N every K steps (default 50; 0 = only at the end)")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from checkpoints/last")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    p.add_argument("--eval-every", type=int, metavar="N",
+                   help="every N steps, the greedy reward on --eval-tasks fixed tasks (logged as eval_reward, "
+                        "plotted; default 0 = never)")
+    p.add_argument("--eval-tasks", type=int, metavar="M", help="tasks of the --eval-every evaluation (default 32)")
+    p.add_argument("--log-to", action="append", choices=TRACKERS, metavar="TRACKER",
+                   help=f"also log every step to an experiment tracker ({', '.join(TRACKERS)}; repeatable; "
+                        f"the package must be installed; project name from $LLMGYM_PROJECT)")
     p.set_defaults(handler=cmd_train)
     return p
 
@@ -72,26 +82,45 @@ def cmd_train(args: argparse.Namespace) -> int:
         clashing = [flag for flag, value in (("--env", args.env), ("--agent", args.agent), ("--model", args.model),
                                              ("--config", args.config), ("--set", args.set), ("--seed", args.seed),
                                              ("--out", args.out), ("--level", args.level),
-                                             ("--env-arg", args.env_arg)) if value is not None]
+                                             ("--env-arg", args.env_arg), ("--eval-tasks", args.eval_tasks))
+                    if value is not None]
         if clashing:
             raise UsageError(f"--resume continues the run as recorded in its config.json; drop {', '.join(clashing)} "
-                             f"(only --steps, --checkpoint-every and --threads may change)")
+                             f"(only --steps, --checkpoint-every, --eval-every, --log-to and --threads may change)")
         out = Path(args.resume)
         config_path = out / "config.json"
         if not config_path.is_file():
             raise UsageError(f"nothing to resume in {str(out)!r}: no config.json there (give the --out DIR of a run)")
-        spec = RunSpec.from_json(json.loads(config_path.read_text()))
+        check_out_dir(out, "--resume")
+        try:
+            spec = RunSpec.from_json(json.loads(config_path.read_text()))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise UsageError(f"{config_path} is not a run's config.json ({exc}): resume a directory written by "
+                             f"llmgym train") from None
         if args.steps is not None:
             spec.steps = args.steps
         if args.checkpoint_every is not None:
             spec.checkpoint_every = args.checkpoint_every
         if args.threads is not None:
             spec.threads = args.threads
+        if args.eval_every is not None:
+            spec.eval_every = args.eval_every
+        if args.log_to:
+            spec.log_to = list(args.log_to)
+        done = checkpoint_step(out / "checkpoints" / "last")
+        if done is None:
+            raise UsageError(f"no checkpoint to resume in {str(out)!r} (no checkpoints/last/step.txt): was the run "
+                             f"started with checkpoints? Start again with --out {out} --overwrite")
+        if spec.steps <= done:
+            raise UsageError(f"the run in {str(out)!r} is already at step {done} (its checkpoints/last); --steps is the "
+                             f"new total, so give --steps N with N > {done} to train further"
+                             + ("" if args.steps is not None else f" (it was a {spec.steps}-step run)"))
     else:
         required = (("--env", args.env), ("--agent", args.agent), ("--out", args.out))
         missing = [flag for flag, value in required if not value]
         if missing:
             raise UsageError(f"train needs {', '.join(missing)} (or --resume DIR to continue a run)")
+        out = check_out_dir(args.out)  # before any work: a file or an unwritable place fails now
         _require_env(args.env)
         agent_cls = _require_agent(args.agent)
         fields = _read_config_file(args.config) if args.config else {}
@@ -100,10 +129,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             fields["seed"] = args.seed
         config = build_agent_config(agent_cls, fields)  # validated before any model is loaded
         env_args = parse_overrides(args.env_arg or [], "--env-arg")
-        out = Path(args.out)
         if (out / "metrics.jsonl").exists() and not args.overwrite:
             raise UsageError(f"{str(out)!r} already holds a run: continue it with --resume {out}, "
                              f"choose another --out, or add --overwrite")
+        _check_model(args.model or "tiny")
         if args.overwrite:
             for name in ("metrics.jsonl", "curves.png", "config.json", "checkpoints", "tensorboard"):
                 path = out / name
@@ -111,9 +140,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         spec = RunSpec(env=args.env, agent=agent_cls.name, model=args.model or "tiny",
                        steps=args.steps if args.steps is not None else 100, level=args.level or "sequence",
                        checkpoint_every=args.checkpoint_every if args.checkpoint_every is not None else 50,
-                       threads=args.threads, agent_config=dataclasses.asdict(config), env_args=env_args)
+                       threads=args.threads, agent_config=dataclasses.asdict(config), env_args=env_args,
+                       eval_every=args.eval_every or 0,
+                       eval_tasks=args.eval_tasks if args.eval_tasks is not None else 32,
+                       log_to=list(args.log_to or []))
     if spec.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {spec.steps}")
+    for flag, value in (("--checkpoint-every", spec.checkpoint_every), ("--eval-every", spec.eval_every)):
+        if value < 0:
+            raise UsageError(f"{flag} must be >= 0 (0 = off), got {value}")
+    if spec.eval_tasks < 1:
+        raise UsageError(f"--eval-tasks must be >= 1, got {spec.eval_tasks}")
+    for tracker in spec.log_to:
+        import importlib.util
+
+        if importlib.util.find_spec(tracker) is None:
+            raise UsageError(f"--log-to {tracker}: the {tracker} package is not installed (pip install {tracker})")
+    args.resume_dir = out  # a second Ctrl-C ends in main(), which then prints how to resume
 
     verb = "resuming" if args.resume else "training"
     console.print(f"[bold]{verb}[/] {spec.agent} on {spec.env} (model {spec.model}, {spec.steps} steps, "
@@ -128,10 +171,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         table.add_column("steps", justify="right")
         table.add_column(f"reward, first {window}", justify="right")
         table.add_column(f"reward, last {window}", justify="right")
+        evals = [r for r in rows if r.get("eval_reward") is not None]
+        if evals:
+            table.add_column(f"held-out reward, step {evals[0]['step']} → {evals[-1]['step']}", justify="right")
         table.add_column("last KL", justify="right")
         table.add_column("tokens/s", justify="right")
         table.add_column("wall s", justify="right")
-        table.add_row(str(rows[-1]["step"]), _fmt(first), _fmt(last), _fmt(rows[-1].get("kl"), 4),
+        cells = [str(rows[-1]["step"]), _fmt(first), _fmt(last)]
+        if evals:
+            cells.append(f"{_fmt(evals[0]['eval_reward'])} → {_fmt(evals[-1]['eval_reward'])}")
+        table.add_row(*cells, _fmt(rows[-1].get("kl"), 4),
                       _fmt(sum(r["tokens_per_s"] for r in rows) / len(rows), 0), _fmt(result.wall_s, 1))
         console.print(table)
     console.print(_files_table("files", {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 import signal
 import threading
@@ -29,10 +30,11 @@ from llmgym.cli.common import (
     _quiet_hf,
     _require_agent,
     _require_env,
+    atomic_write_text,
     build_agent_config,
 )
 
-__all__ = ["RunSpec", "TrainResult", "train_run"]
+__all__ = ["EVAL_SEED", "RunSpec", "TrainResult", "evaluate_held_out", "load_checkpoint", "samples_per_step", "train_run"]
 
 
 @dataclasses.dataclass
@@ -48,6 +50,11 @@ class RunSpec:
     threads: int | None = None
     agent_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     env_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    eval_every: int = 0
+    """Greedy reward on ``eval_tasks`` fixed tasks every this many steps (0 = never)."""
+    eval_tasks: int = 32
+    log_to: list[str] = dataclasses.field(default_factory=list)
+    """Extra trackers (``"wandb"``, ``"trackio"``) mirroring ``metrics.jsonl``."""
 
     def to_json(self) -> dict[str, Any]:
         from llmgym import __version__
@@ -101,8 +108,13 @@ class _StopOnCtrlC:
             signal.signal(signal.SIGINT, self._previous)
 
 
+CHECKPOINT_FORMAT = 2
+"""``agent.pt`` format: 2 = the agent's state without the model weights (they are ``model.safetensors``)."""
+
+
 def _save_checkpoint(agent, tokenizer, directory: Path) -> Path:
-    """Model + tokenizer via ``save_pretrained`` and ``agent.pt`` (the agent's full state), atomically."""
+    """Model + tokenizer via ``save_pretrained``, and ``agent.pt``: the rest of the agent's state
+    (optimiser, counters, RNG, config, extras) without a second copy of the weights; atomically."""
     import torch
 
     from llmgym.models import save_pretrained
@@ -111,7 +123,9 @@ def _save_checkpoint(agent, tokenizer, directory: Path) -> Path:
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_pretrained(agent.model, tokenizer, tmp)
-    torch.save(agent.state_dict(), tmp / "agent.pt")
+    state = agent.state_dict()
+    state.pop("model")  # model.safetensors holds the weights
+    torch.save({**state, "format": CHECKPOINT_FORMAT}, tmp / "agent.pt")
     (tmp / "step.txt").write_text(f"{agent.step_count}\n")
     old = directory.with_name(directory.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
@@ -120,6 +134,69 @@ def _save_checkpoint(agent, tokenizer, directory: Path) -> Path:
     tmp.rename(directory)
     shutil.rmtree(old, ignore_errors=True)
     return directory
+
+
+def load_checkpoint(agent, directory: Path) -> None:
+    """Restore ``agent`` from a checkpoint written by :func:`_save_checkpoint` (``weights_only=True``:
+    loading a checkpoint runs no pickled code). The weights come from the checkpoint's
+    ``model.safetensors`` (read through ``from_pretrained``), the rest from ``agent.pt``."""
+    import pickle
+
+    import torch
+
+    from llmgym.models import load_model
+
+    path = Path(directory) / "agent.pt"
+    try:
+        state = torch.load(path, map_location=agent.device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UsageError(f"cannot read the checkpoint {path} ({first}): resume from another run or start afresh "
+                         f"with --overwrite") from None
+    if "model" not in state:
+        _quiet_hf()
+        weights, _ = load_model(directory)
+        state["model"] = weights.state_dict()
+    state.pop("format", None)
+    agent.load_state_dict(state)
+
+
+def checkpoint_step(directory: Path) -> int | None:
+    """The step a checkpoint holds (its ``step.txt``), or ``None`` if there is none."""
+    try:
+        return int((Path(directory) / "step.txt").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def evaluate_held_out(model, tokenizer, env, tasks, *, temperature: float, samples: int = 1,
+                      max_new_tokens: int = 6, seed: int = 0) -> dict[str, float]:
+    """Mean reward and exact-match accuracy (reward 1) of ``model`` on fixed ``tasks``.
+
+    ``temperature=0`` is greedy decoding; otherwise ``samples`` completions per task are sampled
+    with a fixed ``seed``. Uses its own engine and seeds: the agent's RNG state is not touched.
+    """
+    from llmgym.engines import HFEngine, SamplingParams
+    from llmgym.rollout import collect_episodes
+
+    engine = HFEngine(model, tokenizer)
+    episodes, _ = collect_episodes(
+        env, engine, num_tasks=len(tasks), tasks=list(tasks), group_size=samples if temperature > 0 else 1,
+        sampling=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens), seed=seed)
+    rewards = [e.total_reward for e in episodes]
+    return {"reward_mean": sum(rewards) / len(rewards),
+            "exact_match": sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards),
+            "episodes": float(len(rewards))}
+
+
+EVAL_SEED = 1_000_003
+"""Seed of the evaluation tasks of ``--eval-every`` (a stream apart from the training draws' seeds)."""
+
+
+def samples_per_step(config) -> int:
+    """Completions an agent samples per step by its config: ``tasks_per_step × group_size``
+    (DAPO's extra draws come on top; they are counted from the step's row)."""
+    return int(config.tasks_per_step) * int(config.group_size)
 
 
 def train_run(
@@ -136,17 +213,20 @@ def train_run(
     """Train ``spec.agent`` on ``spec.env`` into ``out_dir``; the engine behind ``train``, ``quickstart``, ``compare``.
 
     Writes ``config.json``, ``metrics.jsonl`` (one row per step, flushed as it goes), TensorBoard
-    events where available, ``curves.png``, and (``checkpoints=True``) ``checkpoints/step-NNNNNN``
-    every ``spec.checkpoint_every`` steps plus ``checkpoints/last`` at the end or on Ctrl-C.
+    events where available (and wandb / trackio with ``spec.log_to``), ``curves.png``, and
+    (``checkpoints=True``) ``checkpoints/step-NNNNNN`` every ``spec.checkpoint_every`` steps plus
+    ``checkpoints/last`` at the end or on Ctrl-C. Each row also carries ``samples_total`` and
+    ``tokens_total`` (completions and completion tokens sampled so far: the compute axis of
+    ``compare``) and, every ``spec.eval_every`` steps, ``eval_reward`` / ``eval_exact_match``: the
+    greedy reward on ``spec.eval_tasks`` fixed tasks drawn with :data:`EVAL_SEED`.
 
     ``resume=True`` rebuilds the agent on the base model (so a KL reference stays the original
-    model), loads ``checkpoints/last/agent.pt`` (weights, optimiser, counters, RNG) and continues
+    model), loads ``checkpoints/last`` (weights, optimiser, counters, RNG) and continues
     to ``spec.steps``; since agents seed their batches from the step count, the metrics equal an
     uninterrupted run's.
     """
-    import torch
-
     from llmgym.logging import MetricsLogger, moving_average, plot_curves, truncate_metrics
+    from llmgym.rollout import distinct_tasks
 
     console = console or _console()
     out = Path(out_dir)
@@ -169,17 +249,24 @@ def train_run(
     spec.threads = _apply_threads(spec.threads, model)
     agent = _construct_agent(agent_cls, model, tokenizer, config)
     env = _make_env(spec.env, tokenizer, spec.level, config.max_new_tokens, spec.env_args)
+    eval_env = eval_tasks = None
+    if spec.eval_every > 0:  # its own env: the training env's task stream is not touched
+        eval_env = _make_env(spec.env, tokenizer, spec.level, config.max_new_tokens, spec.env_args)
+        try:
+            eval_tasks, _ = distinct_tasks(eval_env, spec.eval_tasks, seed=EVAL_SEED)
+        except ValueError as exc:
+            raise UsageError(f"--eval-tasks: {spec.env}: {exc}") from None
     rows: list[dict[str, Any]] = []
     if resume:
-        state_path = ckpt_root / "last" / "agent.pt"
-        if not state_path.is_file():
-            raise UsageError(f"no checkpoint to resume at {state_path}: was the run started with checkpoints?")
-        agent.load_state_dict(torch.load(state_path, map_location=agent.device, weights_only=False))
+        if not (ckpt_root / "last" / "agent.pt").is_file():
+            raise UsageError(f"no checkpoint to resume at {ckpt_root / 'last'}: was the run started with checkpoints?")
+        load_checkpoint(agent, ckpt_root / "last")
         rows = truncate_metrics(out / "metrics.jsonl", agent.step_count)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
+    atomic_write_text(out / "config.json", json.dumps(spec.to_json(), indent=2) + "\n")
 
-    logger = MetricsLogger(out, append=resume)
+    logger = MetricsLogger(out, append=resume, trackers=spec.log_to, run_name=f"{spec.agent}-{spec.env}",
+                           run_config=spec.to_json())
     tensorboard_dir = logger.tensorboard_dir
     remaining = max(0, spec.steps - agent.step_count)
     own_progress = progress is None
@@ -196,19 +283,33 @@ def train_run(
     # become a checkpoint.
     at_step_boundary = False
     completed_step = agent.step_count
+    per_step = samples_per_step(config)
+    samples_total = float(rows[-1].get("samples_total", 0.0)) if rows else 0.0
+    tokens_total = float(rows[-1].get("tokens_total", 0.0)) if rows else 0.0
 
+    # the handler stays installed until the final checkpoint is written: a first Ctrl-C there is
+    # absorbed (the save finishes), a second one stops at once with "checkpoints/last" intact (saves
+    # are atomic), and the command prints how to resume
     with _StopOnCtrlC(console) as stop:
 
         def on_step(row: dict[str, Any]) -> bool:
-            nonlocal last_checkpoint, checkpoint_step, at_step_boundary, completed_step
+            nonlocal last_checkpoint, checkpoint_step, at_step_boundary, completed_step, samples_total, tokens_total
+            sampled = per_step * (1 + int(row.get("extra_draws", 0) or 0))
+            samples_total += sampled
+            tokens_total += sampled * float(row.get("completion_len", 0.0) or 0.0)
+            row = {**row, "samples_total": samples_total, "tokens_total": tokens_total}
+            step = int(row["step"])
+            if eval_tasks is not None and (step % spec.eval_every == 0 or step == spec.steps):
+                result = evaluate_held_out(agent.model, tokenizer, eval_env, eval_tasks, temperature=0.0,
+                                           max_new_tokens=config.max_new_tokens, seed=EVAL_SEED)
+                row["eval_reward"], row["eval_exact_match"] = result["reward_mean"], result["exact_match"]
             rows.append(row)
             logger.log(row)
-            completed_step = int(row["step"])
+            completed_step = step
             at_step_boundary = True
             recent = moving_average([r["reward_mean"] for r in rows[-10:]], 10)[-1]
             progress.update(job, advance=1, reward=_fmt(row["reward_mean"]), avg=_fmt(recent),
                             kl=_fmt(row.get("kl"), 4))
-            step = int(row["step"])
             if checkpoints and spec.checkpoint_every > 0 and step % spec.checkpoint_every == 0 and step < spec.steps:
                 _save_checkpoint(agent, tokenizer, ckpt_root / f"step-{step:06d}")
                 last_checkpoint = _save_checkpoint(agent, tokenizer, ckpt_root / "last")
@@ -232,21 +333,28 @@ def train_run(
             if own_progress:
                 progress.stop()
             logger.close()
-    if checkpoints and consistent:
-        last_checkpoint = _save_checkpoint(agent, tokenizer, ckpt_root / "last")
-        checkpoint_step = agent.step_count
-    elif checkpoints:
-        kept = ckpt_root / "last"
-        if kept.is_dir() and checkpoint_step is not None:
-            last_checkpoint = kept
-            console.print(f"[yellow]stopped mid-step {completed_step + 1}, with the model partly updated: not saved; "
-                          f"{kept} stays at step {checkpoint_step}, and --resume continues from there[/]")
-        else:
-            last_checkpoint, checkpoint_step = None, None
-            console.print(f"[yellow]stopped mid-step {completed_step + 1}, with the model partly updated: not saved, "
-                          f"and no earlier checkpoint exists (checkpoints every {spec.checkpoint_every} steps); "
-                          f"start again with --overwrite[/]")
-    curves = plot_curves(rows, out / "curves.png", title=f"{spec.agent} on {spec.env}") if rows else None
+        if checkpoints and consistent:
+            last_checkpoint = _save_checkpoint(agent, tokenizer, ckpt_root / "last")
+            checkpoint_step = agent.step_count
+        elif checkpoints:
+            kept = ckpt_root / "last"
+            if kept.is_dir() and checkpoint_step is not None:
+                last_checkpoint = kept
+                console.print(f"[yellow]stopped mid-step {completed_step + 1}, with the model partly updated: "
+                              f"not saved; {kept} stays at step {checkpoint_step}, and --resume continues from there[/]")
+            else:
+                last_checkpoint, checkpoint_step = None, None
+                console.print(f"[yellow]stopped mid-step {completed_step + 1}, with the model partly updated: not "
+                              f"saved, and no earlier checkpoint exists (checkpoints every {spec.checkpoint_every} "
+                              f"steps); start again with --overwrite[/]")
+        curves = plot_curves(rows, out / "curves.png", title=f"{spec.agent} on {spec.env}",
+                             reward_range=_reward_range(env)) if rows else None
+        interrupted = (interrupted or stop.requested) and agent.step_count < spec.steps  # a late Ctrl-C: done anyway
     return TrainResult(out, rows, agent, interrupted, time.perf_counter() - started, last_checkpoint, curves,
                        tensorboard_dir, checkpoint_step if checkpoints else None)
 
+
+def _reward_range(env) -> tuple[float, float] | None:
+    """The env's declared reward range (``env.unwrapped.reward_range``) when it is finite, else ``None``."""
+    low, high = getattr(env.unwrapped, "reward_range", (float("-inf"), float("inf")))
+    return (float(low), float(high)) if all(map(math.isfinite, (low, high))) else None

