@@ -424,21 +424,30 @@ class Learner:
         agent.optimizer.zero_grad(set_to_none=True)
         stats_sum: dict[str, float] = {}
         loss_sum = 0.0
-        for micro in micro_batches(mb, c.micro_batch_size):
-            count = self.loss_count(agent, micro)
+        parts = micro_batches(mb, c.micro_batch_size)
+        real = len(parts)
+        if parallel:
+            # every rank runs as many forward/backward passes as the busiest one (DDP and FSDP
+            # communicate in each); a rank with fewer rows repeats one row at loss weight 0
+            parts += [mb.select([0])] * (max(distributed.all_gather_ints(real)) - real)
+        for i, micro in enumerate(parts):
+            padding = i >= real
+            count = 0.0 if padding else self.loss_count(agent, micro)
             scale = count * world / total if total > 0 else 0.0
-            share = count / local_total if local_total > 0 else len(micro) / len(mb)  # weight of its diagnostics
+            share = 0.0 if padding else count / local_total if local_total > 0 else len(micro) / len(mb)
             with self.autocast():
                 out = agent.forward(micro, model=learner, with_values=getattr(agent, "uses_values", False))
             if on_policy:
-                if c.tis is not None:
+                if c.tis is not None and not padding:
                     tis_stats = self.apply_tis(micro, out.logprobs.detach())
                 micro.old_logprobs = out.logprobs.detach()
             with self.autocast():
                 loss, stats = agent.loss(micro, out)
             stats.update(tis_stats)
             loss = loss * scale
-            loss.backward()
+            # data parallel: gradients are reduced once, at the last micro-batch
+            with _gradient_sync(learner, enabled=i == len(parts) - 1):
+                loss.backward()
             loss_sum += float(loss.detach())
             for k, v in stats.items():
                 stats_sum[k] = stats_sum.get(k, 0.0) + share * float(v)
@@ -479,6 +488,24 @@ class Learner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+
+
+@contextlib.contextmanager
+def _gradient_sync(module, enabled: bool):
+    """Skip DDP's/FSDP's gradient reduction in this backward unless ``enabled`` (a no-op otherwise)."""
+    if module is None or enabled:
+        yield
+    elif hasattr(module, "set_requires_gradient_sync"):  # FSDP2
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+    elif hasattr(module, "no_sync"):  # DDP, FSDP1
+        with module.no_sync():
+            yield
+    else:
+        yield
 
 
 def check_learner_config(config) -> None:
