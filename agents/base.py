@@ -63,7 +63,7 @@ class AgentConfig:
         micro_batch_size: rows per forward/backward (gradients accumulate over a minibatch's
             micro-batches; per process under data parallel); ``None`` = the whole minibatch.
         logits_chunk_size: tokens per LM-head chunk when computing log-probs and entropy (the
-            ``[N, L, V]`` logits never exist); 0 = full logits.
+            ``[N, L, V]`` logits never exist); ``None`` = 2^25 / vocabulary size; 0 = full logits.
         precision: ``"fp32"``, ``"bf16-mixed"`` (bf16 autocast over float32 weights and optimiser
             state) or ``"bf16"`` (bf16 weights). ``resolve_device_defaults`` picks bf16-mixed on a GPU.
         gradient_checkpointing: recompute each layer's activations in backward (``transformers``').
@@ -98,7 +98,7 @@ class AgentConfig:
     tis: str | None = None
     tis_cap: float = 2.0
     micro_batch_size: int | None = None
-    logits_chunk_size: int = 1024
+    logits_chunk_size: int | None = None
     precision: str = "fp32"
     gradient_checkpointing: bool = False
     lora_r: int = 0

@@ -62,6 +62,8 @@ __all__ = [
     "Learner",
     "token_logprobs_and_entropy",
     "resolve_device_defaults",
+    "default_chunk_size",
+    "CHUNK_ELEMENTS",
     "micro_batches",
 ]
 
@@ -94,14 +96,15 @@ def resolve_device_defaults(device: str | None = None, precision: str | None = N
     * ``device``: ``"cuda"`` when a CUDA GPU is visible, else ``"cpu"``;
     * ``precision``: ``"bf16-mixed"`` on a GPU that supports bf16 (autocast, float32 master weights —
       TRL's default), else ``"fp32"``;
-    * ``engine_decode``: ``"compiled"`` on a GPU (static KV cache + CUDA graphs), else ``"eager"``.
+    * ``engine_decode``: ``"compiled"`` on a GPU (static KV cache + CUDA graphs), else ``"static"``
+      (static KV cache, uncompiled: faster than the dynamic cache on a CPU, no compilation wait).
 
     The command line calls this before building the agent; an explicit value always wins.
 
     Example:
         >>> from llmgym.agents.learner import resolve_device_defaults
         >>> resolve_device_defaults(device="cpu")
-        {'device': 'cpu', 'precision': 'fp32', 'engine_decode': 'eager'}
+        {'device': 'cpu', 'precision': 'fp32', 'engine_decode': 'static'}
         >>> resolve_device_defaults(device="cpu", precision="bf16-mixed")["precision"]
         'bf16-mixed'
     """
@@ -113,7 +116,7 @@ def resolve_device_defaults(device: str | None = None, precision: str | None = N
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS} or 'auto', got {precision!r}")
     if engine_decode in (None, "auto"):
-        engine_decode = "compiled" if on_gpu else "eager"
+        engine_decode = "compiled" if on_gpu else "static"
     return {"device": str(device), "precision": precision, "engine_decode": engine_decode}
 
 
@@ -129,15 +132,34 @@ def _core_model(model: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else model
 
 
+CHUNK_ELEMENTS = 2**25
+"""Default LM-head chunk: ``CHUNK_ELEMENTS // vocab_size`` tokens (128 MiB per float32 ``[K, V]`` copy;
+~220 tokens for a 151,936-token vocabulary; the whole batch of a tiny model)."""
+
+
+def default_chunk_size(vocab_size: int) -> int:
+    """Tokens per LM-head chunk for a vocabulary (see :data:`CHUNK_ELEMENTS`).
+
+    Example:
+        >>> default_chunk_size(151_936), default_chunk_size(512)
+        (220, 65536)
+    """
+    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
+
+
 def _head_chunk(head: torch.nn.Module, temperature: float, softcap: float | None,
                 hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """log π and H for ``[K, H]`` hidden states: the only place the ``[K, V]`` logits exist."""
+    """log π and H for ``[K, H]`` hidden states: the only place the ``[K, V]`` logits exist.
+
+    ``log p = log_softmax(z)``, ``H = −Σ_v p_v log p_v`` (no cancellation of large logits), with as few
+    ``[K, V]`` temporaries as the formulas allow."""
     logits = head(hidden).float()
     if softcap:  # Gemma-2 style final-logit soft-capping, as the model's own forward applies it
         logits = torch.tanh(logits / softcap) * softcap
-    logits = logits / temperature
-    return (F.logprobs_from_logits(logits[None], targets[None])[0],
-            F.entropy_from_logits(logits[None])[0])
+    logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
+    picked = logp.gather(-1, targets.long()[:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return picked, entropy
 
 
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
@@ -345,6 +367,9 @@ class Learner:
             chunk = 0  # FSDP2 reshards the head's weights after forward: apply it inside the forward
         else:
             chunk = c.logits_chunk_size
+            if chunk is None:
+                head = _core_model(model).get_output_embeddings()
+                chunk = default_chunk_size(head.weight.shape[0] if head is not None else 1)
         with self.autocast():
             logprobs, entropy, hidden = token_logprobs_and_entropy(
                 model, batch.input_ids, batch.attention_mask, temperature=c.temperature,
@@ -516,7 +541,7 @@ def check_learner_config(config) -> None:
         raise ValueError(f"micro_batch_size must be >= 1 or None, got {config.micro_batch_size}")
     if config.minibatch_size is not None and config.minibatch_size < 1:
         raise ValueError(f"minibatch_size must be >= 1 or None, got {config.minibatch_size}")
-    if config.logits_chunk_size < 0:
+    if config.logits_chunk_size is not None and config.logits_chunk_size < 0:
         raise ValueError(f"logits_chunk_size must be >= 0 (0 = full logits), got {config.logits_chunk_size}")
     if config.lora_r < 0:
         raise ValueError(f"lora_r must be >= 0 (0 = no LoRA), got {config.lora_r}")

@@ -9,7 +9,7 @@ first (warm-up).
 
 A second table measures the **memory of one update** (no generation) at ``N = 32`` rows, prompt 32
 + completion 128 tokens, vocabulary 151,936 (a Qwen2-sized vocabulary on a small Llama body), for
-llmgym's chunked log-probs (``logits_chunk_size=1024``) and for the full-logits path
+llmgym's chunked log-probs (the default ``logits_chunk_size``: 220 tokens at this vocabulary) and for the full-logits path
 (``logits_chunk_size=0``, the computation llmgym used before the chunked learner).
 
 Usage (TRL is a benchmark-only extra: ``pip install 'llmgym[bench]'``)::
@@ -48,6 +48,7 @@ except ImportError:  # a bare source tree: map agents/ and envs/ by hand
 MODELS = {  # TinyModelConfig fields
     "tiny": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "intermediate_size": 512},
     "10m": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 2816},
+    "qwen2-0.5b": None,  # the Qwen2-0.5B shape of benchmarks/gpu_check.py (random weights; GPU)
 }
 PROMPTS = [f"Write digits after {a}+{b}=" for a, b in [(3, 4), (12, 7), (5, 55), (81, 9), (2, 2), (40, 4), (6, 13), (9, 90)]]
 MEMORY_SHAPE = {"rows": 32, "prompt": 32, "completion": 128, "vocab": 151_936}
@@ -87,6 +88,11 @@ def side_llmgym(a) -> dict:
     from llmgym.models import load_model
 
     model, tok = load_model(a.model_dir, device=a.device)
+    if model.config.vocab_size > len(tok):  # the byte tokenizer in front of a bigger vocabulary
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from gpu_check import BigVocabTokenizer
+
+        tok = BigVocabTokenizer(tok, model.config.vocab_size)
     rss_loaded = _peak()
     agent = GRPO(model, tok, tasks_per_step=a.tasks, group_size=a.group, max_new_tokens=a.new_tokens,
                  kl_coef=0.0, lr=1e-3, seed=0, precision=a.precision, gradient_checkpointing=a.checkpointing,
@@ -161,7 +167,10 @@ def side_update_memory(a) -> dict:
     from llmgym.models import build_tokenizer
     from llmgym.rollout import Episode
 
-    s = MEMORY_SHAPE
+    s = {**MEMORY_SHAPE, "rows": a.rows}
+    if a.device == "cpu" and a.mem_cap_gib:  # fail with MemoryError rather than starve a shared machine
+        cap = int(a.mem_cap_gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=s["vocab"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=4, intermediate_size=128, max_position_embeddings=512,
@@ -178,15 +187,21 @@ def side_update_memory(a) -> dict:
                                 [0.0] * len(ids), rewards, s["prompt"], ["length"]))
     batch = Batch.from_episodes(episodes, 0)
     agent = GRPO(model, tok, group_size=8, kl_coef=0.0, max_new_tokens=s["completion"], lr=1e-4,
-                 logits_chunk_size=a.chunk, precision=a.precision, micro_batch_size=a.micro)
+                 logits_chunk_size=None if a.chunk < 0 else a.chunk, precision=a.precision, micro_batch_size=a.micro)
     if a.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     before = _peak()
     _sync(a.device)
     t0 = time.perf_counter()
-    agent.update(batch)
+    try:
+        agent.update(batch)
+    except (MemoryError, RuntimeError) as err:
+        if a.device == "cpu" and a.mem_cap_gib and ("memory" in str(err).lower() or isinstance(err, MemoryError)):
+            return {"error": f"needs more than the {a.mem_cap_gib} GiB address-space cap ({type(err).__name__})",
+                    "rows": s["rows"]}
+        raise
     _sync(a.device)
-    return {"update_s": time.perf_counter() - t0, "before_update": before,
+    return {"rows": s["rows"], "update_s": time.perf_counter() - t0, "before_update": before,
             "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2)}
 
 
@@ -230,7 +245,16 @@ def build_model_dir(name: str, root: Path) -> Path:
 
     tok = build_tokenizer()
     torch.manual_seed(0)
-    model = build_tiny_model(tok, TinyModelConfig(**MODELS[name]))
+    if MODELS[name] is None:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from gpu_check import QWEN2_05B
+
+        model = Qwen2ForCausalLM(Qwen2Config(**QWEN2_05B, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                             pad_token_id=tok.pad_token_id))
+    else:
+        model = build_tiny_model(tok, TinyModelConfig(**MODELS[name]))
     path = root / name
     save_pretrained(model, tok, path)
     return path
@@ -240,8 +264,11 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--side", choices=["llmgym", "trl", "update-memory"], help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
-    p.add_argument("--chunk", type=int, default=1024, help=argparse.SUPPRESS)
+    p.add_argument("--chunk", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--micro", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--rows", type=int, default=MEMORY_SHAPE["rows"], help="rows of the memory table's update (default 32)")
+    p.add_argument("--mem-cap-gib", type=float, default=14.0,
+                   help="CPU: address-space cap of each memory-table process (0 = none)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--models", default="tiny,10m", help="comma-separated: " + ",".join(MODELS))
     p.add_argument("--tasks", type=int, default=4)
@@ -251,14 +278,17 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or (os.cpu_count() or 1))
     p.add_argument("--precision", default=None, help="llmgym precision (TRL: bf16=True iff bf16-mixed); default: per device")
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on both sides")
-    p.add_argument("--engine-decode", default="eager", choices=["eager", "static", "compiled"])
+    p.add_argument("--engine-decode", default=None, choices=["eager", "static", "compiled"],
+                   help="HFEngine decoding (default: resolve_device_defaults: static on CPU, compiled on GPU)")
     p.add_argument("--no-trl", action="store_true")
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--timeout", type=int, default=900, help="seconds per side")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
-    if a.precision is None:
-        a.precision = "bf16-mixed" if a.device == "cuda" else "fp32"
+    from llmgym.agents.learner import resolve_device_defaults
+
+    defaults = resolve_device_defaults(a.device, a.precision, a.engine_decode)
+    a.precision, a.engine_decode = defaults["precision"], defaults["engine_decode"]
     if a.side:
         run_side(a)
         return {}
@@ -293,10 +323,11 @@ def main(argv=None) -> dict:
                 row["memory_ratio_llmgym_over_trl"] = round(row["llmgym"][key] / row["trl"][key], 3)
             report["step"][name] = row
     if not a.no_memory:
-        for label, chunk in (("chunked", 1024), ("full_logits", 0)):
+        for label, chunk in (("chunked", -1), ("full_logits", 0)):
             print(f"== update memory: {label}", flush=True)
-            r = _spawn(["--side", "update-memory", "--chunk", str(chunk), "--device", a.device,
-                        "--threads", str(a.threads), "--precision", a.precision], a.timeout)
+            r = _spawn(["--side", "update-memory", "--chunk", str(chunk), "--device", a.device, "--rows", str(a.rows),
+                        "--mem-cap-gib", str(a.mem_cap_gib), "--threads", str(a.threads), "--precision", a.precision],
+                       a.timeout)
             report["memory"][label] = r
             print("   " + json.dumps({k: v for k, v in r.items() if k in ("update_s", "peak_rss_mib", "peak_gpu_mib", "error")}), flush=True)
         m = report["memory"]

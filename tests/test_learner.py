@@ -286,6 +286,6 @@ def test_device_defaults_on_this_machine():
     d = resolve_device_defaults()
     assert d["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
-        assert d == {"device": "cpu", "precision": "fp32", "engine_decode": "eager"}
+        assert d == {"device": "cpu", "precision": "fp32", "engine_decode": "static"}
     assert resolve_device_defaults("cuda", "fp32", "static") == {"device": "cuda", "precision": "fp32",
                                                                  "engine_decode": "static"}
