@@ -5,7 +5,8 @@ digits in the completion), and the same batch (``tasks × group`` completions of
 tokens, β = 0, one optimiser step per batch, lr 1e-3, no gradient checkpointing on CPU). Each side
 runs in a **fresh process**, one after the other, so its peak RSS (CPU) or
 ``torch.cuda.max_memory_allocated`` (GPU) is its own. Step time is the median of the steps after the
-first (warm-up).
+first (warm-up); each process's CPU seconds per step are reported too (on a shared, loaded host
+they track the work done better than wall time).
 
 A second table measures the **memory of one update** (no generation) at ``N = 32`` rows, prompt 32
 + completion 128 tokens, vocabulary 151,936 (a Qwen2-sized vocabulary on a small Llama body), for
@@ -99,9 +100,10 @@ def side_llmgym(a) -> dict:
                  engine_decode=a.engine_decode, loss_agg="seq-mean-token-mean")
     env = SequenceEnv(lambda rng: Task(PROMPTS[int(rng.integers(len(PROMPTS)))]),
                       lambda task, text: digit_share(text), tok)
-    times, rollout, rewards = [], [], []
+    times, rollout, rewards, cpu = [], [], [], []
     for _ in range(a.steps):
         _sync(a.device)
+        c0 = time.process_time()
         t0 = time.perf_counter()
         batch = agent.collect(env)
         _sync(a.device)
@@ -109,9 +111,10 @@ def side_llmgym(a) -> dict:
         agent.update(batch)
         _sync(a.device)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         rollout.append(t1 - t0)
         rewards.append(float(batch.rewards.mean()))
-    return {"step_s": times, "rollout_s": rollout, "reward_mean": rewards, "loaded": rss_loaded,
+    return {"step_s": times, "cpu_s": cpu, "rollout_s": rollout, "reward_mean": rewards, "loaded": rss_loaded,
             "threads": torch.get_num_threads()}
 
 
@@ -131,15 +134,18 @@ def side_trl(a) -> dict:
         return [digit_share(c) for c in completions]
 
     times: list[float] = []
+    cpu: list[float] = []
 
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             _sync(a.device)
+            self.c0 = time.process_time()
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
             _sync(a.device)
             times.append(time.perf_counter() - self.t0)
+            cpu.append(time.process_time() - self.c0)
 
     rows = a.tasks * a.group
     config = GRPOConfig(
@@ -153,7 +159,7 @@ def side_trl(a) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=data,
                           processing_class=tok, callbacks=[Timer()])
     trainer.train()
-    return {"step_s": times, "loaded": rss_loaded, "threads": torch.get_num_threads()}
+    return {"step_s": times, "cpu_s": cpu, "loaded": rss_loaded, "threads": torch.get_num_threads()}
 
 
 def side_update_memory(a) -> dict:
@@ -315,10 +321,13 @@ def main(argv=None) -> dict:
                 r = _spawn(["--side", side, "--model-dir", str(model_dir), *common], a.timeout)
                 if "step_s" in r:
                     r["median_step_s"] = round(_median_after_warmup(r["step_s"]), 4)
+                    r["median_cpu_s"] = round(_median_after_warmup(r["cpu_s"]), 4)
                 row[side] = r
-                print("   " + json.dumps({k: v for k, v in r.items() if k in ("median_step_s", "peak_rss_mib", "peak_gpu_mib", "error")}), flush=True)
+                print("   " + json.dumps({k: v for k, v in r.items() if k in ("median_step_s", "median_cpu_s", "peak_rss_mib", "peak_gpu_mib", "error")}), flush=True)
             if "median_step_s" in row.get("llmgym", {}) and "median_step_s" in row.get("trl", {}):
                 row["step_ratio_llmgym_over_trl"] = round(row["llmgym"]["median_step_s"] / row["trl"]["median_step_s"], 3)
+                # CPU seconds of the process: less sensitive than wall time to other jobs on a shared host
+                row["cpu_ratio_llmgym_over_trl"] = round(row["llmgym"]["median_cpu_s"] / row["trl"]["median_cpu_s"], 3)
                 key = "peak_gpu_mib" if a.device == "cuda" else "peak_rss_mib"
                 row["memory_ratio_llmgym_over_trl"] = round(row["llmgym"][key] / row["trl"][key], 3)
             report["step"][name] = row
