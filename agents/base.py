@@ -180,7 +180,6 @@ class Agent(abc.ABC):
         self.step_count = 0
         self._act_calls = 0
         self._rng = torch.Generator().manual_seed(config.seed)
-        self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
 
     # -- pieces subclasses may extend -------------------------------------------------------------
     def parameters(self) -> Iterable[torch.nn.Parameter]:
@@ -347,30 +346,6 @@ class Agent(abc.ABC):
         """Trained parameters outside ``self.model`` (e.g. PPO's value head): synced by hand."""
         own = {id(p) for p in self.model.parameters()}
         return [p for p in self.parameters() if id(p) not in own]
-
-    def _data_parallel_module(self):
-        if self._dp_module is None:
-            if getattr(self, "uses_values", False) and self.config.loss_agg != "token-mean":
-                raise ValueError("data-parallel PPO needs loss_agg='token-mean' (its value loss is token-mean; "
-                                 "one loss scale must fit both terms)")
-            self._dp_module = (self.model if distributed.is_fsdp_module(self.model)
-                               else distributed.wrap_ddp(self.model))
-            distributed.broadcast_parameters(self._extra_parameters())
-        return self._dp_module
-
-    def _local_minibatch_size(self, local_len: int) -> int:
-        c = self.config
-        if c.minibatch_size is None:
-            return local_len
-        world = distributed.world_size()
-        if c.minibatch_size % world:
-            raise ValueError(f"minibatch_size ({c.minibatch_size}) is global under data parallel: make it a "
-                             f"multiple of the number of processes ({world})")
-        sizes = distributed.all_gather_ints(local_len)
-        if len(set(sizes)) > 1 and c.minibatch_size // world < max(sizes):
-            raise ValueError(f"minibatches under data parallel need equal per-rank batches (got {sizes}): "
-                             f"make tasks_per_step a multiple of the number of processes")
-        return c.minibatch_size // world
 
     def policy_stats(self, batch: Batch, out: ForwardOutput, is_clipped=None, kl=None) -> dict[str, float]:
         """Diagnostics common to every agent: entropy, KL (both estimators), clip fraction."""

@@ -329,6 +329,7 @@ class Learner:
         self.has_reference = config.kl_coef > 0
         self.ref_model = self._frozen_copy(model) if self.has_reference and self.peft_model is None else None
         self.scheduler = None
+        self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
 
     @staticmethod
     def _frozen_copy(model):
@@ -393,14 +394,14 @@ class Learner:
         micro-batches' accumulated gradients. ``batch`` is prepared (advantages filled)."""
         c = self.config
         parallel = distributed.is_distributed()
-        size = agent._local_minibatch_size(len(batch)) if parallel else (c.minibatch_size or len(batch))
+        size = self.local_minibatch_size(len(batch)) if parallel else (c.minibatch_size or len(batch))
         if getattr(agent, "uses_values", False) and c.loss_agg != "token-mean" and (
                 parallel or (c.micro_batch_size or size) < size):
             raise ValueError("PPO with micro-batches or data parallel needs loss_agg='token-mean' (its value loss "
                              "is token-mean; one loss scale must fit both terms)")
         # one step on the whole batch: the current log-probs detached are π_old exactly (ratio 1)
         on_policy = c.update_epochs == 1 and size >= len(batch)
-        learner = agent._data_parallel_module() if parallel else None  # None: self.model
+        learner = self.data_parallel_module(agent) if parallel else None  # None: self.model
         sums: dict[str, float] = {}
         steps = 0
         lr = float(agent.optimizer.param_groups[0]["lr"])  # this update's (the scheduler steps after it)
@@ -478,6 +479,33 @@ class Learner:
                 stats_sum[k] = stats_sum.get(k, 0.0) + share * float(v)
         stats_sum["loss"] = loss_sum
         return stats_sum
+
+    # -- data parallel ------------------------------------------------------------------------------
+    def data_parallel_module(self, agent: "Agent"):
+        """The DDP view of the model (built at the first data-parallel update); an FSDP model as it is."""
+        if self._dp_module is None:
+            if getattr(agent, "uses_values", False) and self.config.loss_agg != "token-mean":
+                raise ValueError("data-parallel PPO needs loss_agg='token-mean' (its value loss is token-mean; "
+                                 "one loss scale must fit both terms)")
+            self._dp_module = (self.model if distributed.is_fsdp_module(self.model)
+                               else distributed.wrap_ddp(self.model))
+            distributed.broadcast_parameters(agent._extra_parameters())
+        return self._dp_module
+
+    def local_minibatch_size(self, local_len: int) -> int:
+        """This rank's share of the (global) ``minibatch_size``."""
+        c = self.config
+        if c.minibatch_size is None:
+            return local_len
+        world = distributed.world_size()
+        if c.minibatch_size % world:
+            raise ValueError(f"minibatch_size ({c.minibatch_size}) is global under data parallel: make it a "
+                             f"multiple of the number of processes ({world})")
+        sizes = distributed.all_gather_ints(local_len)
+        if len(set(sizes)) > 1 and c.minibatch_size // world < max(sizes):
+            raise ValueError(f"minibatches under data parallel need equal per-rank batches (got {sizes}): "
+                             f"make tasks_per_step a multiple of the number of processes")
+        return c.minibatch_size // world
 
     # -- truncated importance sampling (engine/learner mismatch) -----------------------------------
     @torch.no_grad()
