@@ -231,9 +231,11 @@ def token_logprobs_and_entropy(
     select = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask.bool()
     picked_hidden, picked_targets = hidden[select], targets[select]  # [K, H], [K]
     lp_parts, ent_parts = [], []
+    # one chunk holds everything (small vocabularies): recomputing it in backward would save nothing
+    recompute = torch.is_grad_enabled() and picked_targets.shape[0] > chunk_size
     for start in range(0, picked_targets.shape[0], chunk_size):
         args = (picked_hidden[start:start + chunk_size], picked_targets[start:start + chunk_size])
-        lp, ent = (checkpoint(head, *args, use_reentrant=False) if torch.is_grad_enabled() else head(*args))
+        lp, ent = checkpoint(head, *args, use_reentrant=False) if recompute else head(*args)
         lp_parts.append(lp)
         ent_parts.append(ent)
     logprobs = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
