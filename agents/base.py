@@ -311,7 +311,9 @@ class Agent(abc.ABC):
                     mask: torch.Tensor | None = None, **aggregate_kw) -> tuple[torch.Tensor, dict[str, float]]:
         """``aggregate(pg_loss + β·KL − c_H·H)`` over ``mask`` (default: the action mask) and diagnostics."""
         kl_term, kl = self.kl_loss_term(batch, out)
-        token_loss = pg_loss + kl_term - self.config.entropy_coef * out.entropy
+        token_loss = pg_loss + kl_term
+        if self.config.entropy_coef:  # 0·H would still send a gradient through the entropy's [K, V] softmax
+            token_loss = token_loss - self.config.entropy_coef * out.entropy
         mask = batch.action_mask if mask is None else mask
         loss = F.aggregate_loss(token_loss, mask, self.config.loss_agg, **aggregate_kw)
         return loss, self.policy_stats(batch, out, is_clipped, kl)
