@@ -257,7 +257,11 @@ def build_model_dir(name: str, root: Path) -> Path:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from gpu_check import QWEN2_05B
 
-        model = Qwen2ForCausalLM(Qwen2Config(**QWEN2_05B, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        shape = dict(QWEN2_05B)
+        if os.environ.get("LLMGYM_BENCH_SMOKE") == "1":  # check this path's code on a CPU (numbers meaningless)
+            shape.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=4096)
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                                              pad_token_id=tok.pad_token_id))
     else:
         model = build_tiny_model(tok, TinyModelConfig(**MODELS[name]))
