@@ -1,12 +1,13 @@
-"""What every agent shares: collecting rollouts, the learner's forward pass, the optimiser step,
-the training loop, checkpoints. An algorithm subclasses :class:`Agent` and writes two things that
-read like its paper: :meth:`Agent.compute_advantages` and :meth:`Agent.loss`.
+"""What every agent shares: acting, collecting rollouts, the training loop, checkpoints. An algorithm
+subclasses :class:`Agent` and writes two things that read like its paper:
+:meth:`Agent.compute_advantages` and :meth:`Agent.loss`. The step mechanics (chunked log-probs,
+micro-batches, precision, checkpointing, LoRA, data-parallel loss scaling, TIS) live in
+:mod:`llmgym.agents.learner`.
 """
 
 from __future__ import annotations
 
 import abc
-import copy
 import dataclasses
 import math
 import time
@@ -17,7 +18,8 @@ import numpy as np
 import torch
 
 from llmgym.agents import functional as F
-from llmgym.agents.corrections import TIS_LEVELS, truncated_importance_weights
+from llmgym.agents.corrections import TIS_LEVELS
+from llmgym.agents.learner import ForwardOutput, Learner, check_learner_config, micro_batches
 from llmgym import distributed
 from llmgym.batch import Batch
 from llmgym.engines import HFEngine, SamplingParams
@@ -57,6 +59,22 @@ class AgentConfig:
             The engine's generation-time log-probs are compared with the learner's log-probs of the
             same tokens before the update; the weight multiplies the per-token policy-gradient loss.
         tis_cap: the truncation C of the TIS weight ``min(ratio, C)``.
+
+    Learner settings (see :mod:`llmgym.agents.learner`; none changes what is optimised):
+        micro_batch_size: rows per forward/backward (gradients accumulate over a minibatch's
+            micro-batches; per process under data parallel); ``None`` = the whole minibatch.
+        logits_chunk_size: tokens per LM-head chunk when computing log-probs and entropy (the
+            ``[N, L, V]`` logits never exist); ``None`` = 2^25 / vocabulary size; 0 = full logits.
+        precision: ``"fp32"``, ``"bf16-mixed"`` (bf16 autocast over float32 weights and optimiser
+            state) or ``"bf16"`` (bf16 weights). ``resolve_device_defaults`` picks bf16-mixed on a GPU.
+        gradient_checkpointing: recompute each layer's activations in backward (``transformers``').
+        lora_r: LoRA rank through ``peft`` (0 = train all weights); the KL reference is then the base
+            model with the adapters disabled. lora_alpha (default 2·r), lora_dropout,
+            lora_target_modules (default ``"all-linear"``).
+        lr_schedule: ``"constant"``, ``"linear"`` or ``"cosine"`` after ``lr_warmup_steps`` of linear
+            warm-up; decays reach 0 at ``lr_total_steps``. Counted in updates (agent steps).
+        engine_decode: the default ``HFEngine``'s decoding: ``"eager"`` (dynamic KV cache),
+            ``"static"`` (static KV cache) or ``"compiled"`` (static cache + ``torch.compile``).
     """
 
     seed: int = 0
@@ -80,8 +98,21 @@ class AgentConfig:
     dual_clip: float | None = None
     tis: str | None = None
     tis_cap: float = 2.0
+    micro_batch_size: int | None = None
+    logits_chunk_size: int | None = None
+    precision: str = "fp32"
+    gradient_checkpointing: bool = False
+    lora_r: int = 0
+    lora_alpha: float | None = None
+    lora_dropout: float = 0.0
+    lora_target_modules: str | tuple[str, ...] = "all-linear"
+    lr_schedule: str = "constant"
+    lr_warmup_steps: int = 0
+    lr_total_steps: int | None = None
+    engine_decode: str = "eager"
 
     def __post_init__(self) -> None:
+        check_learner_config(self)
         if self.tis is not None and self.tis not in TIS_LEVELS:
             raise ValueError(f"tis must be None, 'token' or 'sequence', got {self.tis!r}")
         if not self.tis_cap > 0:
@@ -95,16 +126,6 @@ class AgentConfig:
         for name in ("tasks_per_step", "group_size", "max_new_tokens", "update_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-@dataclasses.dataclass
-class ForwardOutput:
-    """The learner's view of a (mini)batch: ``[N, L-1]`` tensors aligned with ``Batch``."""
-
-    logprobs: torch.Tensor
-    entropy: torch.Tensor
-    values: torch.Tensor | None = None
-    hidden: torch.Tensor | None = None  # last hidden states [N, L-1, H], when asked for
 
 
 def _disable_dropout(model: torch.nn.Module) -> None:
@@ -141,31 +162,35 @@ class Agent(abc.ABC):
                 )
             config = dataclasses.replace(config, **overrides)
         self.config = config
-        self.model = model
         self.tokenizer = tokenizer
-        self.engine = engine if engine is not None else HFEngine(model, tokenizer)
         self.device = next(model.parameters()).device
         if self.device.type == "cpu":
             flush_denormals()  # Adam on a small model slows 10x+ on denormal floats otherwise
+        # precision, gradient checkpointing and LoRA are applied to `model` in place
+        self.learner = Learner(model, config)
+        self.model = model
         _disable_dropout(model)  # the engine samples without dropout: π_old and π must be the same function
-        self.ref_model = self._make_reference() if config.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW(self.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.ref_model = self.learner.ref_model  # a frozen copy only when KL is on and there is no LoRA
+        if engine is None:
+            autocast = torch.bfloat16 if config.precision == "bf16-mixed" else None
+            engine = HFEngine(model, tokenizer, decode=config.engine_decode, autocast_dtype=autocast)
+        self.engine = engine
+        self.optimizer = self.learner.make_optimizer(self.parameters())
+        self.learner.scheduler = self.learner.make_scheduler(self.optimizer)
         self.level = "sequence"
         self.step_count = 0
         self._act_calls = 0
         self._rng = torch.Generator().manual_seed(config.seed)
-        self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
 
     # -- pieces subclasses may extend -------------------------------------------------------------
     def parameters(self) -> Iterable[torch.nn.Parameter]:
-        """Parameters the optimiser trains (PPO adds its value head)."""
-        return list(self.model.parameters())
+        """Parameters the optimiser trains (PPO adds its value head; with LoRA, only the adapters)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
-    def _make_reference(self):
-        ref = copy.deepcopy(self.model).eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
-        return ref
+    @property
+    def has_reference(self) -> bool:
+        """Whether a KL reference policy is in use (``kl_coef > 0``)."""
+        return self.learner.has_reference
 
     def sampling(self, **overrides: Any) -> SamplingParams:
         c = self.config
@@ -219,24 +244,19 @@ class Agent(abc.ABC):
 
     # -- learning ---------------------------------------------------------------------------------
     def forward(self, batch: Batch, model=None, with_values: bool = False) -> ForwardOutput:
-        """Teacher-forced log-probs and entropy of ``batch``'s tokens under ``model`` (the policy).
+        """Teacher-forced log-probs and entropy of ``batch``'s policy tokens under ``model`` (the policy).
 
-        ``with_values`` also returns the last hidden states ``[N, L-1, H]`` (for a value head)."""
-        model = model if model is not None else self.model
-        attn = batch.attention_mask
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=batch.input_ids, attention_mask=attn, position_ids=positions,
-                    output_hidden_states=with_values)
-        t = self.config.temperature if self.config.temperature > 0 else 1.0
-        logits = out.logits[:, :-1].float() / t
-        logprobs = F.logprobs_from_logits(logits, batch.input_ids[:, 1:])
-        entropy = F.entropy_from_logits(logits)
-        hidden = out.hidden_states[-1][:, :-1] if with_values else None
-        return ForwardOutput(logprobs, entropy, hidden=hidden)
+        ``with_values`` also returns the last hidden states ``[N, L-1, H]`` (for a value head).
+        Computed by :meth:`llmgym.agents.learner.Learner.forward` (chunked over the LM head)."""
+        return self.learner.forward(batch, model=model, with_hidden=with_values)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
-        return self.forward(batch, model=self.ref_model).logprobs
+        """log π_ref of ``batch``'s tokens: the frozen copy, or the base model with LoRA adapters off."""
+        size = self.config.micro_batch_size
+        with self.learner.reference_policy() as ref:
+            return torch.cat([self.learner.forward(part, model=ref).logprobs
+                              for part in micro_batches(batch, size)], dim=0)
 
     def batch_mean(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Masked mean of ``x`` over the whole batch — across all ranks under data parallel."""
@@ -261,12 +281,12 @@ class Agent(abc.ABC):
     def sequence_scores(self, batch: Batch) -> torch.Tensor:
         """``[N]`` episode scores: the env's reward, minus β·Σ_t KL_t when KL is placed in the reward."""
         return F.masked_sum(self.kl_rewards(batch), batch.action_mask, dim=-1) if (
-            self.ref_model is not None and self.config.kl_placement == "reward") else batch.rewards
+            self.has_reference and self.config.kl_placement == "reward") else batch.rewards
 
     def kl_rewards(self, batch: Batch) -> torch.Tensor:
         """Per-token rewards with −β·KL folded in when ``kl_placement == "reward"``."""
         rewards = batch.token_rewards
-        if self.ref_model is not None and self.config.kl_placement == "reward":
+        if self.has_reference and self.config.kl_placement == "reward":
             kl = F.kl_estimate(batch.old_logprobs, batch.ref_logprobs, self.config.kl_estimator, batch.action_mask)
             rewards = rewards - self.config.kl_coef * kl
         return rewards
@@ -281,7 +301,7 @@ class Agent(abc.ABC):
 
     def kl_loss_term(self, batch: Batch, out: ForwardOutput) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``β · KL_t`` per token when ``kl_placement == "loss"`` (else 0), and the KL itself."""
-        if self.ref_model is None:
+        if not self.has_reference:
             return torch.zeros_like(out.logprobs), None
         kl = F.kl_estimate(out.logprobs, batch.ref_logprobs, self.config.kl_estimator, batch.action_mask)
         if self.config.kl_placement == "loss":
@@ -292,14 +312,16 @@ class Agent(abc.ABC):
                     mask: torch.Tensor | None = None, **aggregate_kw) -> tuple[torch.Tensor, dict[str, float]]:
         """``aggregate(pg_loss + β·KL − c_H·H)`` over ``mask`` (default: the action mask) and diagnostics."""
         kl_term, kl = self.kl_loss_term(batch, out)
-        token_loss = pg_loss + kl_term - self.config.entropy_coef * out.entropy
+        token_loss = pg_loss + kl_term
+        if self.config.entropy_coef:  # 0·H would still send a gradient through the entropy's [K, V] softmax
+            token_loss = token_loss - self.config.entropy_coef * out.entropy
         mask = batch.action_mask if mask is None else mask
         loss = F.aggregate_loss(token_loss, mask, self.config.loss_agg, **aggregate_kw)
         return loss, self.policy_stats(batch, out, is_clipped, kl)
 
     def prepare(self, batch: Batch) -> Batch:
         """Everything computed once per batch before the optimiser steps."""
-        if self.ref_model is not None:
+        if self.has_reference:
             batch.ref_logprobs = self.reference_logprobs(batch)
         self.compute_advantages(batch)
         return batch
@@ -313,112 +335,20 @@ class Agent(abc.ABC):
         ``seq-mean-*`` modes; counts all-reduced), so after DDP/FSDP averages gradients over ranks the
         step is the single-process step on the global batch. ``minibatch_size`` is global (each rank
         takes ``minibatch_size / world_size``). The returned diagnostics are averaged over ranks.
+        Micro-batches (``micro_batch_size``) accumulate gradients with the same scaling. The loop
+        is :meth:`llmgym.agents.learner.Learner.update`.
         """
         batch = self.prepare(batch.to(self.device))
-        c = self.config
-        parallel = distributed.is_distributed()
-        size = self._local_minibatch_size(len(batch)) if parallel else (c.minibatch_size or len(batch))
-        # one step on the whole batch: the current log-probs detached are π_old exactly (ratio 1)
-        on_policy = c.update_epochs == 1 and size >= len(batch)
-        learner = self._data_parallel_module() if parallel else None  # None: self.model
-        sums: dict[str, float] = {}
-        count = 0
-        self.model.train()
-        tis_stats = self._apply_tis(batch) if c.tis is not None and not on_policy else {}
-        for _ in range(c.update_epochs):
-            for mb in (batch.minibatches(size, self._rng) if size < len(batch) else [batch]):
-                out = self.forward(mb, model=learner, with_values=getattr(self, "uses_values", False))
-                if on_policy:
-                    if c.tis is not None:
-                        tis_stats = self._apply_tis(mb, out.logprobs.detach())
-                    mb.old_logprobs = out.logprobs.detach()
-                loss, stats = self.loss(mb, out)
-                stats.update(tis_stats)
-                if parallel:
-                    loss = loss * self._data_parallel_loss_scale(mb)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if parallel:
-                    distributed.average_gradients(self._extra_parameters())
-                if c.max_grad_norm is not None:
-                    stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.parameters(), c.max_grad_norm))
-                self.optimizer.step()
-                stats["loss"] = float(loss.detach())
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                count += 1
+        metrics = self.learner.update(self, batch)
         self.step_count += 1
         self.engine.sync_weights(self.model)  # a no-op for an HFEngine over this very model
-        metrics = {k: v / count for k, v in sums.items()}
-        return distributed.all_reduce_mean(metrics) if parallel else metrics
-
-    # -- truncated importance sampling (engine/learner mismatch) ----------------------------------
-    @torch.no_grad()
-    def _learner_logprobs(self, batch: Batch) -> torch.Tensor:
-        size = self.config.minibatch_size or len(batch)
-        parts = [self.forward(batch.select(range(s, min(s + size, len(batch))))).logprobs
-                 for s in range(0, len(batch), size)]
-        return torch.cat(parts, dim=0)
-
-    def _apply_tis(self, batch: Batch, learner_logprobs: torch.Tensor | None = None) -> dict[str, float]:
-        """Scale ``batch.advantages`` by the TIS weight; make the learner's log-probs π_old.
-
-        ``batch.old_logprobs`` holds the engine's generation-time log-probs on entry; the weight
-        compares them with ``learner_logprobs`` (the learner's log-probs of the same tokens before
-        the update; computed here when not given). Scaling the advantage by ``w > 0`` multiplies the
-        per-token policy-gradient loss by ``w`` in every surrogate (plain, clipped, dual-clip, GSPO).
-        """
-        c = self.config
-        if learner_logprobs is None:
-            learner_logprobs = self._learner_logprobs(batch)
-        mask = batch.action_mask
-        weights = truncated_importance_weights(learner_logprobs, batch.old_logprobs, mask, c.tis, c.tis_cap)
-        adv = batch.advantages
-        batch.advantages = (adv[:, None] if adv.dim() == 1 else adv) * weights
-        batch.old_logprobs = learner_logprobs
-        truncated = (weights >= c.tis_cap * (1 - 1e-6)).float()
-        return {"tis_weight_mean": float(F.masked_mean(weights, mask)),
-                "tis_truncated_frac": float(F.masked_mean(truncated, mask))}
+        return metrics
 
     # -- data parallel ----------------------------------------------------------------------------
     def _extra_parameters(self) -> list[torch.nn.Parameter]:
         """Trained parameters outside ``self.model`` (e.g. PPO's value head): synced by hand."""
         own = {id(p) for p in self.model.parameters()}
         return [p for p in self.parameters() if id(p) not in own]
-
-    def _data_parallel_module(self):
-        if self._dp_module is None:
-            if getattr(self, "uses_values", False) and self.config.loss_agg != "token-mean":
-                raise ValueError("data-parallel PPO needs loss_agg='token-mean' (its value loss is token-mean; "
-                                 "one loss scale must fit both terms)")
-            self._dp_module = (self.model if distributed.is_fsdp_module(self.model)
-                               else distributed.wrap_ddp(self.model))
-            distributed.broadcast_parameters(self._extra_parameters())
-        return self._dp_module
-
-    def _local_minibatch_size(self, local_len: int) -> int:
-        c = self.config
-        if c.minibatch_size is None:
-            return local_len
-        world = distributed.world_size()
-        if c.minibatch_size % world:
-            raise ValueError(f"minibatch_size ({c.minibatch_size}) is global under data parallel: make it a "
-                             f"multiple of the number of processes ({world})")
-        sizes = distributed.all_gather_ints(local_len)
-        if len(set(sizes)) > 1 and c.minibatch_size // world < max(sizes):
-            raise ValueError(f"minibatches under data parallel need equal per-rank batches (got {sizes}): "
-                             f"make tasks_per_step a multiple of the number of processes")
-        return c.minibatch_size // world
-
-    def _data_parallel_loss_scale(self, mb: Batch) -> float:
-        """``local · world_size / global`` count of the loss's denominator (see ``F.aggregate_loss``)."""
-        if self.config.loss_agg == "token-mean":
-            mask = self.loss_mask(mb) if hasattr(self, "loss_mask") else mb.action_mask
-            local = float(mask.float().sum())
-        else:  # seq-mean-*: the number of rows
-            local = float(len(mb))
-        total = distributed.all_reduce_sum(local)
-        return local * distributed.world_size() / total if total > 0 else 0.0
 
     def policy_stats(self, batch: Batch, out: ForwardOutput, is_clipped=None, kl=None) -> dict[str, float]:
         """Diagnostics common to every agent: entropy, KL to the reference, clip fraction.
@@ -507,6 +437,7 @@ class Agent(abc.ABC):
             "act_calls": self._act_calls,
             "rng": self._rng.get_state(),
             "config": dataclasses.asdict(self.config),
+            "learner": self.learner.state_dict(),
             "extra": self.extra_state(),
         }
 
@@ -519,6 +450,7 @@ class Agent(abc.ABC):
         self.step_count = state["step_count"]
         self._act_calls = state["act_calls"]
         self._rng.set_state(state["rng"])
+        self.learner.load_state_dict(state.get("learner", {}))
         self.load_extra_state(state.get("extra", {}))
         self.engine.sync_weights(self.model)
 

@@ -18,7 +18,19 @@ after every section so a killed run keeps what it measured):
    sync from the HF model), plus the time of ``sync_weights`` and of a sleep/wake cycle.
 5. ``grpo_step``: one GRPO step (rollout + update) on that model with the HF engine (and with
    vLLM where available), on ``llmgym/Copy-v0`` with llmgym's byte tokenizer (its 259 ids are a
-   subset of the model's vocabulary; sampled ids outside it decode to nothing).
+   subset of the model's vocabulary; sampled ids outside it decode to nothing). The agent uses the
+   GPU defaults of ``llmgym.agents.learner.resolve_device_defaults`` (fp32 weights, bf16 autocast,
+   compiled static-cache engine).
+6. ``engine_compare``: ``model.generate`` (dynamic cache; static cache compiled) vs ``HFEngine``
+   eager / static / compiled on the same model and prompts (``benchmarks/engine_speed.py``).
+7. ``update_memory``: peak ``torch.cuda.max_memory_allocated`` of one GRPO update at N = 32 rows,
+   prompt 32 + completion 128, on that model: chunked log-probs vs full logits.
+8. ``grpo_vs_trl`` (only where ``import trl`` works): ``benchmarks/grpo_vs_trl.py --device cuda``
+   on that model — llmgym vs TRL ``GRPOTrainer``, each side in a fresh process, step time and peak
+   GPU memory, bf16 autocast and gradient checkpointing on both sides.
+
+The run ends with a compact summary of the headline numbers. ``--quick`` (``bash
+benchmarks/gpu_check.sh --quick``) shrinks every section (~2 minutes on one GPU).
 
 Without a CUDA GPU it prints that it needs one and exits 0 without running anything.
 """
@@ -246,11 +258,16 @@ def grpo_step(engine_kind: str, tasks: int, group: int, new_tokens: int) -> dict
         from llmgym.engines.vllm import VLLMEngine
 
         engine = VLLMEngine(model, base, gpu_memory_utilization=0.3, max_model_len=1024, sleep_after_generate=True)
+    from llmgym.agents.learner import resolve_device_defaults
+
+    defaults = resolve_device_defaults(DEVICE)
+    model = model.float()  # fp32 master weights; the forward runs under bf16 autocast (resolve_device_defaults)
     agent = GRPO(model, tok, engine=engine, tasks_per_step=tasks, group_size=group, max_new_tokens=new_tokens,
-                 kl_coef=0.0, lr=1e-6, tis="token" if engine_kind == "vllm" else None)
+                 kl_coef=0.0, lr=1e-6, tis="token" if engine_kind == "vllm" else None,
+                 precision=defaults["precision"], engine_decode=defaults["engine_decode"])
     env = gymnasium.make("llmgym/Copy-v0", tokenizer=tok)
     rows = []
-    for _ in range(2):  # the first step includes warm-up (CUDA kernels, allocator)
+    for _ in range(3):  # the first step includes warm-up (CUDA kernels, allocator, compilation)
         _sync()
         t0 = time.perf_counter()
         batch = agent.collect(env)
@@ -263,7 +280,7 @@ def grpo_step(engine_kind: str, tasks: int, group: int, new_tokens: int) -> dict
                      "completions": len(batch), "policy_tokens": batch.num_tokens,
                      **{k: round(v, 5) for k, v in metrics.items() if k.startswith(("loss", "tis_"))}})
     result = {"engine": engine_kind, "tasks_per_step": tasks, "group_size": group, "max_new_tokens": new_tokens,
-              "steps": rows}
+              "precision": agent.config.precision, "engine_decode": agent.config.engine_decode, "steps": rows}
     if DEVICE == "cuda":
         result["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     if engine is not None:
@@ -272,6 +289,121 @@ def grpo_step(engine_kind: str, tasks: int, group: int, new_tokens: int) -> dict
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def engine_compare(batch: int, new_tokens: int) -> dict:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import engine_speed
+
+    engine_speed.QWEN2_05B.update(QWEN2_05B)  # the --cpu-smoke shape when shrunk
+    return engine_speed.run(DEVICE, qwen2=True, batch=batch, prompt_len=32, new_tokens=new_tokens, repeats=2,
+                            compile_=DEVICE == "cuda")  # CPU compilation (--cpu-smoke) takes minutes
+
+
+def update_memory(rows: int = 32, prompt: int = 32, completion: int = 128) -> dict:
+    """Peak memory of one GRPO update (no generation) on the Qwen2 shape: chunked vs full logits."""
+    import torch
+
+    from llmgym import Task
+    from llmgym.agents import GRPO
+    from llmgym.batch import Batch
+    from llmgym.models import build_tokenizer
+    from llmgym.rollout import Episode
+
+    vocab = QWEN2_05B["vocab_size"]
+    g = torch.Generator().manual_seed(1)
+    episodes = []
+    for i in range(rows):
+        ids = torch.randint(3, vocab, (prompt + completion,), generator=g).tolist()
+        rewards = [0.0] * len(ids)
+        rewards[-1] = float(i % 3)
+        episodes.append(Episode(Task(f"t{i // 8}"), i // 8, ids, [0] * prompt + [1] * completion,
+                                [0.0] * len(ids), rewards, prompt, ["length"]))
+    batch = Batch.from_episodes(episodes, 0)
+    result = {"rows": rows, "prompt": prompt, "completion": completion, "vocab": vocab, "precision": "bf16-mixed"}
+    for label, chunk in (("chunked", None), ("full_logits", 0)):
+        model = build_qwen2(dtype=torch.float32)
+        agent = GRPO(model, build_tokenizer(), group_size=8, kl_coef=0.0, max_new_tokens=completion, lr=1e-6,
+                     logits_chunk_size=chunk, precision="bf16-mixed")
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        _sync()
+        t0 = time.perf_counter()
+        agent.update(batch)
+        _sync()
+        row = {"update_s": round(time.perf_counter() - t0, 3)}
+        if DEVICE == "cuda":
+            row.update(peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                       weights_gib=round(before / 2**30, 2))
+        result[label] = row
+        del agent, model
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    if "peak_gib" in result["chunked"]:
+        result["ratio_chunked_over_full"] = round(result["chunked"]["peak_gib"] / result["full_logits"]["peak_gib"], 3)
+    return result
+
+
+def grpo_vs_trl(steps: int, new_tokens: int, timeout_s: int) -> dict:
+    if importlib.util.find_spec("trl") is None:
+        print("grpo_vs_trl: TRL is not installed on this machine: skipped (carry the trl + datasets wheels)")
+        return {"skipped": "trl not installed"}
+    out = Path(os.environ.get("OUT") or ROOT / "benchmarks") / "grpo_vs_trl.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "grpo_vs_trl.py"), "--device", DEVICE, "--models", "qwen2-0.5b",
+           "--steps", str(steps), "--new-tokens", str(new_tokens), "--checkpointing", "--no-memory",
+           "--timeout", str(timeout_s), "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=2 * timeout_s + 60, check=False)
+    if not out.exists():
+        raise RuntimeError(f"grpo_vs_trl.py wrote no result (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-1500:]}")
+    data = json.loads(out.read_text())
+    row = data["step"].get("qwen2-0.5b", {})
+    return {"llmgym": {k: row.get("llmgym", {}).get(k) for k in ("median_step_s", "peak_gpu_mib", "error")},
+            "trl": {k: row.get("trl", {}).get(k) for k in ("median_step_s", "peak_gpu_mib", "error")},
+            "step_ratio_llmgym_over_trl": row.get("step_ratio_llmgym_over_trl"),
+            "memory_ratio_llmgym_over_trl": row.get("memory_ratio_llmgym_over_trl"), "json": str(out)}
+
+
+def summary(data: dict) -> list[str]:
+    """The headline numbers, one line each (a section that failed says so)."""
+    sec = data["sections"]
+    lines = []
+
+    def get(name, *keys):
+        node = sec.get(name, {})
+        for k in keys:
+            node = node.get(k, {}) if isinstance(node, dict) else {}
+        return node if node != {} else None
+
+    for name, v in sec.items():
+        if not v.get("ok", True):
+            lines.append(f"{name}: FAILED ({v.get('error', '')[:160]})")
+    if "contract_tests" in sec:
+        lines.append(f"contract tests: {get('contract_tests', 'summary')}")
+    rows = get("engine_compare", "rows") or {}
+    for k, r in rows.items():
+        if isinstance(r, dict):
+            lines.append(f"engine {k}: {r.get('tokens_per_s', r.get('error'))} tok/s"
+                         + (f" ({r['speed_vs_generate']}x generate)" if "speed_vs_generate" in r else "")
+                         + (f", warm-up {r['warmup_s']} s" if "warmup_s" in r else ""))
+    um = sec.get("update_memory", {})
+    if "chunked" in um:
+        lines.append(f"one update N=32, 32+128, bf16-mixed: peak {um['chunked'].get('peak_gib')} GiB chunked vs "
+                     f"{um['full_logits'].get('peak_gib')} GiB full logits (ratio {um.get('ratio_chunked_over_full')})")
+    for name in ("grpo_step_hf", "grpo_step_vllm"):
+        steps = get(name, "steps")
+        if steps:
+            lines.append(f"{name}: step {[s['step_s'] for s in steps]} s (rollout {[s['rollout_s'] for s in steps]}), "
+                         f"peak {sec[name].get('peak_mem_gib')} GiB")
+    gt = sec.get("grpo_vs_trl", {})
+    if "llmgym" in gt:
+        lines.append(f"GRPO vs TRL: step {gt['llmgym'].get('median_step_s')} s vs {gt['trl'].get('median_step_s')} s "
+                     f"(ratio {gt.get('step_ratio_llmgym_over_trl')}); peak {gt['llmgym'].get('peak_gpu_mib')} vs "
+                     f"{gt['trl'].get('peak_gpu_mib')} MiB (ratio {gt.get('memory_ratio_llmgym_over_trl')})")
+    elif gt.get("skipped"):
+        lines.append(f"GRPO vs TRL: skipped ({gt['skipped']})")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -310,11 +442,19 @@ def main(argv=None) -> int:
     has_vllm = bool(report.data["sections"]["environment"].get("vllm"))
     if has_vllm:
         report.run("vllm_generation", vllm_generation, batches, new_tokens)
+    report.run("engine_compare", engine_compare, 32 if args.quick else 64, new_tokens)
+    report.run("update_memory", update_memory)
     report.run("grpo_step_hf", grpo_step, "hf", 4, 8, 64 if args.quick else 128)
     if has_vllm:
         report.run("grpo_step_vllm", grpo_step, "vllm", 4, 8, 64 if args.quick else 128)
+    if not args.cpu_smoke:
+        report.run("grpo_vs_trl", grpo_vs_trl, 3, 64 if args.quick else 128, 240)
     report.data["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    report.data["summary"] = summary(report.data)
     report.save()
+    print("== summary")
+    for line in report.data["summary"]:
+        print("  " + line)
     failed = [k for k, v in report.data["sections"].items() if not v.get("ok") or v.get("passed_all") is False]
     print(f"results: {args.out}; failed sections: {failed or 'none'}")
     return 1 if failed else 0

@@ -60,7 +60,7 @@ def _global_batch(tok):
 AGENT_CASES = {"reinforce": "seq-mean-token-sum", "reinforce++": "token-mean", "ppo": "token-mean"}
 
 
-def _update(batch, mode, fsdp=False, agent_name="grpo"):
+def _update(batch, mode, fsdp=False, agent_name="grpo", **config):
     """One update from the fixed initial weights; returns the new parameters."""
     from llmgym.agents import AGENTS
 
@@ -69,7 +69,7 @@ def _update(batch, mode, fsdp=False, agent_name="grpo"):
         distributed.apply_fsdp(model)
     extra = {"group_size": GROUP} if agent_name == "grpo" else {}
     agent = AGENTS[agent_name](model, tok, kl_coef=0.0, loss_agg=mode, max_new_tokens=8,
-                               max_grad_norm=1.0, entropy_coef=0.01, **extra)
+                               max_grad_norm=1.0, entropy_coef=0.01, **extra, **config)
     # Plain SGD: Adam's first step is ≈ lr·sign(g), which turns float round-off on near-zero
     # gradients into full-size steps; SGD compares the gradients themselves.
     agent.optimizer = torch.optim.SGD(agent.parameters(), lr=0.5)
@@ -89,6 +89,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         rows = list(distributed.shard_range(len(full) // GROUP))  # whole groups per rank
         local = full.select([g * GROUP + j for g in rows for j in range(GROUP)])
         results = {mode: _update(local, mode) for mode in MODES}
+        # micro-batches of 1 row on each rank: accumulation and the data-parallel scaling compose
+        results.update({f"micro/{mode}": _update(local, mode, micro_batch_size=1) for mode in MODES})
         results.update({f"agent/{name}": _update(local, mode, agent_name=name) for name, mode in AGENT_CASES.items()})
         results["dapo_groups"] = distributed.all_gather_ints(_dapo_kept_groups(tok))
         if _fsdp_available():
@@ -139,6 +141,18 @@ def test_two_gloo_ranks_match_one_process(ddp_results, mode):
         assert torch.allclose(ddp[k], single[k], rtol=1e-5, atol=1e-6), \
             f"{mode}: {k} differs by {float((ddp[k] - single[k]).abs().max()):.3g}"
     # the rank-averaged diagnostics are the global ones (loss: exactly, by the loss scaling)
+    assert abs(ddp_metrics["loss"] - single_metrics["loss"]) < 1e-5
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_micro_batches_under_data_parallel_match_one_process(ddp_results, mode):
+    torch.set_num_threads(1)
+    _, tok = _tiny()
+    single, single_metrics = _update(_global_batch(tok), mode)
+    ddp, ddp_metrics = ddp_results[f"micro/{mode}"]
+    for k in single:
+        assert torch.allclose(ddp[k], single[k], rtol=1e-5, atol=1e-6), \
+            f"micro/{mode}: {k} differs by {float((ddp[k] - single[k]).abs().max()):.3g}"
     assert abs(ddp_metrics["loss"] - single_metrics["loss"]) < 1e-5
 
 

@@ -11,6 +11,7 @@ import torch
 from llmgym.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 from llmgym.engines.sampling import sample_next_token
+from llmgym.engines.static_decode import DECODE_MODES, StaticCacheDecoder
 
 __all__ = ["HFEngine", "sequence_logprobs", "pad_left"]
 
@@ -82,6 +83,11 @@ class HFEngine:
         model: a causal LM (``AutoModelForCausalLM``).
         tokenizer: its tokenizer (gives EOS, pad and decoding).
         max_batch_size: rows per forward pass; bigger requests are split.
+        decode: ``"eager"`` (dynamic KV cache), ``"static"`` (static KV cache) or ``"compiled"``
+            (static cache + a ``torch.compile``-d step, CUDA graphs on a GPU); see
+            :mod:`llmgym.engines.static_decode`. Same keys, same tokens in every mode.
+        autocast_dtype: run generation under ``torch.autocast`` with this dtype (e.g.
+            ``torch.bfloat16`` over float32 weights); ``None`` = the weights' dtype.
 
     Example:
         >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
@@ -95,8 +101,14 @@ class HFEngine:
         True
     """
 
-    def __init__(self, model, tokenizer, max_batch_size: int = 64):
+    def __init__(self, model, tokenizer, max_batch_size: int = 64, decode: str = "eager",
+                 autocast_dtype: torch.dtype | None = None):
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
         self.model = model
+        self.decode = decode
+        self.autocast_dtype = autocast_dtype
+        self._static = None  # StaticCacheDecoder, built at the first static/compiled generate
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         eos = tokenizer.eos_token_id
@@ -106,7 +118,8 @@ class HFEngine:
         self.eos_ids = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         # transformers >= 5.2x renamed the KV-cache argument from past_key_values to cache
-        params = inspect.signature(model.forward).parameters
+        base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # peft
+        params = inspect.signature(base.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @property
@@ -124,7 +137,8 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                                                        enabled=self.autocast_dtype is not None):
                 yield
         finally:
             self.model.train(was_training)
@@ -158,10 +172,14 @@ class HFEngine:
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         stopped = torch.zeros(batch, dtype=torch.bool, device=device)
         with self._eval_mode():
-            positions = _positions(attn)
-            out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True)
-            cache, last_pos = _cache_of(out), positions[:, -1:]
-            logits = out.logits[:, -1, :]
+            static = self._static_decoder() if self.decode != "eager" else None
+            if static is not None:
+                logits = static.prefill(ids, attn, sampling.max_new_tokens)
+            else:
+                positions = _positions(attn)
+                out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True)
+                cache, last_pos = _cache_of(out), positions[:, -1:]
+                logits = out.logits[:, -1, :]
             for step in range(sampling.max_new_tokens):
                 step_pos = torch.full((batch,), step, dtype=torch.long, device=device)
                 tok, lp = sample_next_token(logits, key_t, step_pos, sampling.temperature, sampling.top_p)
@@ -177,6 +195,9 @@ class HFEngine:
                 done |= hit
                 if bool(done.all()) or step == sampling.max_new_tokens - 1:
                     break
+                if static is not None:
+                    logits = static.step(tok)
+                    continue
                 attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype, device=device)], dim=1)
                 last_pos = last_pos + 1
                 out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=last_pos,
@@ -196,6 +217,11 @@ class HFEngine:
                 key=keys[i],
             ))
         return completions
+
+    def _static_decoder(self) -> StaticCacheDecoder:
+        if self._static is None:
+            self._static = StaticCacheDecoder(self.model, self._cache_arg, compiled=self.decode == "compiled")
+        return self._static
 
     def _hit_stop_string(self, tokens: torch.Tensor, lengths: torch.Tensor, stop: tuple[str, ...]) -> torch.Tensor:
         # decode only a tail long enough to contain the longest stop string (a byte or more per token)

@@ -1,0 +1,587 @@
+"""The learner's step mechanics, shared by every algorithm: what happens between "here is a batch and a
+loss" and "the weights moved".
+
+An algorithm (``grpo.py``, ``ppo.py``, ...) defines advantages and a loss that read like its paper. This
+module owns everything else about a step:
+
+* **Chunked log-probs** (:func:`token_logprobs_and_entropy`): the model runs up to its final hidden
+  states; the LM head, the log-softmax and the entropy are applied to ``chunk_size`` tokens at a time,
+  only at the positions the loss reads (the action mask), each chunk re-computed in the backward pass
+  (activation checkpointing of the head). The ``[N, L, V]`` logits of the batch never exist: peak
+  memory is bounded by ``chunk_size × V``, not ``N × L × V``.
+* **Micro-batches with gradient accumulation**: ``minibatch_size`` rows per optimiser step,
+  ``micro_batch_size`` rows per forward/backward. Every loss aggregation is a sum over sequences
+  divided by a batch constant (see ``llmgym.agents.functional.aggregate_loss``), so each micro-batch's
+  loss is rescaled by ``count(micro) · world_size / count(minibatch, all ranks)`` — the same formula
+  that already made data parallel exact — and the accumulated gradient is the minibatch's gradient.
+* **Precision**: ``"fp32"``; ``"bf16-mixed"`` (bf16 autocast, float32 master weights and optimiser
+  state); ``"bf16"`` (bf16 weights and optimiser state, the explicit low-memory choice).
+* **Gradient checkpointing** (``transformers``' own, non-reentrant).
+* **LoRA** through ``peft``: the adapters are injected into the model in place; the KL reference is
+  the same model with its adapters disabled — no second copy of the weights.
+* **Learning-rate schedule** with warm-up (``transformers.get_scheduler``), stepped once per update.
+* **Data-parallel loss scaling** and **truncated importance sampling** (TIS) against the engine.
+
+Example:
+    >>> import torch
+    >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+    >>> from llmgym.agents.learner import token_logprobs_and_entropy
+    >>> tok = build_tokenizer()
+    >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
+    >>> ids = torch.tensor([tok.encode("12+34=46")])
+    >>> lp, ent, _ = token_logprobs_and_entropy(model, ids, torch.ones_like(ids), chunk_size=3)
+    >>> full, _, _ = token_logprobs_and_entropy(model, ids, torch.ones_like(ids), chunk_size=0)
+    >>> lp.shape, torch.allclose(lp, full, atol=1e-5)
+    (torch.Size([1, 8]), True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import inspect
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from llmgym import distributed
+from llmgym.agents import functional as F
+from llmgym.agents.corrections import truncated_importance_weights
+from llmgym.batch import Batch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from llmgym.agents.base import Agent
+
+__all__ = [
+    "PRECISIONS",
+    "LR_SCHEDULES",
+    "ForwardOutput",
+    "Learner",
+    "token_logprobs_and_entropy",
+    "resolve_device_defaults",
+    "default_chunk_size",
+    "CHUNK_ELEMENTS",
+    "micro_batches",
+]
+
+PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+"""``fp32``: float32 everywhere. ``bf16-mixed``: bf16 autocast over float32 weights and optimiser
+state (TRL's default on a GPU). ``bf16``: bf16 weights and optimiser state (half the memory, coarser updates)."""
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
+"""Learning-rate shapes after the warm-up (``transformers.get_scheduler`` names them
+``constant_with_warmup``, ``linear``, ``cosine``); ``linear``/``cosine`` decay to 0 at ``lr_total_steps``."""
+
+
+@dataclasses.dataclass
+class ForwardOutput:
+    """The learner's view of a (mini)batch: ``[N, L-1]`` tensors aligned with ``Batch``.
+
+    ``logprobs`` and ``entropy`` are computed at the positions the loss reads (the action mask) and are
+    0 elsewhere."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None  # last hidden states [N, L-1, H], when asked for
+
+
+def resolve_device_defaults(device: str | None = None, precision: str | None = None,
+                            engine_decode: str | None = None) -> dict[str, str]:
+    """The settings a user expects on this machine, for the fields they left unset (``None`` / ``"auto"``).
+
+    * ``device``: ``"cuda"`` when a CUDA GPU is visible, else ``"cpu"``;
+    * ``precision``: ``"bf16-mixed"`` on a GPU that supports bf16 (autocast, float32 master weights —
+      TRL's default), else ``"fp32"``;
+    * ``engine_decode``: ``"compiled"`` on a GPU (static KV cache + CUDA graphs), else ``"static"``
+      (static KV cache, uncompiled: faster than the dynamic cache on a CPU, no compilation wait).
+
+    The command line calls this before building the agent; an explicit value always wins.
+
+    Example:
+        >>> from llmgym.agents.learner import resolve_device_defaults
+        >>> resolve_device_defaults(device="cpu")
+        {'device': 'cpu', 'precision': 'fp32', 'engine_decode': 'static'}
+        >>> resolve_device_defaults(device="cpu", precision="bf16-mixed")["precision"]
+        'bf16-mixed'
+    """
+    if device in (None, "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    on_gpu = torch.device(device).type == "cuda"
+    if precision in (None, "auto"):
+        precision = "bf16-mixed" if on_gpu and torch.cuda.is_bf16_supported() else "fp32"
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS} or 'auto', got {precision!r}")
+    if engine_decode in (None, "auto"):
+        engine_decode = "compiled" if on_gpu else "static"
+    return {"device": str(device), "precision": precision, "engine_decode": engine_decode}
+
+
+# ------------------------------------------------------------------------------------------------
+# chunked log-probs
+# ------------------------------------------------------------------------------------------------
+
+
+def _core_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The ``transformers`` model under DDP and peft wrappers (the one that owns the LM head)."""
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    get_base = getattr(model, "get_base_model", None)  # peft.PeftModel
+    return get_base() if callable(get_base) else model
+
+
+CHUNK_ELEMENTS = 2**25
+"""Default LM-head chunk: ``CHUNK_ELEMENTS // vocab_size`` tokens (128 MiB per float32 ``[K, V]`` copy;
+~220 tokens for a 151,936-token vocabulary; the whole batch of a tiny model)."""
+
+
+def default_chunk_size(vocab_size: int) -> int:
+    """Tokens per LM-head chunk for a vocabulary (see :data:`CHUNK_ELEMENTS`).
+
+    Example:
+        >>> default_chunk_size(151_936), default_chunk_size(512)
+        (220, 65536)
+    """
+    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
+
+
+def _head_chunk(head: torch.nn.Module, temperature: float, softcap: float | None,
+                hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π and H for ``[K, H]`` hidden states: the only place the ``[K, V]`` logits exist.
+
+    ``log p = log_softmax(z)``, ``H = −Σ_v p_v log p_v`` (no cancellation of large logits), with as few
+    ``[K, V]`` temporaries as the formulas allow."""
+    logits = head(hidden).float()
+    if softcap:  # Gemma-2 style final-logit soft-capping, as the model's own forward applies it
+        logits = torch.tanh(logits / softcap) * softcap
+    logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
+    picked = logp.gather(-1, targets.long()[:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return picked, entropy
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(_core_model(model).forward).parameters
+
+
+def token_logprobs_and_entropy(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    mask: torch.Tensor | None = None,
+    chunk_size: int = 1024,
+    with_hidden: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Teacher-forced ``log π(x_{t+1} | x_≤t)`` and the entropy ``H_t`` of the tempered policy, ``[N, L-1]``.
+
+    Formulas (``z = W_head h_t / T``): ``log π = z[x_{t+1}] − logsumexp(z)``, ``H = logsumexp(z) − Σ_v p_v z_v``.
+
+    With ``chunk_size > 0`` the model is run with ``logits_to_keep=1`` and ``output_hidden_states``
+    (its last hidden state is the normed input of the LM head), then the head is applied to the
+    selected positions ``chunk_size`` tokens at a time; with gradients enabled each chunk is
+    checkpointed (its logits are recomputed in backward, not stored). ``chunk_size = 0`` (or a model
+    without ``logits_to_keep``) takes the plain path: full ``[N, L-1, V]`` logits.
+
+    Args:
+        model: a ``transformers`` causal LM (possibly wrapped in DDP or peft).
+        input_ids, attention_mask: ``[N, L]`` (padding on either side).
+        temperature: the sampling temperature (``0`` = greedy, scored as ``1``).
+        mask: ``[N, L-1]`` positions to compute (default: all); others are 0 in the outputs.
+        chunk_size: tokens per LM-head chunk.
+        with_hidden: also return the last hidden states ``[N, L-1, H]`` (for a value head).
+
+    Returns:
+        ``(logprobs, entropy, hidden_or_None)``.
+
+    Example:
+        >>> import torch
+        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> tok = build_tokenizer()
+        >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
+        >>> ids = torch.tensor([tok.encode("ab"), tok.encode("cd")])
+        >>> lp, ent, _ = token_logprobs_and_entropy(model, ids, torch.ones_like(ids), mask=torch.tensor([[0, 1], [0, 0]]))
+        >>> lp[0, 0].item(), lp[1].tolist(), bool(lp[0, 1] < 0)
+        (0.0, [0.0, 0.0], True)
+    """
+    t = temperature if temperature > 0 else 1.0
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    targets = input_ids[:, 1:]
+    chunked = chunk_size and chunk_size > 0 and _accepts_logits_to_keep(model)
+    if not chunked:  # full logits (the reference path; also the fallback for exotic models)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                    output_hidden_states=with_hidden)
+        logits = out.logits[:, :-1].float() / t
+        logprobs, entropy = F.logprobs_from_logits(logits, targets), F.entropy_from_logits(logits)
+        if mask is not None:
+            keep = mask.bool()
+            logprobs = torch.where(keep, logprobs, torch.zeros_like(logprobs))
+            entropy = torch.where(keep, entropy, torch.zeros_like(entropy))
+        return logprobs, entropy, (out.hidden_states[-1][:, :-1] if with_hidden else None)
+
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                output_hidden_states=True, logits_to_keep=1)
+    hidden = out.hidden_states[-1][:, :-1]
+    core = _core_model(model)
+    head = functools.partial(_head_chunk, core.get_output_embeddings(), t,
+                             getattr(core.config, "final_logit_softcapping", None))
+    select = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask.bool()
+    picked_hidden, picked_targets = hidden[select], targets[select]  # [K, H], [K]
+    lp_parts, ent_parts = [], []
+    # one chunk holds everything (small vocabularies): recomputing it in backward would save nothing
+    recompute = torch.is_grad_enabled() and picked_targets.shape[0] > chunk_size
+    for start in range(0, picked_targets.shape[0], chunk_size):
+        args = (picked_hidden[start:start + chunk_size], picked_targets[start:start + chunk_size])
+        lp, ent = checkpoint(head, *args, use_reentrant=False) if recompute else head(*args)
+        lp_parts.append(lp)
+        ent_parts.append(ent)
+    logprobs = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+    entropy = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+    if lp_parts:
+        logprobs = logprobs.index_put((select,), torch.cat(lp_parts))
+        entropy = entropy.index_put((select,), torch.cat(ent_parts))
+    return logprobs, entropy, (hidden if with_hidden else None)
+
+
+def micro_batches(batch: Batch, size: int | None) -> list[Batch]:
+    """``batch`` split into consecutive parts of ``size`` rows (one part when ``size`` is ``None`` or large).
+
+    Parts keep the batch's full width (trailing padding columns), so a loss whose normaliser is the
+    padded length sees the same constant in every part.
+
+    Example:
+        >>> import torch
+        >>> from llmgym.batch import Batch
+        >>> from llmgym.rollout import Episode
+        >>> from llmgym import Task
+        >>> ep = Episode(Task("p"), 0, [1, 5, 6, 2], [0, 0, 1, 1], [0, 0, -0.5, -0.1], [0, 0, 0, 1.0], 2)
+        >>> [len(b) for b in micro_batches(Batch.from_episodes([ep] * 5), 2)]
+        [2, 2, 1]
+    """
+    if size is None or size >= len(batch):
+        return [batch]
+    return [batch.select(range(s, min(s + size, len(batch)))) for s in range(0, len(batch), size)]
+
+
+# ------------------------------------------------------------------------------------------------
+# the learner
+# ------------------------------------------------------------------------------------------------
+
+
+def _lora_config(config, model):
+    try:
+        import peft
+    except ImportError as err:  # pragma: no cover - peft is in the dev environment
+        raise ImportError("LoRA (lora_r > 0) needs peft: pip install 'llmgym[peft]'") from err
+    return peft, peft.LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha if config.lora_alpha is not None else 2 * config.lora_r,
+        lora_dropout=config.lora_dropout,
+        target_modules=config.lora_target_modules,
+        task_type="CAUSAL_LM",
+    )
+
+
+class Learner:
+    """Owns the model's training-side state for an :class:`~llmgym.agents.base.Agent`.
+
+    Built by the agent; applies the config's precision, gradient checkpointing and LoRA to ``model``
+    (in place: an engine over the same object keeps sampling the current policy), provides the
+    reference policy, and runs :meth:`update`'s loop of minibatches and micro-batches.
+
+    Attributes:
+        model: the trained model (LoRA layers injected in place when ``lora_r > 0``).
+        peft_model: the ``peft`` wrapper (``None`` without LoRA); its ``disable_adapter()`` gives the
+            reference policy.
+        ref_model: a frozen copy for the KL reference, only when ``kl_coef > 0`` and no LoRA.
+
+    Example:
+        >>> from llmgym.models import load_model
+        >>> from llmgym.agents import GRPO
+        >>> model, tok = load_model("tiny")
+        >>> agent = GRPO(model, tok, lora_r=4, kl_coef=0.04)
+        >>> agent.ref_model is None and agent.learner.has_reference  # the reference is the base model
+        True
+        >>> 0 < sum(p.numel() for p in agent.parameters()) < sum(p.numel() for p in model.parameters())
+        True
+    """
+
+    def __init__(self, model: torch.nn.Module, config):
+        self.config = config
+        self.device = next(model.parameters()).device
+        self.peft_model = None
+        if config.precision == "bf16":
+            model.to(torch.bfloat16)
+        if config.gradient_checkpointing:
+            if not getattr(model, "supports_gradient_checkpointing", False):
+                raise ValueError(f"{type(model).__name__} does not support gradient checkpointing "
+                                 f"(gradient_checkpointing=True); turn it off")
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if config.lora_r > 0:
+            peft, lora = _lora_config(config, model)
+            # get_peft_model injects the adapters into `model` itself (and freezes its weights)
+            self.peft_model = peft.get_peft_model(model, lora)
+        self.model = model
+        self.has_reference = config.kl_coef > 0
+        self.ref_model = self._frozen_copy(model) if self.has_reference and self.peft_model is None else None
+        self.scheduler = None
+        self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
+
+    @staticmethod
+    def _frozen_copy(model):
+        ref = copy.deepcopy(model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    # -- precision ---------------------------------------------------------------------------------
+    def autocast(self):
+        """The autocast context of the forward pass (a no-op unless ``precision == "bf16-mixed"``)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16-mixed")
+
+    # -- optimiser and schedule --------------------------------------------------------------------
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        c = self.config
+        return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
+
+    def make_scheduler(self, optimizer):
+        """``transformers.get_scheduler`` for the config's schedule; ``None`` for a constant lr without warm-up."""
+        c = self.config
+        if c.lr_schedule == "constant" and c.lr_warmup_steps == 0:
+            return None
+        from transformers import get_scheduler
+
+        name = "constant_with_warmup" if c.lr_schedule == "constant" else c.lr_schedule
+        return get_scheduler(name, optimizer, num_warmup_steps=c.lr_warmup_steps,
+                             num_training_steps=c.lr_total_steps)
+
+    # -- forward passes ----------------------------------------------------------------------------
+    def forward(self, batch: Batch, model=None, with_hidden: bool = False, mask: torch.Tensor | None = None) -> ForwardOutput:
+        """Log-probs and entropy of ``batch``'s tokens (chunked; at ``mask``, default the action mask)."""
+        c = self.config
+        model = model if model is not None else self.model
+        if distributed.is_fsdp_module(model):
+            chunk = 0  # FSDP2 reshards the head's weights after forward: apply it inside the forward
+        else:
+            chunk = c.logits_chunk_size
+            if chunk is None:
+                head = _core_model(model).get_output_embeddings()
+                chunk = default_chunk_size(head.weight.shape[0] if head is not None else 1)
+        with self.autocast():
+            logprobs, entropy, hidden = token_logprobs_and_entropy(
+                model, batch.input_ids, batch.attention_mask, temperature=c.temperature,
+                mask=batch.action_mask if mask is None else mask, chunk_size=chunk, with_hidden=with_hidden)
+        return ForwardOutput(logprobs, entropy, hidden=hidden)
+
+    @contextlib.contextmanager
+    def reference_policy(self):
+        """The model to score the KL reference with: the frozen copy, or the base model (adapters off)."""
+        if self.ref_model is not None:
+            yield self.ref_model
+        elif self.peft_model is not None:
+            with self.peft_model.disable_adapter():
+                yield self.model
+        else:
+            raise RuntimeError("no reference policy: kl_coef is 0")
+
+    # -- the update loop ---------------------------------------------------------------------------
+    def update(self, agent: "Agent", batch: Batch) -> dict[str, float]:
+        """``update_epochs`` passes of minibatches; each minibatch is one optimiser step over its
+        micro-batches' accumulated gradients. ``batch`` is prepared (advantages filled)."""
+        c = self.config
+        parallel = distributed.is_distributed()
+        size = self.local_minibatch_size(len(batch)) if parallel else (c.minibatch_size or len(batch))
+        if getattr(agent, "uses_values", False) and c.loss_agg != "token-mean" and (
+                parallel or (c.micro_batch_size or size) < size):
+            raise ValueError("PPO with micro-batches or data parallel needs loss_agg='token-mean' (its value loss "
+                             "is token-mean; one loss scale must fit both terms)")
+        # one step on the whole batch: the current log-probs detached are π_old exactly (ratio 1)
+        on_policy = c.update_epochs == 1 and size >= len(batch)
+        learner = self.data_parallel_module(agent) if parallel else None  # None: self.model
+        sums: dict[str, float] = {}
+        steps = 0
+        lr = float(agent.optimizer.param_groups[0]["lr"])  # this update's (the scheduler steps after it)
+        self.model.train()
+        tis_stats: dict[str, float] = {}
+        if not on_policy and (c.tis is not None or c.precision != "fp32"):
+            # π_old from the learner itself: the engine's log-probs carry its own kernels and precision
+            tis_stats = self.apply_tis(batch) if c.tis is not None else {}
+            if c.tis is None:
+                batch.old_logprobs = self.learner_logprobs(batch)
+        for _ in range(c.update_epochs):
+            for mb in (batch.minibatches(size, agent._rng) if size < len(batch) else [batch]):
+                stats = self._accumulate(agent, mb, learner, on_policy, tis_stats, parallel)
+                if parallel:
+                    distributed.average_gradients(agent._extra_parameters())
+                if c.max_grad_norm is not None:
+                    stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(agent.parameters(), c.max_grad_norm))
+                agent.optimizer.step()
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                steps += 1
+        if self.scheduler is not None:
+            self.scheduler.step()
+        metrics = {k: v / steps for k, v in sums.items()}
+        metrics["lr"] = lr
+        return distributed.all_reduce_mean(metrics) if parallel else metrics
+
+    def loss_count(self, agent: "Agent", mb: Batch) -> float:
+        """The loss's denominator count of ``mb``: policy tokens for ``token-mean``, rows otherwise."""
+        if self.config.loss_agg == "token-mean":
+            mask = agent.loss_mask(mb) if hasattr(agent, "loss_mask") else mb.action_mask
+            return float(mask.float().sum())
+        return float(len(mb))
+
+    def _accumulate(self, agent, mb: Batch, learner, on_policy: bool, tis_stats, parallel: bool) -> dict[str, float]:
+        """Forward/backward each micro-batch of ``mb``; gradients add up to ``mb``'s gradient.
+
+        A micro-batch's loss is multiplied by ``count(micro) · world / count(mb over all ranks)``: every
+        aggregation mode is a sum over rows divided by such a count, so the sum of the scaled losses is
+        the loss of the minibatch (and, after DDP's averaging, of the global minibatch).
+        """
+        c = self.config
+        world = distributed.world_size() if parallel else 1
+        local_total = self.loss_count(agent, mb)
+        total = distributed.all_reduce_sum(local_total) if parallel else local_total
+        agent.optimizer.zero_grad(set_to_none=True)
+        stats_sum: dict[str, float] = {}
+        loss_sum = 0.0
+        parts = micro_batches(mb, c.micro_batch_size)
+        real = len(parts)
+        if parallel:
+            # every rank runs as many forward/backward passes as the busiest one (DDP and FSDP
+            # communicate in each); a rank with fewer rows repeats one row at loss weight 0
+            parts += [mb.select([0])] * (max(distributed.all_gather_ints(real)) - real)
+        for i, micro in enumerate(parts):
+            padding = i >= real
+            count = 0.0 if padding else self.loss_count(agent, micro)
+            scale = count * world / total if total > 0 else 0.0
+            share = 0.0 if padding else count / local_total if local_total > 0 else len(micro) / len(mb)
+            with self.autocast():
+                out = agent.forward(micro, model=learner, with_values=getattr(agent, "uses_values", False))
+            if on_policy:
+                if c.tis is not None and not padding:
+                    tis_stats = self.apply_tis(micro, out.logprobs.detach())
+                micro.old_logprobs = out.logprobs.detach()
+            with self.autocast():
+                loss, stats = agent.loss(micro, out)
+            stats.update(tis_stats)
+            loss = loss * scale
+            # data parallel: gradients are reduced once, at the last micro-batch
+            with _gradient_sync(learner, enabled=i == len(parts) - 1):
+                loss.backward()
+            loss_sum += float(loss.detach())
+            for k, v in stats.items():
+                stats_sum[k] = stats_sum.get(k, 0.0) + share * float(v)
+        stats_sum["loss"] = loss_sum
+        return stats_sum
+
+    # -- data parallel ------------------------------------------------------------------------------
+    def data_parallel_module(self, agent: "Agent"):
+        """The DDP view of the model (built at the first data-parallel update); an FSDP model as it is."""
+        if self._dp_module is None:
+            if getattr(agent, "uses_values", False) and self.config.loss_agg != "token-mean":
+                raise ValueError("data-parallel PPO needs loss_agg='token-mean' (its value loss is token-mean; "
+                                 "one loss scale must fit both terms)")
+            self._dp_module = (self.model if distributed.is_fsdp_module(self.model)
+                               else distributed.wrap_ddp(self.model))
+            distributed.broadcast_parameters(agent._extra_parameters())
+        return self._dp_module
+
+    def local_minibatch_size(self, local_len: int) -> int:
+        """This rank's share of the (global) ``minibatch_size``."""
+        c = self.config
+        if c.minibatch_size is None:
+            return local_len
+        world = distributed.world_size()
+        if c.minibatch_size % world:
+            raise ValueError(f"minibatch_size ({c.minibatch_size}) is global under data parallel: make it a "
+                             f"multiple of the number of processes ({world})")
+        sizes = distributed.all_gather_ints(local_len)
+        if len(set(sizes)) > 1 and c.minibatch_size // world < max(sizes):
+            raise ValueError(f"minibatches under data parallel need equal per-rank batches (got {sizes}): "
+                             f"make tasks_per_step a multiple of the number of processes")
+        return c.minibatch_size // world
+
+    # -- truncated importance sampling (engine/learner mismatch) -----------------------------------
+    @torch.no_grad()
+    def learner_logprobs(self, batch: Batch) -> torch.Tensor:
+        """The learner's log-probs of ``batch`` with the current weights, micro-batch by micro-batch."""
+        size = self.config.micro_batch_size or self.config.minibatch_size or len(batch)
+        return torch.cat([self.forward(part).logprobs for part in micro_batches(batch, size)], dim=0)
+
+    def apply_tis(self, batch: Batch, learner_logprobs: torch.Tensor | None = None) -> dict[str, float]:
+        """Scale ``batch.advantages`` by the TIS weight; make the learner's log-probs π_old.
+
+        ``batch.old_logprobs`` holds the engine's generation-time log-probs on entry; the weight
+        compares them with ``learner_logprobs`` (the learner's log-probs of the same tokens before
+        the update; computed here when not given). Scaling the advantage by ``w > 0`` multiplies the
+        per-token policy-gradient loss by ``w`` in every surrogate (plain, clipped, dual-clip, GSPO).
+        """
+        c = self.config
+        if learner_logprobs is None:
+            learner_logprobs = self.learner_logprobs(batch)
+        mask = batch.action_mask
+        weights = truncated_importance_weights(learner_logprobs, batch.old_logprobs, mask, c.tis, c.tis_cap)
+        adv = batch.advantages
+        batch.advantages = (adv[:, None] if adv.dim() == 1 else adv) * weights
+        batch.old_logprobs = learner_logprobs
+        truncated = (weights >= c.tis_cap * (1 - 1e-6)).float()
+        return {"tis_weight_mean": float(F.masked_mean(weights, mask)),
+                "tis_truncated_frac": float(F.masked_mean(truncated, mask))}
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+
+
+@contextlib.contextmanager
+def _gradient_sync(module, enabled: bool):
+    """Skip DDP's/FSDP's gradient reduction in this backward unless ``enabled`` (a no-op otherwise)."""
+    if module is None or enabled:
+        yield
+    elif hasattr(module, "set_requires_gradient_sync"):  # FSDP2
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+    elif hasattr(module, "no_sync"):  # DDP, FSDP1
+        with module.no_sync():
+            yield
+    else:
+        yield
+
+
+def check_learner_config(config) -> None:
+    """Validate the learner fields of an ``AgentConfig`` (called from its ``__post_init__``)."""
+    if config.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {config.precision!r}")
+    if config.micro_batch_size is not None and config.micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1 or None, got {config.micro_batch_size}")
+    if config.minibatch_size is not None and config.minibatch_size < 1:
+        raise ValueError(f"minibatch_size must be >= 1 or None, got {config.minibatch_size}")
+    if config.logits_chunk_size is not None and config.logits_chunk_size < 0:
+        raise ValueError(f"logits_chunk_size must be >= 0 (0 = full logits), got {config.logits_chunk_size}")
+    if config.lora_r < 0:
+        raise ValueError(f"lora_r must be >= 0 (0 = no LoRA), got {config.lora_r}")
+    if config.lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {config.lr_schedule!r}")
+    if config.lr_warmup_steps < 0:
+        raise ValueError(f"lr_warmup_steps must be >= 0, got {config.lr_warmup_steps}")
+    if config.lr_schedule != "constant" and not (config.lr_total_steps and config.lr_total_steps > 0):
+        raise ValueError(f"lr_schedule={config.lr_schedule!r} decays to 0 at lr_total_steps: set lr_total_steps "
+                         f"(the number of updates, e.g. the run's --steps)")
+
+
+__all__ += ["check_learner_config"]

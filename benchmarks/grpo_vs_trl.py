@@ -1,0 +1,359 @@
+"""GRPO step time and peak memory, llmgym vs TRL's ``GRPOTrainer``, side by side in one run.
+
+Both sides load the same model directory, get the same prompts and the same reward function (share of
+digits in the completion), and the same batch (``tasks × group`` completions of ``new_tokens``
+tokens, β = 0, one optimiser step per batch, lr 1e-3, no gradient checkpointing on CPU). Each side
+runs in a **fresh process**, one after the other, so its peak RSS (CPU) or
+``torch.cuda.max_memory_allocated`` (GPU) is its own. Step time is the median of the steps after the
+first (warm-up); each process's CPU seconds per step are reported too (on a shared, loaded host
+they track the work done better than wall time).
+
+A second table measures the **memory of one update** (no generation) at ``N = 32`` rows, prompt 32
++ completion 128 tokens, vocabulary 151,936 (a Qwen2-sized vocabulary on a small Llama body), for
+llmgym's chunked log-probs (the default ``logits_chunk_size``: 220 tokens at this vocabulary) and for the full-logits path
+(``logits_chunk_size=0``, the computation llmgym used before the chunked learner).
+
+Usage (TRL is a benchmark-only extra: ``pip install 'llmgym[bench]'``)::
+
+    python benchmarks/grpo_vs_trl.py                   # CPU: tiny (1.1M) and 10M Llama + memory table
+    python benchmarks/grpo_vs_trl.py --device cuda     # GPU: the same, on the GPU
+    python benchmarks/grpo_vs_trl.py --models tiny --steps 4 --no-memory
+    python benchmarks/grpo_vs_trl.py --json results.json
+
+Side-by-side ratios are only meaningful on a quiet machine (2-core hosts shared with other jobs
+inflate every number; see NOTES on thread oversubscription).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+try:  # installed (pip install -e .): llmgym.agents resolves through the package-dir mapping
+    import llmgym.agents  # noqa: F401
+except ImportError:  # a bare source tree: map agents/ and envs/ by hand
+    import llmgym
+
+    llmgym.__path__.append(str(ROOT))
+
+MODELS = {  # TinyModelConfig fields
+    "tiny": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "intermediate_size": 512},
+    "10m": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 2816},
+    "qwen2-0.5b": None,  # the Qwen2-0.5B shape of benchmarks/gpu_check.py (random weights; GPU)
+}
+PROMPTS = [f"Write digits after {a}+{b}=" for a, b in [(3, 4), (12, 7), (5, 55), (81, 9), (2, 2), (40, 4), (6, 13), (9, 90)]]
+MEMORY_SHAPE = {"rows": 32, "prompt": 32, "completion": 128, "vocab": 151_936}
+
+
+def digit_share(text: str) -> float:
+    """The reward: share of digit characters in the completion (a random policy can climb it)."""
+    return sum(ch.isdigit() for ch in text) / max(1, len(text))
+
+
+def _peak() -> dict:
+    import torch
+
+    out = {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return out
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------
+# one side per process
+# ---------------------------------------------------------------------------------------------
+
+
+def side_llmgym(a) -> dict:
+    import torch
+
+    from llmgym import SequenceEnv, Task
+    from llmgym.agents import GRPO
+    from llmgym.models import load_model
+
+    model, tok = load_model(a.model_dir, device=a.device)
+    if model.config.vocab_size > len(tok):  # the byte tokenizer in front of a bigger vocabulary
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from gpu_check import BigVocabTokenizer
+
+        tok = BigVocabTokenizer(tok, model.config.vocab_size)
+    rss_loaded = _peak()
+    agent = GRPO(model, tok, tasks_per_step=a.tasks, group_size=a.group, max_new_tokens=a.new_tokens,
+                 kl_coef=0.0, lr=1e-3, seed=0, precision=a.precision, gradient_checkpointing=a.checkpointing,
+                 engine_decode=a.engine_decode, loss_agg="seq-mean-token-mean")
+    env = SequenceEnv(lambda rng: Task(PROMPTS[int(rng.integers(len(PROMPTS)))]),
+                      lambda task, text: digit_share(text), tok)
+    times, rollout, rewards, cpu = [], [], [], []
+    for _ in range(a.steps):
+        _sync(a.device)
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        batch = agent.collect(env)
+        _sync(a.device)
+        t1 = time.perf_counter()
+        agent.update(batch)
+        _sync(a.device)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        rollout.append(t1 - t0)
+        rewards.append(float(batch.rewards.mean()))
+    return {"step_s": times, "cpu_s": cpu, "rollout_s": rollout, "reward_mean": rewards, "loaded": rss_loaded,
+            "threads": torch.get_num_threads()}
+
+
+def side_trl(a) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(a.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir)
+    if a.device == "cuda":
+        model = model.to("cuda")
+    rss_loaded = _peak()
+
+    def reward(completions, **kwargs):
+        return [digit_share(c) for c in completions]
+
+    times: list[float] = []
+    cpu: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            _sync(a.device)
+            self.c0 = time.process_time()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            _sync(a.device)
+            times.append(time.perf_counter() - self.t0)
+            cpu.append(time.process_time() - self.c0)
+
+    rows = a.tasks * a.group
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=rows,
+        num_generations=a.group, max_completion_length=a.new_tokens, beta=0.0, learning_rate=1e-3,
+        max_steps=a.steps, logging_steps=10_000, save_strategy="no", report_to="none",
+        use_cpu=a.device == "cpu", bf16=a.precision == "bf16-mixed", gradient_checkpointing=a.checkpointing,
+        loss_type="grpo", temperature=1.0, seed=0, disable_dropout=True, dataloader_num_workers=0,
+    )
+    data = Dataset.from_list([{"prompt": p} for p in PROMPTS * (rows * a.steps // len(PROMPTS) + 1)])
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=data,
+                          processing_class=tok, callbacks=[Timer()])
+    trainer.train()
+    return {"step_s": times, "cpu_s": cpu, "loaded": rss_loaded, "threads": torch.get_num_threads()}
+
+
+def side_update_memory(a) -> dict:
+    """One GRPO update (no generation) on a fixed random batch of MEMORY_SHAPE; peak memory."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llmgym import Task
+    from llmgym.agents import GRPO
+    from llmgym.batch import Batch
+    from llmgym.models import build_tokenizer
+    from llmgym.rollout import Episode
+
+    s = {**MEMORY_SHAPE, "rows": a.rows}
+    if a.device == "cpu" and a.mem_cap_gib:  # fail with MemoryError rather than starve a shared machine
+        cap = int(a.mem_cap_gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=s["vocab"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=4, intermediate_size=128, max_position_embeddings=512,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = LlamaForCausalLM(cfg).to(a.device)
+    tok = build_tokenizer()
+    g = torch.Generator().manual_seed(1)
+    episodes = []
+    for i in range(s["rows"]):
+        ids = torch.randint(3, s["vocab"], (s["prompt"] + s["completion"],), generator=g).tolist()
+        rewards = [0.0] * len(ids)
+        rewards[-1] = float(i % 3)
+        episodes.append(Episode(Task(f"t{i // 8}"), i // 8, ids, [0] * s["prompt"] + [1] * s["completion"],
+                                [0.0] * len(ids), rewards, s["prompt"], ["length"]))
+    batch = Batch.from_episodes(episodes, 0)
+    agent = GRPO(model, tok, group_size=8, kl_coef=0.0, max_new_tokens=s["completion"], lr=1e-4,
+                 logits_chunk_size=None if a.chunk < 0 else a.chunk, precision=a.precision, micro_batch_size=a.micro)
+    if a.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    before = _peak()
+    _sync(a.device)
+    t0 = time.perf_counter()
+    try:
+        agent.update(batch)
+    except (MemoryError, RuntimeError) as err:
+        if a.device == "cpu" and a.mem_cap_gib and ("memory" in str(err).lower() or isinstance(err, MemoryError)):
+            return {"error": f"needs more than the {a.mem_cap_gib} GiB address-space cap ({type(err).__name__})",
+                    "rows": s["rows"]}
+        raise
+    _sync(a.device)
+    return {"rows": s["rows"], "update_s": time.perf_counter() - t0, "before_update": before,
+            "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2)}
+
+
+def run_side(a) -> None:
+    import torch
+
+    torch.set_num_threads(a.threads)
+    fn = {"llmgym": side_llmgym, "trl": side_trl, "update-memory": side_update_memory}[a.side]
+    result = fn(a)
+    result.update(_peak())
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver
+# ---------------------------------------------------------------------------------------------
+
+
+def _spawn(args: list[str], timeout: int) -> dict:
+    cmd = [sys.executable, __file__, *args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
+    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+
+
+def _median_after_warmup(times: list[float]) -> float:
+    return statistics.median(times[1:] if len(times) > 1 else times)
+
+
+def build_model_dir(name: str, root: Path) -> Path:
+    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
+
+    import torch
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    if MODELS[name] is None:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from gpu_check import QWEN2_05B
+
+        shape = dict(QWEN2_05B)
+        if os.environ.get("LLMGYM_BENCH_SMOKE") == "1":  # check this path's code on a CPU (numbers meaningless)
+            shape.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=4096)
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                             pad_token_id=tok.pad_token_id))
+    else:
+        model = build_tiny_model(tok, TinyModelConfig(**MODELS[name]))
+    path = root / name
+    save_pretrained(model, tok, path)
+    return path
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--side", choices=["llmgym", "trl", "update-memory"], help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument("--chunk", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--micro", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--rows", type=int, default=MEMORY_SHAPE["rows"], help="rows of the memory table's update (default 32)")
+    p.add_argument("--mem-cap-gib", type=float, default=14.0,
+                   help="CPU: address-space cap of each memory-table process (0 = none)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--models", default="tiny,10m", help="comma-separated: " + ",".join(MODELS))
+    p.add_argument("--tasks", type=int, default=4)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--steps", type=int, default=5, help="steps per side; the first is warm-up")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or (os.cpu_count() or 1))
+    p.add_argument("--precision", default=None, help="llmgym precision (TRL: bf16=True iff bf16-mixed); default: per device")
+    p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on both sides")
+    p.add_argument("--engine-decode", default=None, choices=["eager", "static", "compiled"],
+                   help="HFEngine decoding (default: resolve_device_defaults: static on CPU, compiled on GPU)")
+    p.add_argument("--no-trl", action="store_true")
+    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per side")
+    p.add_argument("--json", type=Path, default=None)
+    a = p.parse_args(argv)
+    from llmgym.agents.learner import resolve_device_defaults
+
+    defaults = resolve_device_defaults(a.device, a.precision, a.engine_decode)
+    a.precision, a.engine_decode = defaults["precision"], defaults["engine_decode"]
+    if a.side:
+        run_side(a)
+        return {}
+
+    import platform
+
+    import torch
+
+    report = {"machine": {"cpu_count": os.cpu_count(), "load_avg_1_5_15": os.getloadavg(), "python": platform.python_version(),
+                          "torch": torch.__version__, "device": a.device, "threads": a.threads,
+                          "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else None},
+              "config": {"tasks": a.tasks, "group": a.group, "new_tokens": a.new_tokens, "steps": a.steps,
+                         "precision": a.precision, "checkpointing": a.checkpointing, "engine_decode": a.engine_decode},
+              "step": {}, "memory": {}}
+    common = ["--device", a.device, "--tasks", str(a.tasks), "--group", str(a.group), "--new-tokens", str(a.new_tokens),
+              "--steps", str(a.steps), "--threads", str(a.threads), "--precision", a.precision,
+              "--engine-decode", a.engine_decode] + (["--checkpointing"] if a.checkpointing else [])
+    with tempfile.TemporaryDirectory(prefix="llmgym-bench-") as tmp:
+        for name in [m for m in a.models.split(",") if m]:
+            model_dir = build_model_dir(name, Path(tmp))
+            row = {}
+            for side in ["llmgym"] + ([] if a.no_trl else ["trl"]):
+                print(f"== {name}: {side}", flush=True)
+                r = _spawn(["--side", side, "--model-dir", str(model_dir), *common], a.timeout)
+                if "step_s" in r:
+                    r["median_step_s"] = round(_median_after_warmup(r["step_s"]), 4)
+                    r["median_cpu_s"] = round(_median_after_warmup(r["cpu_s"]), 4)
+                row[side] = r
+                print("   " + json.dumps({k: v for k, v in r.items() if k in ("median_step_s", "median_cpu_s", "peak_rss_mib", "peak_gpu_mib", "error")}), flush=True)
+            if "median_step_s" in row.get("llmgym", {}) and "median_step_s" in row.get("trl", {}):
+                row["step_ratio_llmgym_over_trl"] = round(row["llmgym"]["median_step_s"] / row["trl"]["median_step_s"], 3)
+                # CPU seconds of the process: less sensitive than wall time to other jobs on a shared host
+                row["cpu_ratio_llmgym_over_trl"] = round(row["llmgym"]["median_cpu_s"] / row["trl"]["median_cpu_s"], 3)
+                key = "peak_gpu_mib" if a.device == "cuda" else "peak_rss_mib"
+                row["memory_ratio_llmgym_over_trl"] = round(row["llmgym"][key] / row["trl"][key], 3)
+            report["step"][name] = row
+    if not a.no_memory:
+        for label, chunk in (("chunked", -1), ("full_logits", 0)):
+            print(f"== update memory: {label}", flush=True)
+            r = _spawn(["--side", "update-memory", "--chunk", str(chunk), "--device", a.device, "--rows", str(a.rows),
+                        "--mem-cap-gib", str(a.mem_cap_gib), "--threads", str(a.threads), "--precision", a.precision],
+                       a.timeout)
+            report["memory"][label] = r
+            print("   " + json.dumps({k: v for k, v in r.items() if k in ("update_s", "peak_rss_mib", "peak_gpu_mib", "error")}), flush=True)
+        m = report["memory"]
+        key = "peak_gpu_mib" if a.device == "cuda" else "peak_rss_mib"
+        if key in m.get("chunked", {}) and key in m.get("full_logits", {}):
+            m["ratio_chunked_over_full"] = round(m["chunked"][key] / m["full_logits"][key], 3)
+    report["machine"]["load_avg_after"] = os.getloadavg()
+    print(json.dumps({"step": {k: {kk: vv for kk, vv in v.items() if "ratio" in kk} for k, v in report["step"].items()},
+                      "memory_ratio": report["memory"].get("ratio_chunked_over_full")}, indent=1))
+    if a.json:
+        a.json.write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()

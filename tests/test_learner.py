@@ -1,0 +1,291 @@
+"""The learner's step mechanics (llmgym.agents.learner): chunked log-probs, micro-batch gradient
+accumulation, precision, gradient checkpointing, LoRA with the adapter-free reference, lr schedules.
+
+Each mechanic is checked against the plain computation it replaces: same log-probs, same gradient,
+same update.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmgym import Task
+from llmgym.agents import AGENTS, GRPO
+from llmgym.agents.learner import micro_batches, resolve_device_defaults, token_logprobs_and_entropy
+from llmgym.batch import Batch
+from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+from llmgym.rollout import Episode
+
+GROUP = 2
+MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _tiny(seed: int = 0):
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    cfg = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    return build_tiny_model(tok, cfg), tok
+
+
+def _fixed_batch(tok, lengths=(1, 7, 2, 2, 6, 4, 3, 5), truncate=(1, 4)) -> Batch:
+    """Groups of 2 with unequal completion lengths, rewards that differ within each group."""
+    episodes = []
+    for i, n in enumerate(lengths):
+        prompt = tok.encode(f"p{i // GROUP}:")
+        completion = [40 + (7 * i + 3 * t) % 50 for t in range(n)]
+        ids = prompt + completion
+        rewards = [0.0] * len(ids)
+        rewards[-1] = float((i * 3) % 4) / 3.0
+        finish = ["length"] if i in truncate else ["stop"]
+        episodes.append(Episode(Task(f"t{i // GROUP}"), i // GROUP, ids, [0] * len(prompt) + [1] * n,
+                                [-1.0] * len(ids), rewards, len(prompt), finish))
+    return Batch.from_episodes(episodes, tok.pad_token_id)
+
+
+def _update(agent_name="grpo", seed=0, **config):
+    """One SGD update of a fresh tiny model on the fixed batch; returns (new state, metrics, agent)."""
+    model, tok = _tiny(seed)
+    extra = {"group_size": GROUP} if agent_name in ("grpo", "dapo", "drgrpo", "gspo", "rloo") else {}
+    config = {"kl_coef": 0.0, "max_new_tokens": 8, "entropy_coef": 0.01, "max_grad_norm": 1.0, **extra, **config}
+    agent = AGENTS[agent_name](model, tok, **config)
+    # SGD compares the gradients themselves (Adam's first step is ≈ lr·sign(g))
+    agent.optimizer = torch.optim.SGD(agent.parameters(), lr=0.5)
+    metrics = agent.update(_fixed_batch(tok))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, metrics, agent
+
+
+def _assert_same_state(a, b, atol=1e-6):
+    for k in a:
+        assert torch.allclose(a[k].float(), b[k].float(), rtol=1e-5, atol=atol), \
+            f"{k} differs by {float((a[k].float() - b[k].float()).abs().max()):.3g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# chunked log-probs
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 4096])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_and_entropy_equal_full_logits(chunk, temperature):
+    model, tok = _tiny()
+    batch = _fixed_batch(tok)
+    args = (model, batch.input_ids, batch.attention_mask)
+    mask = batch.action_mask
+    lp_full, ent_full, _ = token_logprobs_and_entropy(*args, temperature=temperature, mask=mask, chunk_size=0)
+    (lp_full.sum() + ent_full.sum()).backward()
+    grads_full = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    lp, ent, _ = token_logprobs_and_entropy(*args, temperature=temperature, mask=mask, chunk_size=chunk)
+    (lp.sum() + ent.sum()).backward()
+    assert torch.allclose(lp, lp_full, atol=1e-5) and torch.allclose(ent, ent_full, atol=1e-5)
+    assert bool((lp[mask.bool()] < 0).all()) and bool((lp[~mask.bool()] == 0).all())
+    for n, p in model.named_parameters():
+        assert torch.allclose(p.grad, grads_full[n], atol=1e-5), n
+
+
+def test_chunked_forward_returns_the_value_heads_hidden_states():
+    model, tok = _tiny()
+    batch = _fixed_batch(tok)
+    _, _, hidden = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, chunk_size=4, with_hidden=True)
+    _, _, hidden_full = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, chunk_size=0, with_hidden=True)
+    assert hidden.shape == (*batch.action_mask.shape, 32) and torch.allclose(hidden, hidden_full, atol=1e-6)
+
+
+def test_the_learner_never_materialises_batch_logits():
+    """The LM head only ever sees ``logits_chunk_size`` rows (the batch has far more policy tokens)."""
+    model, tok = _tiny()
+    seen = []
+    model.get_output_embeddings().register_forward_hook(lambda m, i, o: seen.append(o.shape[:-1].numel()))
+    agent = GRPO(model, tok, group_size=GROUP, kl_coef=0.0, logits_chunk_size=4)
+    agent.update(_fixed_batch(tok))
+    batch = _fixed_batch(tok)
+    assert batch.num_tokens > 4 * 5 and max(seen) <= len(batch)  # chunks of 4; logits_to_keep=1 rows
+    assert sum(s for s in seen if s <= 4) >= batch.num_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# micro-batches with gradient accumulation
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("micro", [1, 3])
+def test_micro_batches_accumulate_the_full_batch_gradient(mode, micro):
+    full, full_metrics, _ = _update(loss_agg=mode)
+    acc, acc_metrics, _ = _update(loss_agg=mode, micro_batch_size=micro)
+    initial = _tiny()[0].state_dict()
+    assert max(float((full[k] - initial[k]).abs().max()) for k in full) > 1e-3, "the update should move"
+    _assert_same_state(acc, full)
+    assert abs(acc_metrics["loss"] - full_metrics["loss"]) < 1e-5
+    assert abs(acc_metrics["grad_norm"] - full_metrics["grad_norm"]) < 1e-4
+
+
+@pytest.mark.parametrize("name,mode", [("dapo", "token-mean"), ("ppo", "token-mean"), ("rloo", "seq-mean-token-sum"),
+                                       ("reinforce++", "token-mean")])
+def test_micro_batches_match_for_other_agents(name, mode):
+    """DAPO masks truncated completions out of the token count; PPO adds a value loss."""
+    full, _, _ = _update(name, loss_agg=mode, minibatch_size=None, update_epochs=1)
+    acc, _, _ = _update(name, loss_agg=mode, minibatch_size=None, update_epochs=1, micro_batch_size=3)
+    _assert_same_state(acc, full)
+
+
+def test_micro_batches_inside_minibatches():
+    """minibatch_size = rows per optimiser step; micro_batch_size = rows per backward."""
+    two_steps, _, _ = _update(minibatch_size=4)
+    accumulated, _, _ = _update(minibatch_size=4, micro_batch_size=1)
+    _assert_same_state(accumulated, two_steps)
+    one_step, _, _ = _update()
+    assert any(not torch.allclose(two_steps[k], one_step[k], atol=1e-5) for k in one_step)
+
+
+def test_ppo_micro_batches_need_token_mean():
+    with pytest.raises(ValueError, match="token-mean"):
+        _update("ppo", loss_agg="seq-mean-token-mean", micro_batch_size=2, minibatch_size=None)
+
+
+def test_micro_batches_split_in_order():
+    _, tok = _tiny()
+    batch = _fixed_batch(tok)
+    parts = micro_batches(batch, 3)
+    assert [len(p) for p in parts] == [3, 3, 2]
+    assert torch.equal(torch.cat([p.input_ids for p in parts]), batch.input_ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# precision, gradient checkpointing
+# ---------------------------------------------------------------------------------------------
+
+
+def test_bf16_mixed_autocasts_over_float32_master_weights():
+    fp32, _, _ = _update()
+    mixed, metrics, agent = _update(precision="bf16-mixed")
+    assert all(p.dtype == torch.float32 for p in agent.model.parameters())
+    assert all(v.dtype == torch.float32 for v in mixed.values() if v.is_floating_point())
+    # the forward ran in bf16: close to float32, not equal
+    batch = _fixed_batch(agent.tokenizer)
+    out_mixed = agent.forward(batch)
+    agent.config.precision = "fp32"
+    out_fp32 = agent.forward(batch)
+    diff = float((out_mixed.logprobs - out_fp32.logprobs).detach().abs().max())
+    assert 0 < diff < 0.1
+    assert metrics["loss"] == metrics["loss"]  # finite
+    initial = _tiny()[0].state_dict()
+    moved = {k: (mixed[k] - initial[k]).abs().max() for k in initial}
+    assert max(float(v) for v in moved.values()) > 1e-3
+
+
+def test_bf16_weights_are_an_explicit_choice():
+    state, metrics, agent = _update(precision="bf16")
+    assert all(p.dtype == torch.bfloat16 for p in agent.model.parameters())
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    fp32, _, _ = _update()
+    # a bf16 step lands near the float32 step
+    for k in fp32:
+        assert torch.allclose(state[k].float(), fp32[k], atol=0.05), k
+
+
+def test_gradient_checkpointing_gives_the_same_update():
+    plain, _, _ = _update(micro_batch_size=3)
+    ckpt, _, agent = _update(micro_batch_size=3, gradient_checkpointing=True)
+    assert getattr(agent.model, "is_activation_checkpointing", None) or agent.model.is_gradient_checkpointing
+    _assert_same_state(ckpt, plain)
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA: the reference is the base model with the adapters disabled
+# ---------------------------------------------------------------------------------------------
+
+
+def test_lora_trains_adapters_and_scores_the_reference_without_a_copy():
+    pytest.importorskip("peft")
+    model, tok = _tiny()
+    batch = _fixed_batch(tok)
+    with torch.no_grad():
+        base_lp, _, _ = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask)
+    base_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    agent = GRPO(model, tok, group_size=GROUP, kl_coef=0.1, lora_r=4, lr=0.05, max_new_tokens=8)
+    assert agent.ref_model is None and agent.has_reference
+    trained = agent.parameters()
+    assert trained and all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    assert sum(p.numel() for p in trained) < 0.5 * sum(p.numel() for p in model.parameters())
+    for _ in range(3):
+        metrics = agent.update(_fixed_batch(tok))
+    # the policy moved ...
+    with torch.no_grad():
+        policy_lp = agent.forward(batch.to(agent.device)).logprobs
+        ref_lp = agent.reference_logprobs(batch)
+    assert float((policy_lp - base_lp).abs().max()) > 1e-3
+    assert metrics["kl"] > 0
+    # ... the reference is still the base model, and the base weights are untouched
+    assert torch.allclose(ref_lp, base_lp, atol=1e-6)
+    for k, v in model.state_dict().items():
+        name = k.replace(".base_layer", "").replace("base_model.model.", "")
+        if "lora_" not in k and name in base_weights:
+            assert torch.equal(v, base_weights[name]), k
+
+
+def test_lora_agent_learns_through_its_engine():
+    pytest.importorskip("peft")
+    import gymnasium
+
+    import llmgym  # noqa: F401  (registers the envs)
+
+    model, tok = _tiny()
+    agent = GRPO(model, tok, tasks_per_step=2, group_size=GROUP, max_new_tokens=4, kl_coef=0.05, lora_r=2)
+    row = agent.learn(gymnasium.make("llmgym/Copy-v0", tokenizer=tok), steps=1)[0]
+    assert row["step"] == 1 and row["kl"] == row["kl"]
+
+
+# ---------------------------------------------------------------------------------------------
+# learning-rate schedule
+# ---------------------------------------------------------------------------------------------
+
+
+def test_warmup_then_cosine_decay():
+    model, tok = _tiny()
+    agent = GRPO(model, tok, group_size=GROUP, kl_coef=0.0, lr=1e-2, lr_warmup_steps=2,
+                 lr_schedule="cosine", lr_total_steps=6)
+    lrs = [agent.update(_fixed_batch(tok))["lr"] for _ in range(6)]
+    assert lrs[0] == 0.0 and lrs[1] == pytest.approx(5e-3) and lrs[2] == pytest.approx(1e-2)
+    assert lrs[2] > lrs[3] > lrs[4] > lrs[5] > 0
+    # the schedule resumes from a checkpoint
+    state = agent.state_dict()
+    other = GRPO(_tiny()[0], tok, group_size=GROUP, kl_coef=0.0, lr=1e-2, lr_warmup_steps=2,
+                 lr_schedule="cosine", lr_total_steps=6)
+    other.load_state_dict(state)
+    assert other.optimizer.param_groups[0]["lr"] == pytest.approx(agent.optimizer.param_groups[0]["lr"])
+
+
+def test_constant_lr_has_no_scheduler():
+    _, metrics, agent = _update()
+    assert agent.learner.scheduler is None and metrics["lr"] == 0.5
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"precision": "fp16"}, "precision"), ({"micro_batch_size": 0}, "micro_batch_size"),
+    ({"lr_schedule": "cosine"}, "lr_total_steps"), ({"lr_schedule": "step"}, "lr_schedule"),
+    ({"lora_r": -1}, "lora_r"), ({"logits_chunk_size": -1}, "logits_chunk_size"),
+])
+def test_bad_learner_settings_are_named(bad, match):
+    model, tok = _tiny()
+    with pytest.raises(ValueError, match=match):
+        GRPO(model, tok, **bad)
+
+
+def test_device_defaults_on_this_machine():
+    d = resolve_device_defaults()
+    assert d["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        assert d == {"device": "cpu", "precision": "fp32", "engine_decode": "static"}
+    assert resolve_device_defaults("cuda", "fp32", "static") == {"device": "cuda", "precision": "fp32",
+                                                                 "engine_decode": "static"}

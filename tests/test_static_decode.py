@@ -1,0 +1,97 @@
+"""HFEngine's static-KV-cache and compiled decoding paths keep the eager path's keyed sampling:
+same keys ⇒ same tokens (float32, CPU), log-probs within the engine contract's tolerance.
+
+The compiled test runs ``torch.compile`` (inductor needs a C compiler; on a 2-core CPU the first
+compilation takes about a minute), so it runs only on a GPU machine or with ``LLMGYM_TEST_COMPILE=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from llmgym.engines import HFEngine, SamplingParams
+from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_and_tok():
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    return build_tiny_model(tok, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128)), tok
+
+
+def _prompts(tok):
+    return [tok.encode("7*6="), tok.encode("hello world 12"), tok.encode("a")]  # unequal: left padding
+
+
+def _same(a, b):
+    return [[c.token_ids for c in g] for g in a] == [[c.token_ids for c in g] for g in b]
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
+def test_static_cache_gives_the_eager_tokens(model_and_tok, temperature, top_p):
+    model, tok = model_and_tok
+    torch.set_num_threads(1)
+    params = SamplingParams(n=3, max_new_tokens=20, seed=5, temperature=temperature, top_p=top_p)
+    eager = HFEngine(model, tok).generate(_prompts(tok), params)
+    engine = HFEngine(model, tok, decode="static")
+    static = engine.generate(_prompts(tok), params)
+    assert _same(eager, static)
+    gap = max(abs(x - y) for g, h in zip(eager, static) for a, b in zip(g, h) for x, y in zip(a.logprobs, b.logprobs))
+    assert gap < 1e-4
+    # the cache is reused (reset, not reallocated) by the next call of the same shape, and stays exact
+    again = engine.generate(_prompts(tok), params)
+    assert _same(again, static) and len(engine._static._caches) == 1
+
+
+def test_static_cache_logprobs_match_teacher_forcing(model_and_tok):
+    model, tok = model_and_tok
+    engine = HFEngine(model, tok, decode="static")
+    for c in engine.generate(_prompts(tok), SamplingParams(n=2, max_new_tokens=12, seed=1, temperature=0.7))[1]:
+        forced = engine.logprobs(c.prompt_ids, c.token_ids, temperature=0.7)
+        assert max(abs(a - b) for a, b in zip(c.logprobs, forced)) < 1e-4
+
+
+def test_static_cache_stops_at_eos_and_stop_strings(model_and_tok):
+    model, tok = model_and_tok
+    params = SamplingParams(n=4, max_new_tokens=16, seed=2, stop=("1",))
+    eager = HFEngine(model, tok).generate(_prompts(tok), params)
+    static = HFEngine(model, tok, decode="static").generate(_prompts(tok), params)
+    assert _same(eager, static)
+    assert [c.finish_reason for g in eager for c in g] == [c.finish_reason for g in static for c in g]
+
+
+def test_unknown_decode_mode_is_named(model_and_tok):
+    model, tok = model_and_tok
+    with pytest.raises(ValueError, match="decode must be one of"):
+        HFEngine(model, tok, decode="fast")
+
+
+def _compile_reason() -> str | None:
+    if torch.cuda.is_available() or os.environ.get("LLMGYM_TEST_COMPILE") == "1":
+        if not torch.cuda.is_available() and not (shutil.which("cc") or shutil.which("gcc")):
+            return "torch.compile on CPU needs a C compiler (cc/gcc not found)"
+        return None
+    return "torch.compile takes ~1 min on a 2-core CPU: set LLMGYM_TEST_COMPILE=1 to run it (runs on a GPU)"
+
+
+@pytest.mark.skipif(_compile_reason() is not None, reason=_compile_reason() or "")
+def test_compiled_step_gives_the_eager_tokens():
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = model.to(device)
+    params = SamplingParams(n=2, max_new_tokens=8, seed=3)
+    eager = HFEngine(model, tok).generate(_prompts(tok), params)
+    engine = HFEngine(model, tok, decode="compiled")
+    compiled = engine.generate(_prompts(tok), params)
+    assert _same(eager, compiled)
+    gap = max(abs(x - y) for g, h in zip(eager, compiled) for a, b in zip(g, h) for x, y in zip(a.logprobs, b.logprobs))
+    assert gap < 1e-4
+    other = SamplingParams(n=2, max_new_tokens=8, seed=4)
+    assert _same(engine.generate(_prompts(tok), other), HFEngine(model, tok).generate(_prompts(tok), other))
