@@ -412,6 +412,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=default_out)
     parser.add_argument("--quick", action="store_true", help="smaller batches and fewer tokens")
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--only", metavar="S1,S2", help="run only these sections (e.g. grpo_step_hf,grpo_vs_trl)")
     parser.add_argument("--test-timeout", type=int, default=420)
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="check this script's code paths on CPU with a tiny Qwen2 shape (numbers meaningless)")
@@ -431,6 +432,9 @@ def main(argv=None) -> int:
     batches = [1, 16] if args.quick else [1, 16, 64]
     new_tokens = 32 if args.quick else 128
     report = Report(args.out)
+    if args.only:
+        wanted = set(args.only.split(",")) | {"environment"}
+        report.run = (lambda run: lambda name, *a: run(name, *a) if name in wanted else None)(report.run)
     report.data["mode"] = "cpu-smoke (tiny Qwen2 shape; numbers meaningless)" if args.cpu_smoke else "gpu"
     if not args.cpu_smoke:
         report.run("environment", environment)

@@ -87,7 +87,9 @@ class HFEngine:
             (static cache + a ``torch.compile``-d step, CUDA graphs on a GPU); see
             :mod:`llmgym.engines.static_decode`. Same keys, same tokens in every mode.
         autocast_dtype: run generation under ``torch.autocast`` with this dtype (e.g.
-            ``torch.bfloat16`` over float32 weights); ``None`` = the weights' dtype.
+            ``torch.bfloat16`` over float32 weights); ``None`` = the weights' dtype. The static and
+            compiled modes always decode in the weights' dtype (a static cache holds one dtype, and
+            autocast makes keys and values differ); load bf16 weights for bf16 decoding there.
 
     Example:
         >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig

@@ -44,8 +44,11 @@ def _cache_len(width: int, max_new_tokens: int) -> int:
 
 
 def _step(model, cache_arg: str, input_ids, attention_mask, position_ids, cache):
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                use_cache=True, **{cache_arg: cache})
+    # in the weights' dtype, never under autocast: there RoPE turns keys float32 while values stay
+    # bf16, and a static cache (one dtype for both) fails in index_copy_ (seen on an H200)
+    with torch.autocast(input_ids.device.type, enabled=False):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    use_cache=True, **{cache_arg: cache})
     return out.logits[:, -1, :]
 
 
