@@ -12,13 +12,16 @@ Example:
 
 from llmgym.agents.base import Agent, AgentConfig
 from llmgym.agents.dapo import DAPO, DAPOConfig
+from llmgym.agents.dpo import DPO, DPOConfig
 from llmgym.agents.grpo import GRPO, GSPO, DrGRPO, DrGRPOConfig, GRPOConfig, GSPOConfig
 from llmgym.agents.ppo import PPO, PPOConfig
 from llmgym.agents.reinforce import REINFORCE, REINFORCEConfig, REINFORCEPlusPlus, REINFORCEPlusPlusConfig, ReMax, ReMaxConfig
+from llmgym.agents.rejection_sampling import RejectionSampling, RejectionSamplingConfig
 from llmgym.agents.rloo import RLOO, RLOOConfig
 
 AGENTS: dict[str, type[Agent]] = {
-    cls.name: cls for cls in (REINFORCE, RLOO, PPO, GRPO, DAPO, DrGRPO, GSPO, REINFORCEPlusPlus, ReMax)
+    cls.name: cls for cls in (REINFORCE, RLOO, PPO, GRPO, DAPO, DrGRPO, GSPO, REINFORCEPlusPlus, ReMax,
+                 DPO, RejectionSampling)
 }
 """Agents by their command-line name."""
 
@@ -27,4 +30,5 @@ __all__ = [
     "REINFORCE", "REINFORCEConfig", "RLOO", "RLOOConfig", "PPO", "PPOConfig",
     "GRPO", "GRPOConfig", "DAPO", "DAPOConfig", "DrGRPO", "DrGRPOConfig", "GSPO", "GSPOConfig",
     "REINFORCEPlusPlus", "REINFORCEPlusPlusConfig", "ReMax", "ReMaxConfig",
+    "DPO", "DPOConfig", "RejectionSampling", "RejectionSamplingConfig",
 ]
