@@ -191,16 +191,33 @@ class DPO(Agent):
         logratios = F.masked_sum(out.logprobs - batch.ref_logprobs, batch.action_mask, dim=-1)
         chosen, rejected = logratios[batch.advantages > 0], logratios[batch.advantages < 0]
         loss = F.preference_loss(chosen, rejected, c.kl_coef, c.loss_type, c.label_smoothing).mean()
-        reward_chosen, reward_rejected = (c.kl_coef * chosen).detach(), (c.kl_coef * rejected).detach()
         stats = self.policy_stats(batch, out)
-        stats.update({
-            "kl": float(F.masked_mean(F.kl_k1(out.logprobs.detach(), batch.ref_logprobs), batch.action_mask)),
-            "reward_accuracy": float((reward_chosen > reward_rejected).float().mean()),
-            "reward_margin": float((reward_chosen - reward_rejected).mean()),
-            "reward_chosen": float(reward_chosen.mean()),
-            "reward_rejected": float(reward_rejected.mean()),
-        })
+        stats["kl"] = float(F.masked_mean(F.kl_k1(out.logprobs.detach(), batch.ref_logprobs), batch.action_mask))
+        stats.update(self._implicit_reward_stats(chosen.detach(), rejected.detach()))
         return loss, stats
+
+    def _implicit_reward_stats(self, chosen_logratios, rejected_logratios) -> dict[str, float]:
+        reward_chosen, reward_rejected = self.config.kl_coef * chosen_logratios, self.config.kl_coef * rejected_logratios
+        return {"reward_accuracy": float((reward_chosen > reward_rejected).float().mean()),
+                "reward_margin": float((reward_chosen - reward_rejected).mean()),
+                "reward_chosen": float(reward_chosen.mean()),
+                "reward_rejected": float(reward_rejected.mean())}
+
+    @torch.no_grad()
+    def preference_metrics(self, pairs: Any) -> dict[str, float]:
+        """Implicit-reward accuracy and margin of the current policy on ``pairs`` (e.g. held out); no update.
+
+        ``reward_accuracy`` is the share of pairs with ``β·log π/π_ref`` higher on the chosen completion.
+        """
+        batch = pair_batch(load_preferences(pairs), self.tokenizer).to(self.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            logratios = F.masked_sum(self.forward(batch).logprobs - self.reference_logprobs(batch),
+                                     batch.action_mask, dim=-1)
+        finally:
+            self.model.train(was_training)
+        return {**self._implicit_reward_stats(logratios[0::2], logratios[1::2]), "pairs": float(len(batch) // 2)}
 
     def update(self, batch: Batch) -> dict[str, float]:
         extra = {k: batch.stats[k] for k in ("pairs", "pair_reward_gap") if k in batch.stats}
