@@ -77,8 +77,10 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="where to save the reward model and pairs (default: a temp dir)")
     args = parser.parse_args()
     steps = {"sft": 80, "rm": 60, "ppo": 30, "dpo": 20, "rs": 10, "judge": 150}
+    data = {"sft": 3000, "pairs": 32, "judge": 3000, "judged": 4}  # examples / samples per prompt
     if args.quick:
         steps = {k: 2 for k in steps}
+        data = {"sft": 100, "pairs": 4, "judge": 100, "judged": 1}
     torch.manual_seed(0)
     out = Path(args.out or tempfile.mkdtemp(prefix="llmgym-rlhf-"))
     tokenizer = build_tokenizer()
@@ -87,12 +89,12 @@ def main() -> None:
 
     # 1. SFT
     sft = build_tiny_model(tokenizer, config)
-    supervised_warmup(sft, tokenizer, sft_data(3000, rng), steps=steps["sft"], batch_size=32, lr=3e-3)
+    supervised_warmup(sft, tokenizer, sft_data(data["sft"], rng), steps=steps["sft"], batch_size=32, lr=3e-3)
     start = hidden_score(sft, tokenizer)
     print(f"1. SFT policy: hidden preference score {start:.3f}")
 
     # 2. preference pairs, labelled by the hidden preference (ties dropped)
-    episodes = samples(sft, tokenizer, hidden_preference, per_prompt=32, seed=0)
+    episodes = samples(sft, tokenizer, hidden_preference, per_prompt=data["pairs"], seed=0)
     pairs = []
     for a, b in zip(episodes[0::2], episodes[1::2]):
         if a.total_reward != b.total_reward:
@@ -138,9 +140,9 @@ def main() -> None:
     question = "Is the response mostly digits?"
     template_judge = JudgeVerifier(HFEngine(judge_model, tokenizer), question)
     judge_data = [(template_judge.judge_prompt(Task(p), text), " yes" if hidden_preference(None, text) > 0.5 else " no")
-                  for p, text in sft_data(3000, rng)]
+                  for p, text in sft_data(data["judge"], rng)]
     supervised_warmup(judge_model, tokenizer, judge_data, steps=steps["judge"], batch_size=32, lr=3e-3)
-    judged = samples(sft, tokenizer, hidden_preference, per_prompt=4, seed=7)
+    judged = samples(sft, tokenizer, hidden_preference, per_prompt=data["judged"], seed=7)
     tasks, texts = [e.task for e in judged], [e.info["completion"] for e in judged]
     truth = [hidden_preference(None, t) > 0.5 for t in texts]
     binary = [s.reward for s in template_judge.verify_batch(tasks, texts)]

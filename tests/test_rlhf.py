@@ -249,3 +249,16 @@ def test_rejection_sampling_keeps_each_groups_best_above_threshold(tiny_model, t
 
 def test_new_agents_are_registered():
     assert AGENTS["dpo"] is DPO and AGENTS["rejection-sampling"] is RejectionSampling
+
+
+def test_rlhf_pipeline_example_runs_quick(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "rlhf_pipeline.py"
+    result = subprocess.run([sys.executable, str(script), "--quick", "--out", str(tmp_path)], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [line[:2] for line in result.stdout.splitlines() if line[:1].isdigit()] == [f"{i}." for i in range(1, 8)]
+    assert (tmp_path / "reward_model" / "config.json").is_file() and (tmp_path / "train_pairs.jsonl").is_file()
