@@ -115,6 +115,12 @@ def pair_batch(pairs: list[PreferencePair], tokenizer: Any) -> Batch:
     return Batch.from_episodes(episodes, pad)
 
 
+def _sampled_entropy(batch: Batch) -> float:
+    """``−mean log π`` of the sampled tokens: a Monte Carlo estimate of the policy's per-token entropy,
+    reported on steps with nothing to learn (no forward pass was made)."""
+    return float(-F.masked_mean(batch.old_logprobs, batch.action_mask))
+
+
 class DPO(Agent):
     """Direct preference optimisation: offline from preference pairs, or online from env groups.
 
@@ -175,10 +181,18 @@ class DPO(Agent):
         batch = sampled.select(rows)
         batch.stats = {**sampled.stats, "reward_mean": float(sampled.rewards.mean()),
                        "reward_std": float(sampled.rewards.std()) if len(sampled) > 1 else 0.0,
-                       "pairs": float(len(rows) // 2), "pair_reward_gap": float(gap.mean())}
+                       "pairs": float(len(rows) // 2), "pair_reward_gap": float(gap.mean()),
+                       "sampled_entropy": _sampled_entropy(sampled)}
         return batch
 
     # -- the algorithm ---------------------------------------------------------------------------
+    def prepare(self, batch: Batch) -> Batch:
+        # DPO always needs π_ref, and takes it only from reference_logprobs (the one place a LoRA
+        # learner switches to the adapter-disabled base), whatever holds the reference
+        batch.ref_logprobs = self.reference_logprobs(batch)
+        self.compute_advantages(batch)
+        return batch
+
     def compute_advantages(self, batch: Batch) -> None:
         # the preference label is DPO's only "advantage": +1 on the chosen row, −1 on the rejected one
         if len(batch) % 2:
@@ -221,7 +235,7 @@ class DPO(Agent):
 
     def update(self, batch: Batch) -> dict[str, float]:
         extra = {k: batch.stats[k] for k in ("pairs", "pair_reward_gap") if k in batch.stats}
-        if len(batch) == 0:  # online: every group tied, no pair to learn from this step
+        if len(batch) == 0:  # online: every group tied, no pair to learn from this step: no update
             self.step_count += 1
-            return extra
+            return {**extra, "loss": 0.0, "entropy": batch.stats.get("sampled_entropy", math.nan)}
         return {**super().update(batch), **extra}

@@ -77,7 +77,9 @@ class RejectionSampling(Agent):
         batch.stats = {**sampled.stats, "reward_mean": float(sampled.rewards.mean()),
                        "reward_std": float(sampled.rewards.std()) if len(sampled) > 1 else 0.0,
                        "kept": float(len(rows)), "kept_frac": len(rows) / rewards.shape[0],
-                       "kept_reward_mean": float(best_reward[keep].mean()) if rows else float("nan")}
+                       "kept_reward_mean": float(best_reward[keep].mean()) if rows else float("nan"),
+                       # −mean log π of the sampled tokens (a Monte Carlo entropy estimate), for steps with no update
+                       "sampled_entropy": float(-F.masked_mean(sampled.old_logprobs, sampled.action_mask))}
         return batch
 
     def compute_advantages(self, batch: Batch) -> None:
@@ -92,5 +94,5 @@ class RejectionSampling(Agent):
                 **{k: batch.stats[k] for k in ("kept_frac", "kept_reward_mean") if k in batch.stats}}
         if len(batch) == 0:  # nothing reached the threshold: no step (the policy and optimiser stay)
             self.step_count += 1
-            return kept
+            return {**kept, "loss": 0.0, "entropy": batch.stats["sampled_entropy"]}
         return {**super().update(batch), **kept}

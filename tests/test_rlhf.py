@@ -244,7 +244,7 @@ def test_rejection_sampling_keeps_each_groups_best_above_threshold(tiny_model, t
     assert sampled_best >= batch.stats["reward_mean"]
     strict = RejectionSampling(tiny_model, tokenizer, tasks_per_step=3, group_size=4, max_new_tokens=6, threshold=99.0)
     row = strict.learn(lengths, steps=1)[0]
-    assert row["kept"] == 0.0 and strict.step_count == 1
+    assert row["kept"] == 0.0 and strict.step_count == 1 and row["loss"] == 0.0 and row["entropy"] > 0
 
 
 def test_new_agents_are_registered():
