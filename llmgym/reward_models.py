@@ -35,6 +35,7 @@ __all__ = [
     "reward_scores",
     "pairwise_accuracy",
     "train_reward_model",
+    "fit_reward_model",
     "RewardModelVerifier",
 ]
 
@@ -251,6 +252,79 @@ def train_reward_model(
             break
     model.eval()
     return history
+
+
+def fit_reward_model(
+    model: str | os.PathLike,
+    pairs: PreferenceSource,
+    out_dir: str | os.PathLike,
+    *,
+    eval_pairs: PreferenceSource | None = None,
+    held_out: float = 0.1,
+    steps: int = 200,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    eval_every: int = 50,
+    callback: Callable[[dict[str, float]], Any] | None = None,
+) -> dict[str, Any]:
+    """The whole job of ``llmgym rm``: load, train on pairs, evaluate held out, save.
+
+    ``model`` is a causal LM (a directory, a hub id, or ``"tiny"``: a new scalar head goes on its
+    backbone) or a reward model saved earlier (training continues). Without ``eval_pairs`` a seeded
+    ``held_out`` share of ``pairs`` is held out. Writes the reward model and tokenizer
+    (``save_pretrained``) and ``metrics.jsonl`` (one row per step) to ``out_dir``; returns
+    ``{"out_dir", "train_pairs", "eval_pairs", "history", "eval"}`` (``eval``: the final
+    :func:`pairwise_accuracy` on the held-out pairs).
+
+    Example:
+        >>> import tempfile
+        >>> from llmgym.reward_models import fit_reward_model, RewardModelVerifier
+        >>> pairs = [("q", "1234", "abcd"), ("q", "98", "xy"), ("q", "7", "z"), ("q", "55", "ab")]
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     report = fit_reward_model("tiny", pairs, d, eval_pairs=pairs, steps=20, batch_size=4, lr=1e-2)
+        ...     verifier = RewardModelVerifier(d)
+        >>> report["eval"]["accuracy"], report["train_pairs"]
+        (1.0, 4)
+    """
+    from llmgym.logging import MetricsLogger
+    from llmgym.models import load_model, save_pretrained
+    from llmgym.preferences import split_preferences
+
+    pairs = load_preferences(pairs)
+    if eval_pairs is not None:
+        train, test = pairs, load_preferences(eval_pairs)
+    elif len(pairs) < 2:
+        raise ValueError(f"need at least 2 pairs to hold some out (got {len(pairs)}); or pass eval_pairs")
+    else:
+        train, test = split_preferences(pairs, held_out=held_out, seed=seed)
+    config_path = os.path.join(str(model), "config.json")
+    architectures = []
+    if os.path.isfile(config_path):
+        import json
+
+        with open(config_path, encoding="utf-8") as f:
+            architectures = json.load(f).get("architectures") or []
+    if any(a.endswith("ForSequenceClassification") for a in architectures):
+        rm, tokenizer = load_reward_model(model)
+    else:
+        lm, tokenizer = load_model(model)
+        rm = reward_model_from_causal_lm(lm)
+    logger = MetricsLogger(out_dir)
+
+    def log(row: dict[str, float]):
+        logger.log(row)
+        return callback(row) if callback is not None else None
+
+    try:
+        history = train_reward_model(rm, tokenizer, train, eval_pairs=test, steps=steps, batch_size=batch_size, lr=lr,
+                                     weight_decay=weight_decay, seed=seed, eval_every=eval_every, callback=log)
+    finally:
+        logger.close()
+    save_pretrained(rm, tokenizer, out_dir)
+    return {"out_dir": str(out_dir), "train_pairs": len(train), "eval_pairs": len(test), "history": history,
+            "eval": pairwise_accuracy(rm, tokenizer, test)}
 
 
 class RewardModelVerifier(Verifier):

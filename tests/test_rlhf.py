@@ -262,3 +262,18 @@ def test_rlhf_pipeline_example_runs_quick(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert [line[:2] for line in result.stdout.splitlines() if line[:1].isdigit()] == [f"{i}." for i in range(1, 8)]
     assert (tmp_path / "reward_model" / "config.json").is_file() and (tmp_path / "train_pairs.jsonl").is_file()
+
+
+def test_fit_reward_model_writes_a_loadable_model_and_metrics_and_continues(tmp_path, tiny_model, tokenizer):
+    from llmgym.reward_models import fit_reward_model
+
+    save_pretrained(tiny_model, tokenizer, tmp_path / "base")
+    first = fit_reward_model(tmp_path / "base", PAIRS * 3, tmp_path / "rm", held_out=0.25, steps=6, batch_size=4)
+    assert first["train_pairs"] == 9 and first["eval_pairs"] == 3
+    rows = (tmp_path / "rm" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 6 and "eval_accuracy" in json.loads(rows[-1])
+    again = fit_reward_model(tmp_path / "rm", PAIRS, tmp_path / "rm2", eval_pairs=PAIRS, steps=1, batch_size=4)
+    # continued from the saved head, not a fresh zero head (which would tie every pair: margin 0)
+    assert again["history"][0]["margin"] != 0.0
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        fit_reward_model(tmp_path / "base", PAIRS[:1], tmp_path / "rm3")
