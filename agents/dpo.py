@@ -158,11 +158,12 @@ class DPO(Agent):
         """This step's ``tasks_per_step`` pairs: a seeded shuffle per epoch, a function of ``step_count``
         (so a resumed run continues exactly); under data parallel, this rank's share."""
         pairs, per_step = self.preferences, self.config.tasks_per_step
-        chosen = []
+        chosen, orders = [], {}
         for i in range(self.step_count * per_step, (self.step_count + 1) * per_step):
             epoch, position = divmod(i, len(pairs))
-            order = np.random.default_rng([self.config.seed, epoch]).permutation(len(pairs))
-            chosen.append(pairs[int(order[position])])
+            if epoch not in orders:
+                orders[epoch] = np.random.default_rng([self.config.seed, epoch]).permutation(len(pairs))
+            chosen.append(pairs[int(orders[epoch][position])])
         return distributed.shard(chosen) if distributed.is_distributed() else chosen
 
     def collect(self, env, num_tasks: int | None = None, draw: int = 0) -> Batch:
