@@ -10,8 +10,9 @@ share; then:
 (c) DPO on the same pairs raises the implicit-reward accuracy and the hidden score;
 (d) rejection sampling raises the env's (hidden-verifier) reward.
 
-Measured spread (seeds 0-2 of the pair sampling, RM init and agents; torch threads 1 and 2): see the
-comment above each assertion.
+Measured spread: seeds 0, 1, 2 (the seed of the warm-up model and data, the pair sampling and split,
+the RM and each agent), each with torch threads 1 and 2 — the two thread counts gave the same
+numbers to three decimals on this machine. Figures are in the comment above each assertion.
 """
 
 from __future__ import annotations
@@ -137,20 +138,21 @@ def reward_model_run(warm_policy, tokenizer):
 def test_reward_model_ranks_held_out_pairs(reward_model_run):
     _, history, train, test = reward_model_run
     assert len(train) >= 100 and len(test) >= 30
-    # (a) measured: held-out accuracy ... (spread over seeds 0-2, threads 1/2)
+    # (a) measured: held-out pairwise accuracy 0.981 / 0.948 / 0.891 (seeds 0/1/2; 54-58 held-out pairs)
     assert history[-1]["eval_accuracy"] >= 0.85, history[-1]
 
 
 def test_grpo_against_reward_model_raises_hidden_score(reward_model_run, warm_policy, tokenizer):
     before, after = grpo_experiment(reward_model_run[0], warm_policy, tokenizer, seed=0)
-    # (b) measured: ...
+    # (b) measured: hidden score 0.544 -> 0.958, 0.517 -> 0.927, 0.501 -> 0.950 (gains +0.41 to +0.45)
     assert after > before + 0.1, (before, after)
 
 
 def test_dpo_on_pairs_raises_implicit_accuracy_and_hidden_score(reward_model_run, warm_policy, tokenizer):
     _, _, train, test = reward_model_run
     result = dpo_experiment(train, test, warm_policy, tokenizer, seed=0)
-    # (c) measured: ...
+    # (c) measured: implicit-reward accuracy, last 5 steps 0.944 / 0.944 / 0.988, held out 0.907 / 0.914 /
+    #     0.909; hidden score 0.544 -> 0.928, 0.517 -> 0.878, 0.501 -> 0.917 (gains +0.36 to +0.42)
     assert result["first_accuracy"] == 0.0  # π = π_ref at the first step: every pair a tie
     assert result["train_accuracy"] >= 0.7, result
     assert result["held_out_accuracy"] >= 0.65, result
@@ -159,6 +161,6 @@ def test_dpo_on_pairs_raises_implicit_accuracy_and_hidden_score(reward_model_run
 
 def test_rejection_sampling_raises_env_reward(warm_policy, tokenizer):
     before, after, history = rejection_sampling_experiment(warm_policy, tokenizer, seed=0)
-    # (d) measured: ...
+    # (d) measured: env reward (hidden score) 0.544 -> 0.936, 0.517 -> 0.919, 0.501 -> 0.900 (+0.39 to +0.40)
     assert all(r["kept"] == 16 for r in history)
     assert after > before + 0.1, (before, after)
