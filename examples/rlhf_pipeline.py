@@ -1,4 +1,4 @@
-"""The RLHF pipeline end to end on a tiny model, on a CPU, in about a minute.
+"""The RLHF pipeline end to end on a tiny model, on a CPU (≈40 s on 2 quiet cores, 1 torch thread).
 
 A hidden "human" preference stands in for labellers: people here prefer answers with more digits.
 
