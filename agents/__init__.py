@@ -16,15 +16,17 @@ from llmgym.agents.base import Agent, AgentConfig
 from llmgym.agents.cispo import CISPO, CISPOConfig
 from llmgym.agents.dapo import DAPO, DAPOConfig
 from llmgym.agents.gdpo import GDPO, GDPOConfig
+from llmgym.agents.dpo import DPO, DPOConfig
 from llmgym.agents.grpo import GRPO, GSPO, DrGRPO, DrGRPOConfig, GRPOConfig, GSPOConfig
 from llmgym.agents.ppo import PPO, PPOConfig
 from llmgym.agents.reinforce import REINFORCE, REINFORCEConfig, REINFORCEPlusPlus, REINFORCEPlusPlusConfig, ReMax, ReMaxConfig
+from llmgym.agents.rejection_sampling import RejectionSampling, RejectionSamplingConfig
 from llmgym.agents.rloo import RLOO, RLOOConfig
 from llmgym.agents.sapo import SAPO, SAPOConfig
 
 AGENTS: dict[str, type[Agent]] = {
     cls.name: cls for cls in (REINFORCE, RLOO, PPO, GRPO, DAPO, DrGRPO, GSPO, REINFORCEPlusPlus, ReMax,
-                              CISPO, SAPO, GDPO)
+                              CISPO, SAPO, GDPO, DPO, RejectionSampling)
 }
 """Agents by their command-line name."""
 
@@ -34,4 +36,5 @@ __all__ = [
     "GRPO", "GRPOConfig", "DAPO", "DAPOConfig", "DrGRPO", "DrGRPOConfig", "GSPO", "GSPOConfig",
     "REINFORCEPlusPlus", "REINFORCEPlusPlusConfig", "ReMax", "ReMaxConfig",
     "CISPO", "CISPOConfig", "SAPO", "SAPOConfig", "GDPO", "GDPOConfig",
+    "DPO", "DPOConfig", "RejectionSampling", "RejectionSamplingConfig",
 ]

@@ -1265,3 +1265,66 @@ def clip_fraction(is_clipped: Tensor, mask: Tensor) -> Tensor:
         tensor(0.5000)
     """
     return masked_mean(is_clipped.detach().to(torch.get_default_dtype()), mask)
+
+
+# --------------------------------------------------------------------------------------------
+# preference losses (DPO and its one-line variants) — issue 14
+# --------------------------------------------------------------------------------------------
+
+PREFERENCE_LOSSES = ("sigmoid", "ipo", "hinge")
+
+
+def preference_loss(
+    chosen_logratios: Tensor,
+    rejected_logratios: Tensor,
+    beta: float,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Per-pair DPO-family loss from sequence log-ratios ``h_± = log π(y_±|x) − log π_ref(y_±|x)``.
+
+    With ``h = h_+ − h_-``:
+
+    * ``"sigmoid"`` (DPO, Rafailov et al. 2023): ``−log σ(β·h)``; with ``label_smoothing`` ε > 0 the
+      conservative DPO (cDPO) loss ``−(1−ε)·log σ(β·h) − ε·log σ(−β·h)`` (labels flipped with
+      probability ε).
+    * ``"ipo"`` (IPO, Azar et al. 2023): ``(h − 1/(2β))²`` — regresses the margin to a finite target
+      instead of pushing it to infinity.
+    * ``"hinge"`` (SLiC, Zhao et al. 2023): ``max(0, 1 − β·h)``.
+
+    Args:
+        chosen_logratios, rejected_logratios: ``[B]`` summed over each completion's tokens.
+        beta: β > 0 (the KL strength of the implicit RLHF objective).
+        loss_type: one of ``PREFERENCE_LOSSES``.
+        label_smoothing: ε in ``[0, 0.5)`` (``"sigmoid"`` only).
+
+    Returns:
+        ``[B]`` losses (mean them for the batch loss).
+
+    Example:
+        >>> h_plus, h_minus = torch.tensor([0.0, 2.0]), torch.tensor([0.0, 0.0])
+        >>> preference_loss(h_plus, h_minus, beta=1.0)  # log 2 at a tie, −log σ(2)
+        tensor([0.6931, 0.1269])
+        >>> preference_loss(h_plus, h_minus, beta=0.5, loss_type="ipo")  # (h − 1)²
+        tensor([1., 1.])
+        >>> preference_loss(h_plus, h_minus, beta=1.0, label_smoothing=0.1)[1]  # 0.9·0.1269 + 0.1·2.1269
+        tensor(0.3269)
+    """
+    if not beta > 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    if not 0.0 <= label_smoothing < 0.5:
+        raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
+    h = chosen_logratios - rejected_logratios
+    if loss_type == "sigmoid":
+        logsig = torch.nn.functional.logsigmoid
+        return -(1.0 - label_smoothing) * logsig(beta * h) - label_smoothing * logsig(-beta * h)
+    if label_smoothing:
+        raise ValueError(f"label_smoothing applies to the 'sigmoid' loss only, not {loss_type!r}")
+    if loss_type == "ipo":
+        return (h - 1.0 / (2.0 * beta)) ** 2
+    if loss_type == "hinge":
+        return torch.relu(1.0 - beta * h)
+    raise ValueError(f"loss_type must be one of {PREFERENCE_LOSSES}, got {loss_type!r}")
+
+
+__all__ += ["preference_loss", "PREFERENCE_LOSSES"]

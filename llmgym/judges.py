@@ -1,0 +1,158 @@
+"""LLM judges: a language model answers a yes/no question about a completion (CGPO's binary judges).
+
+:class:`JudgeVerifier` fills a template with the task's prompt, the completion and a question, asks
+a judge model through any llmgym engine, and scores 1.0 for "yes", 0.0 for "no" (``mode="binary"``,
+greedy decoding) or the judge's probability of "yes" (``mode="prob"``, from teacher-forced log-probs
+of the two answers). Several judges combine with the verifier combinators: ``AllOf`` (every judge
+must say yes, CGPO's constraint form) or ``WeightedSum``.
+
+A judge reads the policy's output, so it faces an optimiser: a completion that writes "Answer: yes"
+into itself is the obvious attack. The completion is cut to ``max_completion_chars`` and fenced in
+the template, and the judge's own output is bounded (``max_new_tokens``), but an LLM judge is only as
+robust as the judge model; keep a rule-based verifier beside it (``AllOf``) where one exists.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from llmgym.core import encode_text, render_prompt
+from llmgym.types import Score, Task
+from llmgym.verifiers import Verifier
+
+__all__ = ["JudgeVerifier", "DEFAULT_JUDGE_TEMPLATE"]
+
+DEFAULT_JUDGE_TEMPLATE = (
+    "Prompt: {prompt}\n"
+    "Response (between the markers):\n<<<\n{completion}\n>>>\n"
+    "Question: {question} Answer yes or no.\n"
+    "Answer:"
+)
+"""The default judge prompt; ``{prompt}``, ``{completion}`` and ``{question}`` are filled in."""
+
+MODES = ("binary", "prob")
+
+
+class JudgeVerifier(Verifier):
+    """A yes/no question to a judge model; reward 1/0 (``"binary"``) or P(yes) (``"prob"``).
+
+    Args:
+        engine: any llmgym engine over the judge model (``HFEngine``, ``VLLMEngine``...).
+        question: the yes/no question, e.g. ``"Is the response polite?"``.
+        mode: ``"binary"`` (greedy answer parsed as yes/no; anything else scores 0 with
+            ``info["unparsed"]``) or ``"prob"`` (``P(yes) / (P(yes) + P(no))`` from the log-probs of
+            the two answer strings; needs an engine with ``logprobs`` or ``next_token_logits``).
+        template: the judge prompt, with ``{prompt}``, ``{completion}`` and ``{question}``.
+        answers: the yes and no strings as they follow the template (``(" yes", " no")``).
+        tokenizer: the judge's tokenizer (default: ``engine.tokenizer``).
+        chat: render the filled template as one user message through the tokenizer's chat template.
+        max_new_tokens: the judge's answer budget in binary mode.
+        max_completion_chars: the completion is cut to this many characters.
+
+    Example:
+        >>> from llmgym import Task
+        >>> from llmgym.engines import HFEngine
+        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.judges import JudgeVerifier
+        >>> tok = build_tokenizer()
+        >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
+        >>> judge = JudgeVerifier(engine, "Is the response a number?", mode="prob")
+        >>> score = judge(Task("2+2="), "4")
+        >>> 0.0 < score.reward < 1.0, sorted(score.info)
+        (True, ['logprob_no', 'logprob_yes', 'question'])
+        >>> binary = JudgeVerifier(engine, "Is the response a number?")
+        >>> [s.reward for s in binary.verify_batch([Task("2+2=")] * 2, ["4", "five"])]  # a random judge says neither
+        [0.0, 0.0]
+    """
+
+    def __init__(self, engine: Any, question: str, *, mode: str = "binary",
+                 template: str = DEFAULT_JUDGE_TEMPLATE, answers: tuple[str, str] = (" yes", " no"),
+                 tokenizer: Any = None, chat: bool = False, max_new_tokens: int = 4,
+                 max_completion_chars: int = 4000, time_limit: float | None = None):
+        super().__init__(time_limit)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        missing = [f for f in ("{completion}", "{question}") if f not in template]
+        if missing:
+            raise ValueError(f"the judge template must contain {missing} (fields: {{prompt}}, {{completion}}, {{question}})")
+        tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("JudgeVerifier needs the judge's tokenizer: pass tokenizer=... (the engine has none)")
+        yes, no = answers
+        if not yes.strip() or not no.strip() or yes.strip().lower() == no.strip().lower():
+            raise ValueError(f"answers must be two different non-empty strings, got {answers!r}")
+        if mode == "prob" and not (hasattr(engine, "logprobs") or hasattr(engine, "next_token_logits")):
+            raise ValueError(f"mode='prob' needs an engine with logprobs() or next_token_logits(); "
+                             f"{type(engine).__name__} has neither: use mode='binary'")
+        self.engine, self.tokenizer, self.question, self.mode = engine, tokenizer, question, mode
+        self.template, self.answers, self.chat = template, (yes, no), chat
+        self.max_new_tokens, self.max_completion_chars = max_new_tokens, max_completion_chars
+
+    def judge_prompt(self, task: Task, completion: str) -> str:
+        """The filled template (what the judge reads)."""
+        return self.template.format(prompt=render_prompt(task), completion=completion[: self.max_completion_chars],
+                                    question=self.question)
+
+    def _context_ids(self, task: Task, completion: str) -> list[int]:
+        text = self.judge_prompt(task, completion)
+        if self.chat:
+            return encode_text(self.tokenizer, render_prompt(Task([{"role": "user", "content": text}]), self.tokenizer),
+                               first=False)
+        return encode_text(self.tokenizer, text, first=True)
+
+    def verify(self, task: Task, completion: str) -> Score:
+        return self.verify_batch([task], [completion])[0]
+
+    def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str],
+                     max_workers: int | None = None) -> list[Score]:
+        """All rows in one engine call (binary) or one log-prob pass (prob)."""
+        if len(tasks) != len(completions):
+            raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
+        try:
+            contexts = [self._context_ids(t, c) for t, c in zip(tasks, completions)]
+            return self._binary(contexts) if self.mode == "binary" else self._probability(contexts)
+        except Exception:  # one row at a time, so each failure is that row's 0 with its error
+            if len(tasks) == 1:
+                raise
+            return [self(t, c) for t, c in zip(tasks, completions)]
+
+    def _binary(self, contexts: list[list[int]]) -> list[Score]:
+        from llmgym.engines import SamplingParams
+
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
+        outputs = self.engine.generate(contexts, sampling, keys=[0] * len(contexts))
+        yes, no = (a.strip().lower() for a in self.answers)
+        scores = []
+        for group in outputs:
+            text = group[0].text[:200]  # bounded: the answer is at most max_new_tokens tokens anyway
+            words = text.strip().lower().split(maxsplit=1)
+            word = words[0].strip(".,!:;\"'") if words else ""
+            info = {"question": self.question, "judge_output": text}
+            if word == yes:
+                scores.append(Score(1.0, info))
+            elif word == no:
+                scores.append(Score(0.0, info))
+            else:
+                scores.append(Score(0.0, {**info, "unparsed": True}))
+        return scores
+
+    def _answer_logprobs(self, contexts: list[list[int]]) -> list[tuple[float, float]]:
+        answer_ids = [list(self.tokenizer.encode(a, add_special_tokens=False)) for a in self.answers]
+        if len(answer_ids[0]) == 1 and len(answer_ids[1]) == 1 and hasattr(self.engine, "next_token_logits"):
+            import torch
+
+            logprobs = torch.log_softmax(self.engine.next_token_logits(contexts).float(), dim=-1)
+            return [(float(row[answer_ids[0][0]]), float(row[answer_ids[1][0]])) for row in logprobs]
+        return [tuple(sum(self.engine.logprobs(ctx, ids)) for ids in answer_ids) for ctx in contexts]
+
+    def _probability(self, contexts: list[list[int]]) -> list[Score]:
+        scores = []
+        for lp_yes, lp_no in self._answer_logprobs(contexts):
+            top = max(lp_yes, lp_no)
+            p_yes = math.exp(lp_yes - top) / (math.exp(lp_yes - top) + math.exp(lp_no - top))
+            scores.append(Score(p_yes, {"question": self.question, "logprob_yes": lp_yes, "logprob_no": lp_no}))
+        return scores
+
+    def __repr__(self) -> str:
+        return f"JudgeVerifier({self.question!r}, mode={self.mode!r})"
