@@ -343,42 +343,15 @@ def _hook(etype, value, tb):
     traceback.print_exception(etype, value, tb)
 
 def _child(cfg, ready_w):
-    import resource
     try:
-        uid, gid = cfg["uid"], cfg["gid"]
-        if uid is not None:
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-            if os.getuid() != uid or os.geteuid() != uid:
-                raise OSError("uid drop did not stick")
-            try:
-                os.setuid(0)
-            except OSError:
-                pass
-            else:
-                raise OSError("could regain root after dropping privileges")
-        os.umask(0o077)
-        os.chdir(cfg["workdir"])
-        for name, data in cfg["files"]:
-            d = os.path.dirname(name)
-            if d:
-                os.makedirs(d, exist_ok=True)
-            with open(name, "wb") as fh:
-                fh.write(data)
-        src = cfg["code"]
-        with open(cfg["main"], "wb") as fh:
-            fh.write(src)
-        if cfg["seccomp_inproc"]:
-            _seccomp_filter().load()
-        for name, soft, hard in cfg["rlimits"]:
-            resource.setrlimit(getattr(resource, name), (soft, hard))
+        _drop_and_limit(cfg, cfg["uid"], True, cfg["gid"])
     except BaseException as e:
         try:
             os.write(ready_w, ("%s: %s" % (type(e).__name__, e)).encode("utf-8", "replace")[:4000])
         finally:
             os._exit(125)
     os.close(ready_w)
+    src = cfg["code"]
     path = os.path.join(cfg["workdir"], cfg["main"])
     mod = type(sys)("__main__")
     mod.__file__ = path
@@ -391,11 +364,12 @@ def _child(cfg, ready_w):
     exec(compile(src, path, "exec"), mod.__dict__)
     sys.exit(0)  # normal interpreter shutdown: atexit, thread joins, flushing
 
-def _drop_and_limit(cfg, uid, with_files):
+def _drop_and_limit(cfg, uid, with_files, gid=None):
     import resource
     if uid is not None:
+        gid = uid if gid is None else gid
         os.setgroups([])
-        os.setresgid(uid, uid, uid)
+        os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
         if os.getuid() != uid or os.geteuid() != uid:
             raise OSError("uid drop did not stick")
