@@ -55,7 +55,7 @@ def main() -> None:
         if args.agents and cls.name not in args.agents:
             continue
         overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
-        config = {**config, **overrides, "lr": config["lr"] * args.lr_scale}
+        config = {**recipe.BATCH, **config, **overrides, "lr": config["lr"] * args.lr_scale}
         for seed in args.seeds:
             model = copy.deepcopy(base)
             before = recipe.held_out_reward(model, tokenizer, seed)
