@@ -26,7 +26,7 @@ env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
 held_out = sample_tasks("copy", 16 if args.quick else 64, seed=999) * (1 if args.quick else 4)
 sampling = SamplingParams(max_new_tokens=6)
 before = evaluate(env, HFEngine(model, tokenizer), held_out, sampling, seed=3)["mean_reward"]
-agent = PPO(model, tokenizer, lr=5e-4, tasks_per_step=16, group_size=8, max_new_tokens=6)
+agent = PPO(model, tokenizer, lr=5e-4, tasks_per_step=16, group_size=8, minibatch_size=32, max_new_tokens=6)
 history = agent.learn(env, steps=steps, progress=True)
 after = evaluate(env, agent.engine, held_out, sampling, seed=3)["mean_reward"]
 print(f"PPO: held-out reward {before:.3f} -> {after:.3f} in {steps} steps")
