@@ -1,8 +1,9 @@
 """Every example runs (training examples in their seconds-long ``--quick`` mode).
 
-Examples run as subprocesses with the suite's torch thread count (``LLMGYM_TEST_THREADS``, set by
-conftest): on a busy 2-core machine a second thread per op makes a tiny model many times slower
-(the threads spin waiting for each other). The time-out is only a hang guard.
+Examples run as subprocesses with the suite's torch thread count (``LLMGYM_TEST_THREADS``) and
+``OMP_WAIT_POLICY=PASSIVE``, both set by conftest: with a second spinning OpenMP thread per op, a
+busy 2-core machine made each training example take 134-260 s instead of seconds. The time-out is
+only a hang guard.
 """
 
 from __future__ import annotations
