@@ -16,6 +16,10 @@ import os
 # OpenMP; subprocesses (the examples) inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests never reach the network: offline, `datasets.load_dataset` fails at once instead of after
+# ~20 s of connection retries (seen in the CLI's "needs its problems" tests).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
