@@ -46,7 +46,7 @@ AGENTS = [
     # threads ended 0.022 vs 0.108 after 40 steps. Minibatches of 32 (8 steps per batch) are steady.
     (PPO, dict(lr=5e-4, minibatch_size=32)),  # +0.110..+0.166 (0.140); threads: ≤ 0.041 apart
     (GRPO, dict(lr=1e-3, kl_coef=0.0)),  # +0.090..+0.121 (0.108); threads: identical
-    (DAPO, dict(lr=1e-3)),  # +0.089..+0.106 (0.098); threads: identical (seed 0; 5 runs)
+    (DAPO, dict(lr=1e-3)),  # +0.089..+0.106 (0.096); threads: identical
 ]
 
 
