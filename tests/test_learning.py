@@ -69,13 +69,14 @@ def train(cls, config, model, tokenizer, seed: int = SEED, steps: int = STEPS):
 
 @pytest.fixture(scope="module")
 def warm_base(tokenizer, tiny_config):
-    return warm_model(tokenizer, tiny_config)
+    model = warm_model(tokenizer, tiny_config)
+    return model, held_out_reward(model, tokenizer)  # every agent starts from this model and score
 
 
 @pytest.mark.parametrize("cls, config", AGENTS, ids=lambda x: getattr(x, "name", ""))
 def test_agent_raises_held_out_reward(cls, config, warm_base, tokenizer):
-    model = copy.deepcopy(warm_base)
-    before = held_out_reward(model, tokenizer)
+    base, before = warm_base
+    model = copy.deepcopy(base)
     history = train(cls, config, model, tokenizer)
     after = held_out_reward(model, tokenizer)
     assert len(history) == STEPS
