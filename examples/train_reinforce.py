@@ -1,6 +1,6 @@
 """Train REINFORCE on the Copy toy task with a tiny model on CPU: warm up, learn, compare held-out reward."""
 
-import sys
+import argparse
 
 import gymnasium as gym
 
@@ -11,16 +11,22 @@ from llmgym.engines import HFEngine, SamplingParams
 from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, supervised_warmup
 from llmgym.rollout import evaluate
 
-steps = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("steps", nargs="?", type=int, help="RL steps (default 40; 2 with --quick)")
+parser.add_argument("--quick", action="store_true",
+                    help="a seconds-long smoke run (what the tests run): 2 steps, 10 warm-up steps, 16 held-out tasks")
+args = parser.parse_args()
+steps = args.steps or (2 if args.quick else 40)
 tokenizer = build_tokenizer()
 model = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=256))
-supervised_warmup(model, tokenizer, [(t.prompt, t.answer) for t in sample_tasks("copy", 2000, seed=1)], steps=100)
+supervised_warmup(model, tokenizer, [(t.prompt, t.answer) for t in sample_tasks("copy", 2000, seed=1)],
+                  steps=10 if args.quick else 80)
 
 env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
-held_out = sample_tasks("copy", 64, seed=999) * 4
+held_out = sample_tasks("copy", 16 if args.quick else 64, seed=999) * (1 if args.quick else 4)
 sampling = SamplingParams(max_new_tokens=6)
 before = evaluate(env, HFEngine(model, tokenizer), held_out, sampling, seed=3)["mean_reward"]
-agent = REINFORCE(model, tokenizer, lr=1e-3, tasks_per_step=32, max_new_tokens=6)
+agent = REINFORCE(model, tokenizer, lr=1e-3, tasks_per_step=16, group_size=8, max_new_tokens=6)
 history = agent.learn(env, steps=steps, progress=True)
 after = evaluate(env, agent.engine, held_out, sampling, seed=3)["mean_reward"]
 print(f"REINFORCE: held-out reward {before:.3f} -> {after:.3f} in {steps} steps")

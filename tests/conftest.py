@@ -1,14 +1,46 @@
-"""Shared fixtures: a tiny tokenizer and model built locally (no hub access)."""
+"""Shared fixtures: a tiny tokenizer and model built locally (no hub access).
+
+Torch threads: ``LLMGYM_TEST_THREADS`` (default: ``min(2, cores)``). Different thread counts use
+different CPU kernels and so round floats differently, the closest stand-in for "another machine":
+run the suite with ``LLMGYM_TEST_THREADS=1`` and with the default to check that no test depends on
+one machine's exact numbers. Subprocesses the tests start (the examples) get the same count.
+"""
 
 from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-
+# Idle OpenMP threads sleep instead of spinning. Same numerics; but on a busy machine spinning threads
+# wait for each other: measured under load ≈ 14 on 2 cores, 30 warm-up steps of the tiny model with
+# 2 threads took 15.6 s of CPU spinning, 0.67 s with this set. It must be set before torch loads
+# OpenMP; subprocesses (the examples) inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Tests never reach the network: offline, `datasets.load_dataset` fails at once instead of after
+# ~20 s of connection retries (seen in the CLI's "needs its problems" tests).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+def _test_threads() -> int:
+    raw = os.environ.get("LLMGYM_TEST_THREADS", "").strip()
+    if not raw:
+        return min(2, torch.get_num_threads())
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise pytest.UsageError(f"LLMGYM_TEST_THREADS must be a whole number >= 1, got {raw!r}")
+    return threads
+
+
+TEST_THREADS = _test_threads()
+torch.set_num_threads(TEST_THREADS)
+os.environ["LLMGYM_TEST_THREADS"] = str(TEST_THREADS)  # read by tests that start Python subprocesses
 
 
 @pytest.fixture(scope="session")

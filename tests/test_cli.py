@@ -275,8 +275,9 @@ def test_quickstart_quick_improves_held_out_reward(tmp_path, capsys):
     assert main(["quickstart", "--quick", "--out", str(out)]) == 0
     report = json.loads((out / "eval.json").read_text())
     before, after = report["before"], report["after"]
-    # measured: greedy 0.770 -> 0.827, sampled 0.623 -> 0.738; seeded and on one CPU thread, so the same on
-    # every run (with 2 threads float rounding differs: 0.819 and 0.737)
+    # The run repeats exactly on one machine, not across machines, so the margins sit well below the
+    # spread measured over agent seeds 0-3 x --threads 1 and 2 (8 runs, 2026-11-26; both thread counts
+    # gave the same numbers): sampled reward +0.089..+0.127 (margin 0.05), greedy +0.026..+0.061 (0.01).
     assert after["sampled"]["reward_mean"] > before["sampled"]["reward_mean"] + 0.05
     assert after["greedy"]["reward_mean"] > before["greedy"]["reward_mean"] + 0.01
     assert 0.2 < before["greedy"]["reward_mean"] < 0.95  # the warm-up: imperfect but not hopeless

@@ -1,7 +1,14 @@
-"""Every example runs (training examples with a few steps)."""
+"""Every example runs (training examples in their seconds-long ``--quick`` mode).
+
+Examples run as subprocesses with the suite's torch thread count (``LLMGYM_TEST_THREADS``) and
+``OMP_WAIT_POLICY=PASSIVE``, both set by conftest: with a second spinning OpenMP thread per op, a
+busy 2-core machine made each training example take 134-260 s instead of seconds. The time-out is
+only a hang guard.
+"""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +18,11 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def run(name: str, *args: str, timeout: int = 300) -> str:
+def run(name: str, *args: str, timeout: int = 600) -> str:
+    threads = os.environ.get("LLMGYM_TEST_THREADS", "1")
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     result = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
-                            timeout=timeout, cwd=EXAMPLES.parent)
+                            timeout=timeout, cwd=EXAMPLES.parent, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -32,8 +41,8 @@ def test_plug_in_example_is_at_most_20_lines_of_user_code_and_runs():
 
 @pytest.mark.parametrize("algo", ["reinforce", "rloo", "ppo", "grpo", "dapo"])
 def test_training_example_runs(algo):
-    out = run(f"train_{algo}.py", "2")
-    assert "held-out reward" in out
+    out = run(f"train_{algo}.py", "--quick")
+    assert f"{algo.upper()}: held-out reward" in out and "in 2 steps" in out
 
 
 def test_code_benchmark_example():

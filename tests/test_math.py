@@ -164,22 +164,24 @@ def test_works_and_times_out_off_the_main_thread():
 
     thread = threading.Thread(target=run)
     thread.start()
-    thread.join(60)
+    thread.join(300)  # a hang guard only (a loaded machine is slow)
     assert results["ok"].reward == 1.0, results["ok"].info  # no "signal only works in main thread"
+    # behaviour, not speed: the watchdog gave up at its 0.05 s limit (the check itself takes longer)
     assert results["slow"].reward == 0.0 and results["slow"].info["error"].startswith("timeout")
-    assert results["elapsed"] < 20  # the check takes minutes: it was stopped (a hang guard, not a speed test)
+    assert results["elapsed"] < 120  # the check takes many minutes: it was stopped (a hang guard, not a speed test)
     # ... by killing its worker process: no thread of ours is left running it
     assert [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()] == []
 
 
 def test_astronomical_numbers_are_refused_quickly():
-    # SymPy would compute 9^(9^9) exactly, in C calls that hold the GIL for minutes
+    # SymPy would compute 9^(9^9) exactly, in C calls that hold the GIL for minutes: the verifier
+    # refuses by size (the error says why) before computing anything
     MathVerifier()(Task("q", answer="1/2"), "0.5")  # start the shared worker first: its start-up is not the point
     start = time.perf_counter()
     score = MathVerifier(time_limit=5.0)(Task("q", answer="1"), r"\boxed{9^{9^{9}}}")
     assert score.reward == 0.0 and "bits" in score.info["error"]
     assert MathVerifier()(Task("q", answer="1"), r"\boxed{(10^{7})!}").info["error"].endswith("not compared")
-    assert time.perf_counter() - start < 30.0  # a hang guard: computing them would take minutes
+    assert time.perf_counter() - start < 60  # a hang guard only: milliseconds when quiet, minutes if computed
     assert MathVerifier()(Task("q", answer="1024"), r"\boxed{2^{10}}").reward == 1.0
     assert MathVerifier()(Task("q", answer="3628800"), r"\boxed{10!}").reward == 1.0
 
@@ -203,7 +205,7 @@ def test_verify_batch_matches_sequential_and_abandons_a_hung_check():
         elapsed = time.perf_counter() - start
         assert [s.reward for s in scores] == [1.0, 0.0, 1.0, 0.0, 1.0]
         assert scores[1].info["error"].startswith("timeout")
-        assert elapsed < 30  # the hung check was abandoned, not waited for (minutes)
+        assert elapsed < 90  # a hang guard: the hung check was abandoned at 1.5 s, not waited for (minutes)
         # the killed worker was replaced: the next batch runs normally, same results as one by one
         again = v.verify_batch(tasks[:1] + tasks[2:], completions[:1] + completions[2:], max_workers=2)
         sequential = v.verify_batch(tasks[:1] + tasks[2:], completions[:1] + completions[2:])

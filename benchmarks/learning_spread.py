@@ -1,0 +1,77 @@
+"""Spread of the learning tests' improvement across seeds and torch thread counts.
+
+A tiny model's RL trajectory repeats exactly on one machine but not across machines (CPU kernels
+differ). Different ``torch.set_num_threads`` values use different kernels too, so running the
+learning check under 1 and 2 threads and several seeds shows how much the held-out improvement moves:
+``tests/test_learning.py`` asserts a margin that this spread cannot eat.
+
+    python benchmarks/learning_spread.py --threads 1 --seeds 0 1 2 3
+    python benchmarks/learning_spread.py --threads 2 --seeds 0 1 2 3
+
+One JSON line per (agent, seed, step checkpoint): held-out reward before/after, improvement, and the
+process CPU seconds the training took (wall time is meaningless on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    parser.add_argument("--agents", nargs="+", default=None, help="agent names (default: all in the test)")
+    parser.add_argument("--checkpoints", type=int, nargs="+", default=None,
+                        help="step counts at which to evaluate (default: the test's STEPS)")
+    parser.add_argument("--warmup-steps", type=int, default=None, help="default: the test's WARMUP_STEPS")
+    parser.add_argument("--lr-scale", type=float, default=1.0, help="multiply every agent's lr")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override an agent config field for every agent (repeatable)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import gymnasium as gym
+
+    import test_learning as recipe  # the learning test's own recipe (agents, steps, held-out set)
+    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    started = time.process_time()
+    shape = TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=256)
+    base = recipe.warm_model(tokenizer, shape, args.warmup_steps or recipe.WARMUP_STEPS)
+    print(json.dumps({"warmup_cpu_s": round(time.process_time() - started, 2), "threads": args.threads}), flush=True)
+    checkpoints = args.checkpoints or [recipe.STEPS]
+    for cls, config in recipe.AGENTS:
+        if args.agents and cls.name not in args.agents:
+            continue
+        overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
+        config = {**recipe.BATCH, **config, **overrides, "lr": config["lr"] * args.lr_scale}
+        for seed in args.seeds:
+            model = copy.deepcopy(base)
+            before = recipe.held_out_reward(model, tokenizer, seed)
+            agent = cls(model, tokenizer, max_new_tokens=recipe.MAX_NEW_TOKENS, seed=seed, **config)
+            env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+            cpu, done = 0.0, 0
+            for target in checkpoints:
+                started = time.process_time()
+                agent.learn(env, steps=target - done)
+                cpu += time.process_time() - started
+                done = target
+                after = recipe.held_out_reward(model, tokenizer, seed)
+                print(json.dumps({"agent": cls.name, "threads": args.threads, "seed": seed, "steps": target,
+                                  "lr": config["lr"], "before": round(before, 4), "after": round(after, 4),
+                                  "gain": round(after - before, 4), "train_cpu_s": round(cpu, 2)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
