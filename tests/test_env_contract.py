@@ -57,6 +57,7 @@ def test_verifier_timeout_becomes_zero_reward_even_off_the_main_thread():
 
     results = []
     children_before = set(multiprocessing.active_children())  # e.g. another test's worker pool
+    threads_before = set(threading.enumerate())  # e.g. tqdm's monitor, started by an earlier test
 
     def run():
         env = SequenceEnv(TASKS, Hung(time_limit=0.2))
@@ -74,7 +75,7 @@ def test_verifier_timeout_becomes_zero_reward_even_off_the_main_thread():
     assert reward == 0.0 and "timeout" in error and elapsed < 120
     # ... and the check was stopped: it ran in a child process that was killed, not in a thread that keeps running
     assert set(multiprocessing.active_children()) <= children_before
-    assert [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()] == []
+    assert [t for t in threading.enumerate() if t.is_alive() and t not in threads_before] == []
 
 
 def test_verifier_returning_wrong_type_is_reported_not_crashing():
