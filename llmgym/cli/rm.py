@@ -18,8 +18,8 @@ import argparse
 import json
 
 from llmgym.cli.common import (
-    UsageError,
     SMALL_MODEL_PARAMETERS,
+    UsageError,
     _console,
     _files_table,
     _fmt,
@@ -109,7 +109,6 @@ def _progress(console):
 
 def cmd_rm(args: argparse.Namespace) -> int:
     """``llmgym rm``."""
-    import torch
     from rich.table import Table
 
     from llmgym.reward_models import fit_reward_model
