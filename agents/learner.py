@@ -42,6 +42,7 @@ import copy
 import dataclasses
 import functools
 import inspect
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -325,8 +326,14 @@ class Learner:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if config.lora_r > 0:
             peft, lora = _lora_config(config, model)
-            # get_peft_model injects the adapters into `model` itself (and freezes its weights)
-            self.peft_model = peft.get_peft_model(model, lora)
+            # get_peft_model injects the adapters into `model` itself (and freezes its weights); their
+            # random init is drawn from a generator seeded by the config: same seed, same run
+            devices = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+                # peft reads transformers' deprecated `is_gradient_checkpointing`: its FutureWarning is not ours
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                torch.manual_seed(config.seed)
+                self.peft_model = peft.get_peft_model(model, lora)
         self.model = model
         self.has_reference = config.kl_coef > 0
         self.ref_model = self._frozen_copy(model) if self.has_reference and self.peft_model is None else None

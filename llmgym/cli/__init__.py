@@ -12,6 +12,8 @@ Commands:
   interval, tokens/s.
 * ``llmgym compare`` (:mod:`llmgym.cli.compare`) — several agents × seeds on one env: final reward,
   steps to a threshold, one plot.
+* ``llmgym rm`` (:mod:`llmgym.cli.rm`) — a Bradley–Terry reward model from preference pairs (JSONL);
+  held-out pairwise accuracy; a directory ``RewardModelVerifier`` loads.
 * ``llmgym list`` (:mod:`llmgym.cli.listing`) — registered envs and agents.
 
 What the commands share lives in :mod:`llmgym.cli.common` (the usage error, exit codes, env / agent /
@@ -36,7 +38,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from llmgym.cli import bench, compare, listing, quickstart, train
+from llmgym.cli import bench, compare, listing, quickstart, rm, train
 from llmgym.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -66,7 +68,7 @@ __all__ = [
     "train_run",
 ]
 
-COMMANDS = (quickstart, train, bench, compare, listing)
+COMMANDS = (quickstart, train, bench, compare, rm, listing)
 """The command modules, in the order ``llmgym --help`` lists them; each has ``add_parser(subparsers, common)``."""
 
 

@@ -21,6 +21,7 @@ from llmgym.cli.common import (
     _make_env,
     _require_env,
     atomic_write_text,
+    check_device,
     check_out_file,
     parse_overrides,
 )
@@ -50,6 +51,8 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="token budget per completion (default 64)")
+    p.add_argument("--device", metavar="{auto,cpu,cuda,cuda:N}",
+                   help="where the model runs (default auto: cuda when a GPU is visible)")
     p.add_argument("--seed", type=int, default=0, help="seed of the task draw and sampling (default 0)")
     p.add_argument("--level", choices=("sequence", "token"), default="sequence", help="env level (default sequence)")
     p.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
@@ -105,7 +108,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     env_args = parse_overrides(args.env_arg or [], "--env-arg")
     out = check_out_file(args.out, example="bench.json") if args.out else None
     _require_env(args.env)
-    model, tokenizer = _load_model(args.model)
+    device = check_device(args.device)
+    model, tokenizer = _load_model(args.model, device=device)
     _apply_threads(args.threads, model)
     env = _make_env(args.env, tokenizer, args.level, args.max_new_tokens, env_args)
     try:
@@ -136,7 +140,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     mean, half = mean_confidence_interval([t["reward_mean"] for t in per_task])
     low, high = mean - half, mean + half
     report = {
-        "env": args.env, "env_args": env_args, "model": args.model, "tasks": len(tasks), "task_selection": how,
+        "env": args.env, "env_args": env_args, "model": args.model, "device": device, "tasks": len(tasks), "task_selection": how,
         "task_ids": [t.id for t in tasks], "samples": n, "threshold": args.threshold,
         "temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
         "pass@1": pass_k["1"], f"pass@{n}": pass_k[str(n)], "pass_at_k": pass_k,

@@ -27,13 +27,18 @@ __all__ = [
     "SMALL_MODEL_PARAMETERS",
     "UsageError",
     "atomic_write_text",
+    "DTYPES",
+    "ENGINE_DECODES",
+    "apply_scale_options",
     "build_agent_config",
+    "check_device",
     "check_out_dir",
     "check_out_file",
     "import_user_modules",
     "parse_overrides",
     "plugin_options",
     "resolve_model",
+    "scale_options",
 ]
 
 EXIT_USAGE = 2
@@ -206,14 +211,15 @@ def resolve_model(spec: str) -> str:
     return spec
 
 
-def _load_model(spec: str):
-    """``(model, tokenizer)`` from ``'tiny'``, a saved directory or a hub id; a :class:`UsageError` if absent."""
+def _load_model(spec: str, device: str | None = None):
+    """``(model, tokenizer)`` from ``'tiny'``, a saved directory or a hub id, on ``device`` (``None``: CPU);
+    a :class:`UsageError` if absent."""
     from llmgym.models import load_model
 
     target = resolve_model(spec)
     _quiet_hf()
     try:
-        return load_model(target)
+        return load_model(target, device=device if device not in (None, "cpu") else None)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from None
     except (OSError, ValueError) as exc:  # a directory with a broken or missing tokenizer / weights
@@ -418,6 +424,149 @@ def _summary_window(rows: list[dict[str, Any]]) -> int:
     """Steps averaged for the "first" and "last" reward of a summary: up to 10, at most half the run."""
     return max(1, min(10, len(rows) // 2))
 
+
+
+# ------------------------------------------------------------------------------------------------
+# device, precision and learner options (--device, --dtype, --lora-r, ...)
+
+DTYPES = ("auto", "fp32", "bf16-mixed", "bf16")
+"""``--dtype`` values: the agent config's ``precision``, or ``auto`` (bf16-mixed on a bf16 GPU, else fp32)."""
+ENGINE_DECODES = ("auto", "eager", "static", "compiled")
+"""``--engine-decode`` values: the agent config's ``engine_decode``, or ``auto`` (compiled on a GPU, else static)."""
+
+
+def check_device(device: str | None) -> str:
+    """``--device`` checked and resolved: ``auto``/``None`` → ``cuda`` when a GPU is visible, else ``cpu``.
+
+    Example:
+        >>> from llmgym.cli.common import check_device
+        >>> check_device("cpu")
+        'cpu'
+        >>> check_device("tpu")
+        Traceback (most recent call last):
+        ...
+        llmgym.cli.common.UsageError: --device 'tpu': give auto, cpu, cuda or cuda:N
+    """
+    import re
+
+    import torch
+
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
+    if not re.fullmatch(r"cuda(:\d{1,3})?", device):
+        raise UsageError(f"--device {device!r}: give auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: no CUDA GPU is visible here (torch.cuda.is_available() is False); "
+                         f"use --device cpu or auto")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s) "
+                         f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    return device
+
+
+def scale_options(device: bool = True):
+    """The learner options of ``train`` and ``compare`` (an ``argparse`` parent parser): ``--device``,
+    ``--dtype``, ``--lora-r``/``--lora-alpha``, ``--gradient-checkpointing``, ``--micro-batch-size``,
+    ``--engine-decode``, ``--lr-schedule``/``--lr-warmup-steps``. Each sets an agent config field and
+    wins over ``--config`` and ``--set`` (see :func:`apply_scale_options`).
+
+    Example:
+        >>> from llmgym.cli.common import scale_options
+        >>> scale_options().parse_args(["--lora-r", "8", "--dtype", "bf16-mixed"]).lora_r
+        8
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    group = parser.add_argument_group("device, precision and memory (each sets an agent config field; "
+                                      "wins over --config and --set)")
+    if device:
+        group.add_argument("--device", metavar="{auto,cpu,cuda,cuda:N}",
+                           help="where the model is loaded and trained (default auto: cuda when a GPU is visible)")
+    group.add_argument("--dtype", metavar="{" + ",".join(DTYPES) + "}",
+                       help="precision: fp32, bf16-mixed (bf16 autocast, float32 weights and optimiser state) or "
+                            "bf16 (bf16 weights); auto = bf16-mixed on a bf16-capable GPU, else fp32 "
+                            "(the default when the model is on a GPU)")
+    group.add_argument("--lora-r", type=int, metavar="N", help="train LoRA adapters of rank N through peft (0 = off)")
+    group.add_argument("--lora-alpha", type=float, metavar="A", help="LoRA scaling alpha (default 2·r)")
+    group.add_argument("--gradient-checkpointing", action="store_true", default=None,
+                       help="recompute activations in backward (less memory, ~30%% more compute)")
+    group.add_argument("--micro-batch-size", type=int, metavar="N",
+                       help="rows per forward/backward; gradients accumulate over the minibatch")
+    group.add_argument("--engine-decode", metavar="{" + ",".join(ENGINE_DECODES) + "}",
+                       help="rollout decoding: eager (dynamic KV cache), static (static KV cache), compiled (static "
+                            "cache + torch.compile); auto = compiled on a GPU, else static (default on a GPU: auto; "
+                            "on CPU: the config's, eager)")
+    group.add_argument("--lr-schedule", metavar="{constant,linear,cosine}",
+                       help="learning-rate shape after the warm-up; linear/cosine decay to 0 at --steps")
+    group.add_argument("--lr-warmup-steps", type=int, metavar="N", help="steps of linear learning-rate warm-up")
+    return parser
+
+
+def apply_scale_options(args, fields: dict[str, Any], steps: int | None, device: str) -> dict[str, Any]:
+    """Put the learner options of :func:`scale_options` into agent config ``fields`` (flags win).
+
+    ``device`` is the resolved ``--device``: on a GPU an unset precision and decoding follow
+    ``resolve_device_defaults`` (bf16-mixed, compiled); on CPU they stay the config's. A decaying
+    ``--lr-schedule`` without an ``lr_total_steps`` field ends at ``steps``.
+
+    Example:
+        >>> import argparse
+        >>> from llmgym.cli.common import apply_scale_options
+        >>> args = argparse.Namespace(dtype="auto", lora_r=4, lora_alpha=None, gradient_checkpointing=None,
+        ...                           micro_batch_size=None, engine_decode=None, lr_schedule="cosine",
+        ...                           lr_warmup_steps=2)
+        >>> sorted(apply_scale_options(args, {}, 10, "cpu").items())
+        [('lora_r', 4), ('lr_schedule', 'cosine'), ('lr_total_steps', 10), ('lr_warmup_steps', 2), ('precision', 'fp32')]
+    """
+    from llmgym.agents.learner import LR_SCHEDULES, resolve_device_defaults
+
+    fields = dict(fields)
+    dtype, decode = getattr(args, "dtype", None), getattr(args, "engine_decode", None)
+    if dtype is not None and dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype!r}: give one of {', '.join(DTYPES)}")
+    if decode is not None and decode not in ENGINE_DECODES:
+        raise UsageError(f"--engine-decode {decode!r}: give one of {', '.join(ENGINE_DECODES)}")
+    on_gpu = device.startswith("cuda")
+    if dtype is None and on_gpu and "precision" not in fields:
+        dtype = "auto"
+    if decode is None and on_gpu and "engine_decode" not in fields:
+        decode = "auto"
+    resolved = resolve_device_defaults(device=device, precision=None if dtype in (None, "auto") else dtype,
+                                       engine_decode=None if decode in (None, "auto") else decode)
+    if dtype is not None:
+        fields["precision"] = resolved["precision"]
+    if decode is not None:
+        fields["engine_decode"] = resolved["engine_decode"]
+    for flag, name in (("lora_r", "lora_r"), ("lora_alpha", "lora_alpha"), ("micro_batch_size", "micro_batch_size"),
+                       ("lr_warmup_steps", "lr_warmup_steps")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            fields[name] = value
+    if getattr(args, "gradient_checkpointing", None):
+        fields["gradient_checkpointing"] = True
+    schedule = getattr(args, "lr_schedule", None)
+    if schedule is not None:
+        if schedule not in LR_SCHEDULES:
+            raise UsageError(f"--lr-schedule {schedule!r}: give one of {', '.join(LR_SCHEDULES)}")
+        fields["lr_schedule"] = schedule
+    if fields.get("lr_schedule", "constant") != "constant" and fields.get("lr_total_steps") is None and steps:
+        fields["lr_total_steps"] = steps
+    for flag, name, low in (("--lora-r", "lora_r", 0), ("--micro-batch-size", "micro_batch_size", 1),
+                            ("--lr-warmup-steps", "lr_warmup_steps", 0)):
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            raise UsageError(f"{flag} must be >= {low}" + (" (0 = off)" if low == 0 and name == "lora_r" else "")
+                             + f", got {value}")
+    alpha = getattr(args, "lora_alpha", None)
+    if alpha is not None and not alpha > 0:
+        raise UsageError(f"--lora-alpha must be > 0, got {alpha:g}")
+    if int(fields.get("lora_r") or 0) > 0 and importlib.util.find_spec("peft") is None:
+        raise UsageError("--lora-r needs the peft package, not installed here: pip install 'llmgym[peft]'")
+    return fields
 
 
 # ------------------------------------------------------------------------------------------------

@@ -24,10 +24,13 @@ from llmgym.cli.common import (
     _progress,
     _require_agent,
     _require_env,
+    apply_scale_options,
     atomic_write_text,
     build_agent_config,
+    check_device,
     check_out_dir,
     parse_overrides,
+    scale_options,
 )
 from llmgym.cli.training import RunSpec, samples_per_step, train_run
 
@@ -37,7 +40,7 @@ __all__ = ["add_parser", "cmd_compare", "compute_fair_settings"]
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``compare`` sub-command to ``subparsers``."""
     p = subparsers.add_parser(
-        "compare", parents=[common], help="several agents x seeds on one env; one plot and a summary",
+        "compare", parents=[common, scale_options()], help="several agents x seeds on one env; one plot and a summary",
         description="Train each agent on each seed (0..S-1) from the same model; report final reward "
                     "(mean ± std over seeds) and steps to reach --threshold; save DIR/compare.png "
                     "and DIR/compare.json. Compute-fair by default: every agent samples the same number of "
@@ -116,7 +119,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"--seeds and --steps must be >= 1, got {args.seeds} and {args.steps}")
     out = check_out_dir(args.out)
     _require_env(args.env)
-    overrides = parse_overrides(args.set or [])
+    device = check_device(args.device)
+    overrides = apply_scale_options(args, parse_overrides(args.set or []), args.steps, device)
     env_args = parse_overrides(args.env_arg or [], "--env-arg")
     plans = []
     for name in names:  # validate everything before training anything
@@ -149,7 +153,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             for seed in range(args.seeds):
                 config = build_agent_config(cls, {**overrides, **per_agent[cls.name], "seed": seed})
                 spec = RunSpec(env=args.env, agent=cls.name, model=args.model, steps=args.steps, checkpoint_every=0,
-                               threads=args.threads, agent_config=dataclasses.asdict(config), env_args=env_args)
+                               threads=args.threads, agent_config=dataclasses.asdict(config), env_args=env_args,
+                               device=device)
                 result = train_run(spec, out / cls.name / f"seed-{seed}", console=console, progress=progress,
                                    description=f"{cls.name} seed {seed}", checkpoints=False)
                 rows = result.rows

@@ -31,6 +31,7 @@ from llmgym.cli.common import (
     _make_env,
     _quiet_hf,
     atomic_write_text,
+    check_device,
     check_out_dir,
 )
 from llmgym.cli.training import RunSpec, evaluate_held_out, train_run
@@ -110,6 +111,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         if args.steps < 1:
             raise UsageError(f"--steps must be >= 1, got {args.steps}")
         settings["steps"] = args.steps
+    device = check_device(args.device)
     out = check_out_dir(args.out)  # before the warm-up and the training: a bad --out fails now
     console.rule("[bold]llmgym quickstart")
     console.print(f"GRPO on llmgym/Copy-v0 with a tiny model on CPU: "
@@ -120,7 +122,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     base_path = quickstart_base_model(console)
     console.print(f"base model (after warm-up): {base_path}")
-    model, tokenizer = _load_model(str(base_path))
+    model, tokenizer = _load_model(str(base_path), device=device)
     threads = _apply_threads(args.threads, model)
     held_out = sample_tasks(QUICKSTART_HELD_OUT["task"], QUICKSTART_HELD_OUT["n"], seed=QUICKSTART_HELD_OUT["seed"])
     eval_env = _make_env("llmgym/Copy-v0", tokenizer)
@@ -135,7 +137,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         path = out / name
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     spec = RunSpec(env="llmgym/Copy-v0", agent="grpo", model=str(base_path), steps=settings["steps"],
-                   checkpoint_every=max(1, settings["steps"] // 3), threads=threads,
+                   checkpoint_every=max(1, settings["steps"] // 3), threads=threads, device=device,
                    agent_config={"lr": settings["lr"], "kl_coef": 0.0, "max_new_tokens": 6, "seed": 0,
                                  "tasks_per_step": settings["tasks_per_step"], "group_size": settings["group_size"]})
     result = train_run(spec, out, console=console, base_model=(model, tokenizer), description="GRPO")
@@ -181,6 +183,8 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
     p.add_argument("--out", default="runs/quickstart", help="run directory (default: runs/quickstart)")
     p.add_argument("--steps", type=int, help=f"GRPO steps (default {QUICKSTART_SETTINGS['default']['steps']}, "
                                              f"--quick {QUICKSTART_SETTINGS['quick']['steps']})")
+    p.add_argument("--device", metavar="{auto,cpu,cuda,cuda:N}",
+                   help="where the GRPO run happens (default auto: cuda when a GPU is visible; the warm-up is on CPU)")
     p.add_argument("--quick", action="store_true", help="a seconds-long run (for tests and a first look)")
     p.set_defaults(handler=cmd_quickstart)
     return p

@@ -29,9 +29,12 @@ from llmgym.cli.common import (
     _require_env,
     _check_model,
     _summary_window,
+    apply_scale_options,
     build_agent_config,
+    check_device,
     check_out_dir,
     parse_overrides,
+    scale_options,
 )
 from llmgym.cli.training import RunSpec, checkpoint_step, train_run
 from llmgym.logging import TRACKERS
@@ -42,7 +45,7 @@ __all__ = ["add_parser", "cmd_train"]
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``train`` sub-command to ``subparsers`` (``common`` holds the options every command shares)."""
     p = subparsers.add_parser(
-        "train", parents=[common], help="train an agent on an env; metrics, curves, checkpoints",
+        "train", parents=[common, scale_options()], help="train an agent on an env; metrics, curves, checkpoints",
         description="Train an agent on a registered env. Writes OUT/metrics.jsonl, OUT/curves.png, "
                     "OUT/config.json and OUT/checkpoints/ (step-N every --checkpoint-every steps, and "
                     "last). Ctrl-C finishes the step and saves a checkpoint; --resume OUT continues.")
@@ -82,11 +85,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         clashing = [flag for flag, value in (("--env", args.env), ("--agent", args.agent), ("--model", args.model),
                                              ("--config", args.config), ("--set", args.set), ("--seed", args.seed),
                                              ("--out", args.out), ("--level", args.level),
-                                             ("--env-arg", args.env_arg), ("--eval-tasks", args.eval_tasks))
+                                             ("--env-arg", args.env_arg), ("--eval-tasks", args.eval_tasks),
+                                             ("--dtype", args.dtype), ("--lora-r", args.lora_r),
+                                             ("--lora-alpha", args.lora_alpha),
+                                             ("--gradient-checkpointing", args.gradient_checkpointing),
+                                             ("--micro-batch-size", args.micro_batch_size),
+                                             ("--engine-decode", args.engine_decode),
+                                             ("--lr-schedule", args.lr_schedule),
+                                             ("--lr-warmup-steps", args.lr_warmup_steps))
                     if value is not None]
         if clashing:
             raise UsageError(f"--resume continues the run as recorded in its config.json; drop {', '.join(clashing)} "
-                             f"(only --steps, --checkpoint-every, --eval-every, --log-to and --threads may change)")
+                             f"(only --steps, --checkpoint-every, --eval-every, --log-to, --device and --threads "
+                             f"may change)")
         out = Path(args.resume)
         config_path = out / "config.json"
         if not config_path.is_file():
@@ -103,6 +114,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             spec.checkpoint_every = args.checkpoint_every
         if args.threads is not None:
             spec.threads = args.threads
+        if args.device is not None:
+            spec.device = check_device(args.device)
+        elif spec.device is not None and spec.device != "cpu":
+            spec.device = check_device(spec.device)  # the recorded GPU must still be there
         if args.eval_every is not None:
             spec.eval_every = args.eval_every
         if args.log_to:
@@ -127,6 +142,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         fields.update(parse_overrides(args.set or []))
         if args.seed is not None:
             fields["seed"] = args.seed
+        device = check_device(args.device)
+        fields = apply_scale_options(args, fields, args.steps if args.steps is not None else 100, device)
         config = build_agent_config(agent_cls, fields)  # validated before any model is loaded
         env_args = parse_overrides(args.env_arg or [], "--env-arg")
         if (out / "metrics.jsonl").exists() and not args.overwrite:
@@ -143,7 +160,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                        threads=args.threads, agent_config=dataclasses.asdict(config), env_args=env_args,
                        eval_every=args.eval_every or 0,
                        eval_tasks=args.eval_tasks if args.eval_tasks is not None else 32,
-                       log_to=list(args.log_to or []))
+                       log_to=list(args.log_to or []), device=device)
     if spec.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {spec.steps}")
     for flag, value in (("--checkpoint-every", spec.checkpoint_every), ("--eval-every", spec.eval_every)):
@@ -159,8 +176,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     args.resume_dir = out  # a second Ctrl-C ends in main(), which then prints how to resume
 
     verb = "resuming" if args.resume else "training"
+    extras = [f"{key} {spec.agent_config[field]}" for key, field in (("lora r", "lora_r"), ("precision", "precision"))
+              if spec.agent_config.get(field) not in (None, 0, "fp32")]
     console.print(f"[bold]{verb}[/] {spec.agent} on {spec.env} (model {spec.model}, {spec.steps} steps, "
-                  f"seed {spec.agent_config.get('seed', 0)}) → {out}")
+                  f"seed {spec.agent_config.get('seed', 0)}, device {spec.device or 'cpu'}"
+                  f"{''.join(', ' + e for e in extras)}) → {out}")
     result = train_run(spec, out, resume=bool(args.resume), console=console)
     rows = result.rows
     if rows:

@@ -55,6 +55,8 @@ class RunSpec:
     eval_tasks: int = 32
     log_to: list[str] = dataclasses.field(default_factory=list)
     """Extra trackers (``"wandb"``, ``"trackio"``) mirroring ``metrics.jsonl``."""
+    device: str | None = None
+    """Where the model is loaded and trained (``"cpu"``, ``"cuda"``, ``"cuda:N"``; ``None``: CPU)."""
 
     def to_json(self) -> dict[str, Any]:
         from llmgym import __version__
@@ -112,9 +114,22 @@ CHECKPOINT_FORMAT = 2
 """``agent.pt`` format: 2 = the agent's state without the model weights (they are ``model.safetensors``)."""
 
 
+def _merged_lora_model(peft_model):
+    """A plain ``transformers`` model with the LoRA adapters folded into the weights (W + s·BA), built
+    on a copy: the training model keeps its adapters, and its weights are not rounded by merge/unmerge."""
+    import copy
+
+    return copy.deepcopy(peft_model).merge_and_unload()
+
+
 def _save_checkpoint(agent, tokenizer, directory: Path) -> Path:
     """Model + tokenizer via ``save_pretrained``, and ``agent.pt``: the rest of the agent's state
-    (optimiser, counters, RNG, config, extras) without a second copy of the weights; atomically."""
+    (optimiser, counters, RNG, config, extras) without a second copy of the weights; atomically.
+
+    With LoRA (``lora_r > 0``) the directory holds the merged model (base + adapters, loadable as a
+    plain model by ``--model``), the adapters alone in ``adapter/`` (``peft``'s ``save_pretrained``:
+    ``PeftModel.from_pretrained(base, DIR/adapter)``), and ``agent.pt`` keeps the adapter weights, so
+    ``--resume`` rebuilds the base model, injects the adapters and continues exactly."""
     import torch
 
     from llmgym.models import save_pretrained
@@ -122,9 +137,17 @@ def _save_checkpoint(agent, tokenizer, directory: Path) -> Path:
     _quiet_hf()
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_pretrained(agent.model, tokenizer, tmp)
+    peft_model = getattr(getattr(agent, "learner", None), "peft_model", None)
     state = agent.state_dict()
-    state.pop("model")  # model.safetensors holds the weights
+    if peft_model is not None:
+        save_pretrained(_merged_lora_model(peft_model), tokenizer, tmp)
+        peft_model.save_pretrained(tmp / "adapter")
+        trainable = {name for name, p in agent.model.named_parameters() if p.requires_grad}
+        state["model"] = {k: v for k, v in state["model"].items() if k in trainable}  # the adapters only
+        state["model_part"] = "lora-adapters"
+    else:
+        save_pretrained(agent.model, tokenizer, tmp)
+        state.pop("model")  # model.safetensors holds the weights
     torch.save({**state, "format": CHECKPOINT_FORMAT}, tmp / "agent.pt")
     (tmp / "step.txt").write_text(f"{agent.step_count}\n")
     old = directory.with_name(directory.name + ".old")
@@ -153,7 +176,11 @@ def load_checkpoint(agent, directory: Path) -> None:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise UsageError(f"cannot read the checkpoint {path} ({first}): resume from another run or start afresh "
                          f"with --overwrite") from None
-    if "model" not in state:
+    if state.pop("model_part", None) == "lora-adapters":  # the frozen base weights are the run's base model's
+        full = agent.model.state_dict()
+        full.update(state["model"])
+        state["model"] = full
+    elif "model" not in state:
         _quiet_hf()
         weights, _ = load_model(directory)
         state["model"] = weights.state_dict()
@@ -238,13 +265,13 @@ def train_run(
         model, tokenizer = base_model
     else:
         try:
-            model, tokenizer = _load_model(spec.model)
+            model, tokenizer = _load_model(spec.model, device=spec.device)
         except UsageError:
-            if not (resume and (ckpt_root / "last" / "config.json").is_file()):
-                raise
+            if not (resume and (ckpt_root / "last" / "config.json").is_file()) or config.lora_r > 0:
+                raise  # a LoRA run resumes on its base model: the checkpoint's model has the adapters merged in
             console.print(f"[yellow]the run's model {spec.model!r} is gone; resuming on {ckpt_root / 'last'} "
                           f"(a KL reference model, if the agent uses one, becomes that checkpoint)[/]")
-            model, tokenizer = _load_model(str(ckpt_root / "last"))
+            model, tokenizer = _load_model(str(ckpt_root / "last"), device=spec.device)
     # CPU threads change float rounding: a resumed run uses the count the run started with
     spec.threads = _apply_threads(spec.threads, model)
     agent = _construct_agent(agent_cls, model, tokenizer, config)

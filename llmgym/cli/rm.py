@@ -1,0 +1,169 @@
+"""``llmgym rm``: train a Bradley–Terry reward model on preference pairs.
+
+Reads ``{"prompt", "chosen", "rejected"}`` JSONL, puts a scalar head on a causal LM's backbone (or
+continues a reward model saved earlier), trains it with
+:func:`llmgym.reward_models.fit_reward_model`, evaluates pairwise accuracy on held-out pairs, and
+saves a directory that :class:`llmgym.reward_models.RewardModelVerifier` loads
+(``RewardModelVerifier("DIR")``) — a reward for ``train`` through any env built on it.
+
+Example:
+    >>> from llmgym.cli import main
+    >>> main(["rm", "--pairs", "/no/such/pairs.jsonl", "--out", "/tmp/rm"])
+    2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from llmgym.cli.common import (
+    SMALL_MODEL_PARAMETERS,
+    UsageError,
+    _console,
+    _files_table,
+    _fmt,
+    _quiet_hf,
+    atomic_write_text,
+    check_out_dir,
+    resolve_model,
+)
+
+__all__ = ["add_parser", "cmd_rm"]
+
+
+def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``rm`` sub-command to ``subparsers`` (``common`` holds the options every command shares)."""
+    p = subparsers.add_parser(
+        "rm", parents=[common], help="train a Bradley-Terry reward model on preference pairs",
+        description="Train a reward model on preference pairs (JSONL rows {\"prompt\", \"chosen\", \"rejected\"}): "
+                    "a scalar head on the model's backbone, the Bradley-Terry loss, pairwise accuracy on held-out "
+                    "pairs. Writes OUT (load it with RewardModelVerifier(OUT)) and OUT/metrics.jsonl.")
+    p.add_argument("--pairs", required=True, metavar="FILE.jsonl", help="training preference pairs")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for the reward model and metrics.jsonl")
+    p.add_argument("--model", default="tiny",
+                   help="a causal LM ('tiny', a saved directory or a hub id) or a reward model saved earlier "
+                        "(training continues) (default tiny)")
+    p.add_argument("--eval-pairs", metavar="FILE.jsonl",
+                   help="held-out pairs (default: hold out --held-out of --pairs)")
+    p.add_argument("--held-out", type=float, default=0.1, metavar="FRACTION",
+                   help="share of --pairs held out for evaluation when --eval-pairs is not given (default 0.1)")
+    p.add_argument("--steps", type=int, default=200, help="optimiser steps (default 200)")
+    p.add_argument("--batch-size", type=int, default=32, help="pairs per step (default 32)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out split, batches and head (default 0)")
+    p.add_argument("--eval-every", type=int, default=50, metavar="N",
+                   help="evaluate on the held-out pairs every N steps (and at the end; default 50)")
+    p.add_argument("--overwrite", action="store_true", help="replace a reward model already in --out")
+    p.set_defaults(handler=cmd_rm)
+    return p
+
+
+def _load_pairs(path: str, flag: str):
+    """The pairs in ``path``; a missing, empty or malformed file is a one-line :class:`UsageError`."""
+    from llmgym.preferences import load_preferences
+
+    try:
+        return load_preferences(path)
+    except FileNotFoundError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    except (ValueError, TypeError, UnicodeDecodeError, IsADirectoryError) as exc:
+        message = " ".join(str(exc).split())[:400]
+        raise UsageError(f"{flag} {path}: {message}") from None
+
+
+def _set_threads(requested: int | None, model: str) -> int:
+    """Torch's CPU threads for the run: ``requested``, else 1 below ``SMALL_MODEL_PARAMETERS`` (counted
+    on a weightless ``meta``-device copy of the model; the rule of the other commands)."""
+    import torch
+
+    if requested is not None:
+        torch.set_num_threads(requested)
+        return requested
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from llmgym.models import tiny_model_path
+
+        config = AutoConfig.from_pretrained(str(tiny_model_path() if model == "tiny" else model))
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+        if sum(p.numel() for p in skeleton.parameters()) < SMALL_MODEL_PARAMETERS:
+            torch.set_num_threads(1)
+    except (OSError, ValueError):  # an unusual architecture: torch's choice; loading it reports any real problem
+        pass
+    return torch.get_num_threads()
+
+
+def _progress(console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"), TextColumn("batch acc {task.fields[acc]}"),
+        TextColumn("held-out acc {task.fields[eval]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=console,
+    )
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """``llmgym rm``."""
+    from rich.table import Table
+
+    from llmgym.reward_models import fit_reward_model
+
+    console = _console()
+    for flag, value, low in (("--steps", args.steps, 1), ("--batch-size", args.batch_size, 1),
+                             ("--eval-every", args.eval_every, 0), ("--seed", args.seed, 0)):
+        if value < low:
+            raise UsageError(f"{flag} must be >= {low}, got {value}")
+    if not 0 < args.held_out < 1:
+        raise UsageError(f"--held-out must be in (0, 1), got {args.held_out:g}")
+    if not args.lr >= 0 or not args.weight_decay >= 0:
+        raise UsageError(f"--lr and --weight-decay must be >= 0, got {args.lr:g} and {args.weight_decay:g}")
+    out = check_out_dir(args.out)  # before any work: a file or an unwritable place fails now
+    if (out / "metrics.jsonl").exists() and not args.overwrite:
+        raise UsageError(f"{str(out)!r} already holds a reward model run: choose another --out or add --overwrite")
+    pairs = _load_pairs(args.pairs, "--pairs")
+    eval_pairs = _load_pairs(args.eval_pairs, "--eval-pairs") if args.eval_pairs else None
+    if eval_pairs is None and len(pairs) < 2:
+        raise UsageError(f"--pairs {args.pairs} holds {len(pairs)} pair: need at least 2 to hold some out, "
+                         f"or give --eval-pairs")
+    model = resolve_model(args.model)  # before any work: a missing model fails now
+    _quiet_hf()
+    threads = _set_threads(args.threads, model)
+
+    console.print(f"[bold]training a reward model[/] on {len(pairs)} pairs (model {args.model}, {args.steps} steps, "
+                  f"batch {args.batch_size}, seed {args.seed}, {threads} thread(s)) → {out}")
+    progress = _progress(console)
+    job = progress.add_task("reward model", total=args.steps, loss="—", acc="—", eval="—")
+    last_eval = "—"
+
+    def on_step(row: dict[str, float]) -> None:
+        nonlocal last_eval
+        if row.get("eval_accuracy") is not None:
+            last_eval = _fmt(row["eval_accuracy"])
+        progress.update(job, completed=int(row["step"]), loss=_fmt(row.get("loss")), acc=_fmt(row.get("accuracy")),
+                        eval=last_eval)
+
+    try:
+        with progress:
+            report = fit_reward_model(model, pairs, out, eval_pairs=eval_pairs, held_out=args.held_out,
+                                      steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                                      weight_decay=args.weight_decay, seed=args.seed, eval_every=args.eval_every,
+                                      callback=on_step)
+    except ValueError as exc:  # e.g. too few pairs for the split
+        raise UsageError(" ".join(str(exc).split())[:400]) from None
+    final = report["eval"]
+    table = Table(title=f"held-out pairs ({report['eval_pairs']}; trained on {report['train_pairs']})",
+                  title_justify="left")
+    for column in ("accuracy", "margin", "loss", "pairs"):
+        table.add_column(column, justify="right")
+    table.add_row(_fmt(final["accuracy"]), _fmt(final["margin"]), _fmt(final["loss"]), str(int(final["pairs"])))
+    console.print(table)
+    atomic_write_text(out / "eval.json", json.dumps({**final, "train_pairs": report["train_pairs"]}, indent=2) + "\n")
+    console.print(_files_table("files", {"reward model": out, "metrics": out / "metrics.jsonl",
+                                         "eval": out / "eval.json"}))
+    console.print(f"use it as a reward: llmgym.reward_models.RewardModelVerifier({str(out)!r})")
+    return 0
