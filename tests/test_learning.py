@@ -35,18 +35,19 @@ SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW_TOKENS)
 SEED = 0
 MARGIN = 0.05
 # Held-out improvement after STEPS, measured with benchmarks/learning_spread.py over agent seeds 0-3
-# × torch threads 1 and 2 (8 runs per agent, 2026-11-26, 2-core machine): min..max (mean). Seeds move
+# × torch threads 1 and 2 (8 runs per agent, 2026-11-26, 2-core machine; re-measured after the learner
+# moved to agents/learner.py): min..max (mean). Seeds move
 # it by up to 0.06; 1 vs 2 threads by 0 (same kernels at this size) to 0.04 (PPO). The smallest gain
 # measured, 0.081, is 1.6× MARGIN. The old recipe (100 warm-up steps, 8 prompts × 4, 60 steps, margin
 # 0.03) measured +0.003..+0.076 over seeds 0-3 on one thread, and failed on other machines.
 AGENTS = [
-    (REINFORCE, dict(lr=1e-3)),  # +0.104..+0.141 (0.119); threads: identical
+    (REINFORCE, dict(lr=1e-3)),  # +0.109..+0.139 (0.119); threads: identical
     (RLOO, dict(lr=1e-3)),  # +0.081..+0.127 (0.108); threads: ≤ 0.012 apart
     # PPO's default minibatches of 8 make 32 noisy optimiser steps per batch of 128: same seed, 1 vs 2
     # threads ended 0.022 vs 0.108 after 40 steps. Minibatches of 32 (8 steps per batch) are steady.
-    (PPO, dict(lr=5e-4, minibatch_size=32)),  # +0.110..+0.166 (0.140); threads: ≤ 0.041 apart
-    (GRPO, dict(lr=1e-3, kl_coef=0.0)),  # +0.090..+0.121 (0.108); threads: identical
-    (DAPO, dict(lr=1e-3)),  # +0.089..+0.106 (0.096); threads: identical
+    (PPO, dict(lr=5e-4, minibatch_size=32)),  # +0.133..+0.162 (0.148); threads: ≤ 0.028 apart
+    (GRPO, dict(lr=1e-3, kl_coef=0.0)),  # +0.091..+0.121 (0.108); threads: identical
+    (DAPO, dict(lr=1e-3)),  # +0.096..+0.115 (0.103); threads: identical
 ]
 
 
