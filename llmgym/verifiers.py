@@ -422,14 +422,15 @@ class RewardFunctionVerifier(Verifier):
             return []
         if self.time_limit is None:
             return self._guarded_batch(tasks, completions)
-        result: list[list[Score]] = []
-        worker = threading.Thread(target=lambda: result.append(self._guarded_batch(tasks, completions)), daemon=True)
-        worker.start()
-        worker.join(self.time_limit)
-        if worker.is_alive() or not result:
-            error = f"timeout: the reward function took longer than {self.time_limit} s"
+        # in a forked child killed at the limit, like Verifier: a thread could not stop the function
+        outcome = _in_killable_child(lambda _t, _c: self._guarded_batch(tasks, completions), None, None,
+                                     self.time_limit)
+        if isinstance(outcome, Score):  # the child timed out or died: every completion scores 0
+            error = outcome.info.get("error", "the reward function failed")
+            if error.startswith("timeout"):
+                error = f"timeout: the reward function took longer than {self.time_limit} s"
             return [Score(0.0, {"error": error}) for _ in tasks]
-        return result[0]
+        return outcome
 
     def _guarded_batch(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[Score]:
         try:

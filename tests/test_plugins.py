@@ -238,3 +238,25 @@ def test_a_trl_reward_function_is_one_batched_call_and_never_crashes():
     assert "returned 1 values for 3" in short.verify_batch(tasks, ["a", "b", "c"])[0].info["error"]
     nan = from_reward_function(lambda prompts, completions, **kw: [float("nan")])
     assert nan(tasks[0], "x").reward == 0.0
+
+
+def test_a_reward_function_with_a_time_limit_is_stopped_not_crashing():
+    import time as _time
+
+    from llmgym import SequenceEnv, Task
+    from llmgym.verifiers import from_reward_function
+
+    def slow(prompts, completions, **kw):
+        _time.sleep(300)
+        return [1.0] * len(completions)
+
+    def quick(prompts, completions, **kw):
+        return [float(c == "ok") for c in completions]
+
+    env = SequenceEnv([Task("say ok")], from_reward_function(slow, time_limit=0.5))
+    env.reset(seed=0)
+    _, reward, *_, info = env.step("ok")
+    assert reward == 0.0 and info["error"].startswith("timeout")
+    env = SequenceEnv([Task("say ok")], from_reward_function(quick, time_limit=30))
+    env.reset(seed=0)
+    assert env.step("ok")[1] == 1.0
