@@ -601,3 +601,22 @@ def test_reasoning_gym_verifier_reward_equals_reasoning_gyms_pipeline(dataset):
     # countdown gives 0.01 to a missing answer; llmgym passes the None through, as reasoning-gym does
     if dataset == "countdown":
         assert ReasoningGymVerifier()(task, gold).reward == 0.01
+
+
+def test_arithmetic_refuses_an_echo_of_the_question_and_false_equations():
+    # red-team finding: math-verify evaluates expressions, so "\boxed{8 * 18}" for "Compute 8 * 18"
+    # scored 1.0 on 50/50 seeds; Arithmetic wants the number written out
+    env = gymnasium.make("llmgym/Arithmetic-v0")
+    for seed in range(10):
+        _, info = env.reset(seed=seed)
+        task = info["task"]
+        expression = task.metadata["expression"]
+        assert env.step(rf"\boxed{{{expression}}}")[1] == 0.0, expression
+        env.reset(seed=seed)
+        assert env.step(rf"\boxed{{0 = {task.answer}}}")[1] == 0.0
+        env.reset(seed=seed)
+        assert env.step(rf"The answer is \boxed{{{task.answer}}}.")[1] == 1.0
+        env.reset(seed=seed)
+        assert env.step(f"x = {task.answer}")[1] == 1.0
+    # the general verifier keeps math-verify's semantics (MATH answers are expressions)
+    assert MathVerifier()(Task("q", answer="144"), r"\boxed{8 \cdot 18}").reward == 1.0

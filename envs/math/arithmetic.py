@@ -125,5 +125,5 @@ def arithmetic_env(
         tasks = functools.partial(arithmetic_task, min_ops=min_ops, max_ops=max_ops, max_value=max_value,
                                   ops=ops, prompt=prompt)
 
-    return SequenceEnv(tasks, verifier if verifier is not None else MathVerifier(time_limit=time_limit),
+    return SequenceEnv(tasks, verifier if verifier is not None else MathVerifier(time_limit=time_limit, literal_answer=True),
                        tokenizer, render_mode=render_mode)

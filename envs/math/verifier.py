@@ -296,6 +296,26 @@ def _unwrap(text: str) -> str:
     return _TEXT_WRAPPER.sub(r"\1", text).strip()
 
 
+_NUMBER_LITERAL = re.compile(
+    r"[+-]?(?:\d+(?:\.\d+)?|\.\d+|\\[dt]?frac\{\d+\}\{\d+\}|\d+/\d+)"
+)
+_VARIABLE_PREFIX = re.compile(r"[A-Za-z]\s*=\s*")
+
+
+def _is_number_literal(text: str) -> bool:
+    """``-12``, ``3.5``, ``\frac{7}{2}``, ``7/2`` (after ``\text{}``/``$`` unwrapping, an optional ``x =``).
+
+    Example:
+        >>> [_is_number_literal(t) for t in ["-12", "x = 3.5", r"\frac{7}{2}", "8 * 18", "1 = 17", "2^{3}"]]
+        [True, True, True, False, False, False]
+    """
+    text = _unwrap(text).strip().strip("$").strip()
+    match = _VARIABLE_PREFIX.match(text)
+    if match:
+        text = text[match.end():]
+    return bool(_NUMBER_LITERAL.fullmatch(text.replace(" ", "")))
+
+
 def _is_words(text: str) -> bool:
     """Plain words (``Monday``, ``New York``, ``yes``): no digits, operators or LaTeX; two letters at least."""
     return bool(_PURE_WORDS.fullmatch(text)) and bool(re.search(r"[A-Za-z]{2}", text))
@@ -483,6 +503,9 @@ class MathVerifier(Verifier):
         time_limit: seconds per check, enforced by killing a worker process (``None``: no limit,
             everything runs in the caller).
         float_rounding, numeric_precision, strict: passed to ``math_verify.verify``.
+        literal_answer: the answer must be a number written out (``-12``, ``3.5``, ``\frac{7}{2}``,
+            ``7/2``, optionally ``x = ...``), not an expression: math-verify evaluates expressions, so
+            without this a policy scores 1.0 by echoing the question's ``8 * 18`` (on for Arithmetic).
         mp_context: start method (or context) of :meth:`verify_batch`'s worker processes; default
             ``forkserver`` where available, else ``spawn``.
 
@@ -510,10 +533,12 @@ class MathVerifier(Verifier):
         float_rounding: int = 6,
         numeric_precision: int = 15,
         strict: bool = True,
+        literal_answer: bool = False,
         mp_context: Any = None,
     ):
         super().__init__()
         self.time_limit = time_limit
+        self.literal_answer = literal_answer
         self.float_rounding, self.numeric_precision, self.strict = float_rounding, numeric_precision, strict
         self.mp_context = mp_context
         self._pool: Any = None
@@ -528,6 +553,8 @@ class MathVerifier(Verifier):
         if len(predicted) > MAX_ANSWER_CHARS:
             return Score(0.0, {**info, "extracted": predicted[:100] + "...",
                                "error": f"the answer is {len(predicted)} characters long (over {MAX_ANSWER_CHARS}): not compared"})
+        if self.literal_answer and not _is_number_literal(predicted):
+            return Score(0.0, {**info, "error": "the answer must be a number written out, not an expression"})
         words = _is_words(_unwrap(predicted)) and _is_words(_unwrap(gold))
         if _plain(predicted, fold_case=words) == _plain(gold, fold_case=words):
             return Score(1.0, info)
