@@ -161,7 +161,9 @@ def test_mbpp_loader_reads_both_mbpp_editions_and_rejects_bad_records(tmp_path):
     assert by_id["MBPP/903"].tests.startswith("from math import isclose\n")  # test_setup_code
     assert by_id["MBPP/905"].tests.startswith("import re\n")  # sanitized edition: prompt + test_imports
     assert by_id["MBPP/905"].metadata["entry_point"] == "long_words"
-    assert "assert digit_product(999) == 729" in by_id["MBPP/902"].prompt
+    assert "assert digit_product(123) == 6" in by_id["MBPP/902"].prompt  # the first assert is shown
+    assert "assert digit_product(999) == 729" not in by_id["MBPP/902"].prompt  # ... the others are hidden
+    assert "assert digit_product(999) == 729" in by_id["MBPP/902"].tests  # ... and judged
     assert len(load_mbpp_jsonl(SAMPLE, limit=2)) == 2
     with pytest.raises(ValueError, match="test_list"):
         mbpp_task({"text": "x", "test_list": []})

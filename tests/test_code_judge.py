@@ -557,3 +557,37 @@ def test_proc_sys_is_read_only_in_the_sandbox():
         "print([l.split()[4:6] for l in open('/proc/self/mountinfo') if ' /proc/sys ' in l])\n"
     )
     assert "wrote" not in r.stdout and "['/proc/sys', 'ro," in r.stdout, r.stdout
+
+
+def _lookup_table_completion(task) -> str:
+    """A policy's hack: answer exactly the asserts it can read in the prompt, nothing else."""
+    import ast
+
+    table = {}
+    for line in task.prompt.splitlines():
+        if not line.startswith("assert "):
+            continue
+        node = ast.parse(line).body[0].test
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):
+            args = tuple(ast.literal_eval(a) for a in node.left.args)
+            table[repr(args)] = ast.literal_eval(node.comparators[0])
+    entry = task.metadata["entry_point"]
+    return f"T = {table!r}\ndef {entry}(*a):\n    return T.get(repr(a))\n"
+
+
+def test_mbpp_prompt_shows_one_assert_so_a_lookup_table_of_the_prompt_scores_0():
+    # red-team finding: with every judged assert in the prompt, a lookup table scored 5/5
+    shown_all = gym.make("llmgym/MBPP-v0", path="tests/data/mbpp_sample.jsonl", shown_tests=None)
+    default = gym.make("llmgym/MBPP-v0", path="tests/data/mbpp_sample.jsonl")
+    hacked_when_all_shown = 0
+    for env, expect_zero in ((default, True), (shown_all, False)):
+        for task in env.unwrapped.tasks.source:
+            env.reset(options={"task": task})
+            reward = env.step(_lookup_table_completion(task))[1]
+            if expect_zero:
+                assert reward == 0.0, task.id
+            else:
+                hacked_when_all_shown += reward == 1.0
+            assert sum(line.startswith("assert ") for line in task.prompt.splitlines()) == (
+                1 if expect_zero else len(task.metadata["test_list"]))
+    assert hacked_when_all_shown >= 3  # the attack is real where the prompt holds every test

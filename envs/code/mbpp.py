@@ -21,8 +21,8 @@ Example:
     >>> import gymnasium, llmgym
     >>> env = gymnasium.make("llmgym/MBPP-v0")
     >>> obs, info = env.reset(options={"task_id": "builtin/sum_of_squares"})
-    >>> print(obs["prompt"].splitlines()[-1])
-    assert sum_of_squares(10) == 385
+    >>> print(obs["prompt"].splitlines()[-1])  # one assert shown; every assert is judged
+    assert sum_of_squares(0) == 0
     >>> code = "```python\\ndef sum_of_squares(n):\\n    return sum(i * i for i in range(1, n + 1))\\n```"
     >>> env.step(code)[1]
     1.0
@@ -42,13 +42,18 @@ from llmgym.envs.code.verifier import CodeVerifier
 from llmgym import SequenceEnv, Task
 from llmgym.sandbox import Sandbox, SandboxLimits
 
-__all__ = ["BUILTIN_PROBLEMS", "MBPP_PROMPT", "builtin_code_tasks", "load_mbpp_jsonl", "mbpp_env", "mbpp_task"]
+__all__ = ["BUILTIN_PROBLEMS", "MBPP_PROMPT", "SHOWN_TESTS", "builtin_code_tasks", "load_mbpp_jsonl", "mbpp_env", "mbpp_task"]
 
 #: MBPP's prompt: the statement, then the tests the code must pass.
 MBPP_PROMPT = (
     "You are an expert Python programmer, and here is your task: {text} "
     "Your code should pass these tests:\n\n{tests}\n"
 )
+SHOWN_TESTS = 1
+"""Asserts shown in the prompt by default. MBPP's paper shows all three, but a policy trained on
+tasks whose prompt holds every test it is judged on learns a lookup table of them (a red-team pass
+scored 5/5 that way): one shows the signature and the output format, the rest stay hidden. Pass
+``shown_tests=None`` (all) to reproduce the paper's benchmark prompt."""
 
 
 def _problem(task_id: str, text: str, code: str, tests: Sequence[str], setup: str = "") -> dict[str, Any]:
@@ -151,7 +156,7 @@ def _entry_point(code: str | None, tests: Sequence[str]) -> str | None:
 
 
 def mbpp_task(record: Mapping[str, Any], *, index: int = 0, source: str = "MBPP",
-              prompt_template: str = MBPP_PROMPT) -> Task:
+              prompt_template: str = MBPP_PROMPT, shown_tests: int | None = SHOWN_TESTS) -> Task:
     """One MBPP-style record as a code Task (see the module docstring for the fields).
 
     Example:
@@ -176,7 +181,7 @@ def mbpp_task(record: Mapping[str, Any], *, index: int = 0, source: str = "MBPP"
     entry_point = record.get("entry_point") or _entry_point(code, tests)
     task_id = record.get("task_id", index)
     return Task(
-        prompt_template.format(text=text.strip(), tests="\n".join(tests)),
+        prompt_template.format(text=text.strip(), tests="\n".join(tests if shown_tests is None else tests[:shown_tests])),
         answer=code,
         tests=(setup + "\n" if setup else "") + "\n".join(tests),
         metadata={"entry_point": entry_point, "text": text, "test_list": list(tests), "source": source},
@@ -199,7 +204,8 @@ def _read_jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
             yield line_no, record
 
 
-def load_mbpp_jsonl(path: str | Path, *, prompt_template: str = MBPP_PROMPT, limit: int | None = None,
+def load_mbpp_jsonl(path: str | Path, *, prompt_template: str = MBPP_PROMPT, shown_tests: int | None = SHOWN_TESTS,
+                    limit: int | None = None,
                     source: str = "MBPP") -> list[Task]:
     """Code tasks from an MBPP-style ``.jsonl`` (or ``.jsonl.gz``) file.
 
@@ -217,13 +223,14 @@ def load_mbpp_jsonl(path: str | Path, *, prompt_template: str = MBPP_PROMPT, lim
         if limit is not None and len(tasks) >= limit:
             break
         record.setdefault("task_id", line_no - 1)
-        tasks.append(mbpp_task(record, index=line_no - 1, source=source, prompt_template=prompt_template))
+        tasks.append(mbpp_task(record, index=line_no - 1, source=source, prompt_template=prompt_template,
+                               shown_tests=shown_tests))
     if not tasks:
         raise ValueError(f"{path} holds no records")
     return tasks
 
 
-def builtin_code_tasks(prompt_template: str = MBPP_PROMPT) -> list[Task]:
+def builtin_code_tasks(prompt_template: str = MBPP_PROMPT, shown_tests: int | None = SHOWN_TESTS) -> list[Task]:
     """:data:`BUILTIN_PROBLEMS` as tasks (ids ``"builtin/<name>"``).
 
     Example:
@@ -231,7 +238,7 @@ def builtin_code_tasks(prompt_template: str = MBPP_PROMPT) -> list[Task]:
         >>> [t.id for t in builtin_code_tasks()][:2]
         ['builtin/sum_of_squares', 'builtin/is_palindrome']
     """
-    return [mbpp_task(r, index=i, source="builtin", prompt_template=prompt_template)
+    return [mbpp_task(r, index=i, source="builtin", prompt_template=prompt_template, shown_tests=shown_tests)
             for i, r in enumerate(BUILTIN_PROBLEMS)]
 
 
@@ -243,6 +250,7 @@ def mbpp_env(
     tasks: Sequence[Task] | None = None,
     limit: int | None = None,
     prompt_template: str = MBPP_PROMPT,
+    shown_tests: int | None = SHOWN_TESTS,
     limits: SandboxLimits | None = None,
     sandbox: Sandbox | None = None,
     verifier: CodeVerifier | None = None,
@@ -253,10 +261,12 @@ def mbpp_env(
         path: an MBPP-style ``.jsonl``; ``limit`` keeps its first records.
         tasks: code tasks of your own instead.
         prompt_template: with ``{text}`` and ``{tests}``.
+        shown_tests: how many of a task's asserts the prompt shows (default 1; ``None``: all, as in
+            MBPP's paper). Every assert is judged: a prompt holding them all invites a lookup table.
         limits / sandbox: passed to the default :class:`~llmgym.envs.code.CodeVerifier`; ``verifier``: your own.
     """
     if tasks is None:
-        tasks = (load_mbpp_jsonl(path, prompt_template=prompt_template, limit=limit) if path is not None
-                 else builtin_code_tasks(prompt_template))
+        tasks = (load_mbpp_jsonl(path, prompt_template=prompt_template, shown_tests=shown_tests, limit=limit)
+                 if path is not None else builtin_code_tasks(prompt_template, shown_tests))
     verifier = verifier or CodeVerifier(limits, sandbox=sandbox)
     return SequenceEnv(tasks, verifier, tokenizer, render_mode=render_mode)

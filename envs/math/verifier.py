@@ -303,7 +303,7 @@ _VARIABLE_PREFIX = re.compile(r"[A-Za-z]\s*=\s*")
 
 
 def _is_number_literal(text: str) -> bool:
-    """``-12``, ``3.5``, ``\frac{7}{2}``, ``7/2`` (after ``\text{}``/``$`` unwrapping, an optional ``x =``).
+    r"""``-12``, ``3.5``, ``\frac{7}{2}``, ``7/2`` (after ``\text{}``/``$`` unwrapping, an optional ``x =``).
 
     Example:
         >>> [_is_number_literal(t) for t in ["-12", "x = 3.5", r"\frac{7}{2}", "8 * 18", "1 = 17", "2^{3}"]]
