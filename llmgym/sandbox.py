@@ -395,6 +395,20 @@ def _drop_and_limit(cfg, uid, with_files, gid=None):
     for name, soft, hard in cfg["rlimits"]:
         resource.setrlimit(getattr(resource, name), (soft, hard))
 
+def _exit_on_setup_error(ready_r, pid, status_fd):
+    # the child reports a failed set-up (uid drop, limits, files) on ready_r; EOF alone means ready
+    err = b""
+    while True:
+        chunk = os.read(ready_r, 4096)
+        if not chunk:
+            break
+        err += chunk
+    os.close(ready_r)
+    if err:
+        os.waitpid(pid, 0)
+        os.write(status_fd, b"setup_error " + err.replace(b"\n", b" ") + b"\n")
+        os._exit(0)
+
 def _judged(cfg, status_fd):
     # Two processes under two uids: the candidate (a fresh interpreter running the runner, which
     # runs main.py) and the judge (trusted source, forked from here). Pipes: judge -> candidate
@@ -426,17 +440,7 @@ def _judged(cfg, status_fd):
                 os._exit(125)
     for fd in (j2c_r, c2j_w, ready_w):
         os.close(fd)
-    err = b""
-    while True:
-        chunk = os.read(ready_r, 4096)
-        if not chunk:
-            break
-        err += chunk
-    os.close(ready_r)
-    if err:
-        os.waitpid(cpid, 0)
-        os.write(status_fd, b"setup_error " + err.replace(b"\n", b" ") + b"\n")
-        os._exit(0)
+    _exit_on_setup_error(ready_r, cpid, status_fd)
     jpid = os.fork()
     if jpid == 0:
         try:
@@ -531,17 +535,7 @@ def _main():
         _child(cfg, ready_w)
         os._exit(0)
     os.close(ready_w)
-    err = b""
-    while True:
-        chunk = os.read(ready_r, 4096)
-        if not chunk:
-            break
-        err += chunk
-    os.close(ready_r)
-    if err:
-        os.waitpid(pid, 0)
-        os.write(status_fd, b"setup_error " + err.replace(b"\n", b" ") + b"\n")
-        os._exit(0)
+    _exit_on_setup_error(ready_r, pid, status_fd)
     t1 = time.monotonic()
     os.write(status_fd, b"started %f\n" % (t1 - t0))
     while True:  # as the namespace's init, also reap orphans (zombies count against RLIMIT_NPROC)
