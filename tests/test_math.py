@@ -315,6 +315,7 @@ def test_loaders_use_the_datasets_cache_when_no_path(monkeypatch):
         return [{"problem": "1+1?", "solution": r"\boxed{2}", "answer": "2"}]
 
     fake.load_dataset = load_dataset
+    fake.config = types.SimpleNamespace(HF_HUB_OFFLINE=True)  # offline: no probe of the hub
     monkeypatch.setitem(sys.modules, "datasets", fake)
     assert load_math(split="test")[0].answer == "2"
     assert calls == [("HuggingFaceH4/MATH-500", None, "test")]
@@ -620,3 +621,27 @@ def test_arithmetic_refuses_an_echo_of_the_question_and_false_equations():
         assert env.step(f"x = {task.answer}")[1] == 1.0
     # the general verifier keeps math-verify's semantics (MATH answers are expressions)
     assert MathVerifier()(Task("q", answer="144"), r"\boxed{8 \cdot 18}").reward == 1.0
+
+
+def test_gsm8k_without_a_file_reads_only_the_cache_when_the_hub_is_unreachable(monkeypatch):
+    # offline, load_dataset spent ~30 s in retries before failing: one short probe decides instead
+    import datasets
+    import huggingface_hub
+
+    from llmgym.envs.math import load_gsm8k
+
+    seen = {}
+
+    def unreachable(*args, **kwargs):
+        raise OSError("Name or service not known")
+
+    def fake_load_dataset(*args, **kwargs):
+        seen["offline"] = datasets.config.HF_HUB_OFFLINE
+        raise ConnectionError("not in the cache")
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "dataset_info", unreachable)
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    with pytest.raises(RuntimeError, match="path='file.jsonl'"):
+        load_gsm8k()
+    assert seen["offline"] is True and datasets.config.HF_HUB_OFFLINE is False  # restored after

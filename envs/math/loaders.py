@@ -95,6 +95,16 @@ def _from_hub(loader: str, hf_name: str, hf_config: str | None, split: str) -> l
             f"'datasets' package (pip install datasets) and the dataset in its cache; or pass "
             f"path='file.jsonl' (JSONL/JSON/Parquet in that format)"
         ) from None
+    offline = datasets.config.HF_HUB_OFFLINE
+    if not offline:
+        from huggingface_hub import dataset_info
+
+        try:  # one short request: when the hub is unreachable, read the cache only (load_dataset would
+            dataset_info(hf_name, timeout=5)  # spend ~30 s in retries before the same error)
+        except Exception:
+            offline = True
+    previous = datasets.config.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = offline
     try:
         rows = datasets.load_dataset(hf_name, hf_config, split=split)
     except Exception as exc:  # offline and not cached, unknown split, ...
@@ -103,6 +113,8 @@ def _from_hub(loader: str, hf_name: str, hf_config: str | None, split: str) -> l
             f"datasets.load_dataset: {type(exc).__name__}: {exc}. Without network access it must be in "
             f"the Hugging Face cache; otherwise pass path='file.jsonl'."
         ) from exc
+    finally:
+        datasets.config.HF_HUB_OFFLINE = previous
     return [dict(r) for r in rows]
 
 
