@@ -405,6 +405,10 @@ class SequenceEnv(gym.Env):
             result[4]["truncated_completion"] = original_chars
         return result
 
+    def completion_text(self, action: Any) -> str:
+        """The text :meth:`step` would hand the verifier for ``action`` (decoded, cut to ``max_completion_chars``)."""
+        return self._parse_action(action)[0][: self.max_completion_chars]
+
     def render(self) -> str | None:
         if self.render_mode == "ansi":
             return self._text

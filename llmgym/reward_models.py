@@ -369,6 +369,7 @@ class RewardModelVerifier(Verifier):
         self.batch_size, self.scale, self.shift = batch_size, float(scale), float(shift)
         self.max_completion_chars = max_completion_chars
         self._lock = threading.Lock()  # one forward at a time when a thread pool calls in
+        self._prefetched: dict[tuple[int, str], Score] = {}
 
     def raw_scores(self, tasks: Sequence[Task], completions: Sequence[str]) -> torch.Tensor:
         """``[B]`` raw rewards ``r(x, y)``, in batches of ``batch_size``."""
@@ -379,7 +380,15 @@ class RewardModelVerifier(Verifier):
     def _score(self, raw: float) -> Score:
         return Score(self.scale * raw + self.shift, {"reward_model": raw})
 
+    def prefetch(self, tasks: Sequence[Task], completions: Sequence[str]) -> None:
+        """Score a rollout turn's completions in batched forward passes; the envs' calls then read them."""
+        scores = self.verify_batch(tasks, completions)
+        self._prefetched = {(id(t), c): s for t, c, s in zip(tasks, completions, scores)}
+
     def verify(self, task: Task, completion: str) -> Score:
+        prefetched = self._prefetched.pop((id(task), completion), None)
+        if prefetched is not None:
+            return prefetched
         return self._score(float(self.raw_scores([task], [completion])[0]))
 
     def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str],

@@ -24,6 +24,7 @@ import torch
 from llmgym.engines.base import Completion, SamplingParams
 from llmgym.engines.sampling import row_keys, sample_next_token
 from llmgym.types import Task
+from llmgym.verifiers import Verifier
 from llmgym.vector import clone_env
 
 __all__ = ["Episode", "collect_episodes", "evaluate", "draw_tasks", "distinct_tasks", "turn_keys", "is_token_level"]
@@ -213,6 +214,7 @@ def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, ma
         keys_all = turn_keys(seed, len(envs), turn)
         prompts = [observations[i]["prompt_ids"].tolist() for i in live]
         groups = engine.generate(prompts, per_turn, keys=[keys_all[i] for i in live])
+        _prefetch_scores(envs, live, groups)
         still = []
         for i, group in zip(live, groups):
             c: Completion = group[0]
@@ -225,6 +227,21 @@ def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, ma
                 still.append(i)
         live, turn = still, turn + 1
     return sampled
+
+
+def _prefetch_scores(envs, rows, groups) -> None:
+    """Hand each batch-friendly verifier (a reward model) its share of this turn's completions at once."""
+    batches: dict[int, tuple[Verifier, list[Task], list[str]]] = {}
+    for i, group in zip(rows, groups):
+        inner = envs[i].unwrapped
+        verifier, task = getattr(inner, "verifier", None), getattr(inner, "task", None)
+        if verifier is None or task is None or type(verifier).prefetch is Verifier.prefetch:
+            continue
+        _, tasks, texts = batches.setdefault(id(verifier), (verifier, [], []))
+        tasks.append(task)
+        texts.append(inner.completion_text(list(group[0].token_ids)))
+    for verifier, tasks, texts in batches.values():
+        verifier.prefetch(tasks, texts)
 
 
 def _token_wrapper(env: gym.Env):

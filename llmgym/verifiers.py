@@ -114,6 +114,15 @@ class Verifier(abc.ABC):
                 },
             )
 
+    def prefetch(self, tasks: Sequence[Task], completions: Sequence[str]) -> None:
+        """Score a batch ahead of the one-by-one calls the envs will make (a hook; default: nothing).
+
+        Rollouts call it with every completion of a turn before stepping the envs. A verifier for
+        which one batched call is much cheaper than many single ones (a reward model's forward
+        pass) overrides it and answers the following calls for the same ``(task, completion)`` from
+        what it computed; any other call is scored as usual, so results never depend on it.
+        """
+
     def verify_batch(
         self, tasks: Sequence[Task], completions: Sequence[str], max_workers: int | None = None
     ) -> list[Score]:

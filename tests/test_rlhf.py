@@ -277,3 +277,32 @@ def test_fit_reward_model_writes_a_loadable_model_and_metrics_and_continues(tmp_
     assert again["history"][0]["margin"] != 0.0
     with pytest.raises(ValueError, match="at least 2 pairs"):
         fit_reward_model(tmp_path / "base", PAIRS[:1], tmp_path / "rm3")
+
+
+def test_a_rollout_scores_a_turn_with_one_batched_reward_model_call(tiny_model, tokenizer):
+    # env.step scores one completion; the rollout hands the reward model the whole turn first
+    from llmgym.engines import HFEngine, SamplingParams
+    from llmgym.reward_models import reward_model_from_causal_lm
+    from llmgym.rollout import collect_episodes
+
+    torch.manual_seed(0)
+    rm = reward_model_from_causal_lm(tiny_model)
+    torch.nn.init.normal_(rm.score.weight, std=1.0)  # a head that tells completions apart
+
+    class Counting(RewardModelVerifier):
+        calls: list[int] = []
+
+        def raw_scores(self, tasks, completions):
+            self.calls.append(len(completions))
+            return super().raw_scores(tasks, completions)
+
+    verifier = Counting(rm, tokenizer)
+    tasks = [Task(f"say {i}:") for i in range(4)]
+    env = SequenceEnv(tasks, verifier, tokenizer)
+    engine = HFEngine(tiny_model, tokenizer)
+    episodes, _ = collect_episodes(env, engine, num_tasks=4, group_size=3, seed=0, tasks=tasks,
+                                   sampling=SamplingParams(max_new_tokens=5, seed=0))
+    assert verifier.calls == [12]  # one call for the turn's 12 completions, none per step
+    for ep in episodes:  # the same rewards as scoring each completion on its own
+        alone = verifier.verify(ep.task, tokenizer.decode(ep.completion_ids, skip_special_tokens=True))
+        assert ep.total_reward == pytest.approx(alone.reward, abs=1e-5)
