@@ -1141,6 +1141,19 @@ class _Killer:
             self.proc.kill()
 
 
+def _signal_reason(sig: int, cpu_s: float | None, lim: "SandboxLimits") -> str:
+    """Why a signal ended a sandboxed process: a CPU or file-size limit, or the signal's name."""
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s is not None
+                                 and cpu_s >= math.ceil(lim.cpu_seconds) - 0.05):
+        return "cpu_limit"  # SIGXCPU, or SIGKILL once the CPU time reached the limit
+    if sig == signal.SIGXFSZ:
+        return "file_size_limit"
+    try:
+        return "signal:" + signal.Signals(sig).name
+    except ValueError:
+        return f"signal:{sig}"
+
+
 class Sandbox:
     """Runs untrusted Python programs isolated from the host (see the module docstring).
 
@@ -1704,20 +1717,7 @@ class Sandbox:
         elif flooded:
             killed_reason = "output_limit"
         elif "signal" in status:
-            sig = int(status["signal"])
-            if sig == signal.SIGXCPU or (
-                sig == signal.SIGKILL
-                and cpu_s is not None
-                and cpu_s >= math.ceil(lim.cpu_seconds) - 0.05
-            ):
-                killed_reason = "cpu_limit"
-            elif sig == signal.SIGXFSZ:
-                killed_reason = "file_size_limit"
-            else:
-                try:
-                    killed_reason = "signal:" + signal.Signals(sig).name
-                except ValueError:
-                    killed_reason = f"signal:{sig}"
+            killed_reason = _signal_reason(int(status["signal"]), cpu_s, lim)
         elif "exit" not in status:
             killed_reason = "sandbox_error"
         candidate_rc = None
@@ -1727,19 +1727,7 @@ class Sandbox:
             candidate_rc = int(status["candidate_exit"])
         if killed_reason is None and returncode != 0 and candidate_rc is not None and candidate_rc < 0:
             # a judged run failed because a limit killed the candidate: say which
-            sig = -candidate_rc
-            ccpu = status.get("candidate_cpu_s")
-            if sig == signal.SIGXCPU or (
-                sig == signal.SIGKILL and ccpu is not None and ccpu >= math.ceil(lim.cpu_seconds) - 0.05
-            ):
-                killed_reason = "cpu_limit"
-            elif sig == signal.SIGXFSZ:
-                killed_reason = "file_size_limit"
-            else:
-                try:
-                    killed_reason = "signal:" + signal.Signals(sig).name
-                except ValueError:
-                    killed_reason = f"signal:{sig}"
+            killed_reason = _signal_reason(-candidate_rc, status.get("candidate_cpu_s"), lim)
         maxrss = status.get("maxrss_kb")
         return SandboxResult(
             returncode=returncode,
