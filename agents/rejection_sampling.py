@@ -58,8 +58,8 @@ class RejectionSampling(Agent):
         >>> model, tok = load_model("tiny")
         >>> agent = RejectionSampling(model, tok, tasks_per_step=2, group_size=4, max_new_tokens=4, threshold=2.0)
         >>> row = agent.learn(gymnasium.make("llmgym/Copy-v0", tokenizer=tok), steps=1)[0]
-        >>> row["kept"]  # no copy reward reaches 2.0: nothing is kept, nothing is learned
-        0.0
+        >>> row["kept"], row["skipped_groups"]  # no copy reward reaches 2.0: nothing is kept, nothing is learned
+        (0.0, 2.0)
     """
 
     config_class = RejectionSamplingConfig
