@@ -8,8 +8,9 @@ policy *is* a reward model. Putting that into the Bradley–Terry likelihood of 
     L = −log σ(β·[log π(y⁺|x)/π_ref(y⁺|x) − log π(y⁻|x)/π_ref(y⁻|x)])
 
 with one-line variants (IPO's squared loss on per-token averaged log-ratios, conservative DPO's
-label smoothing, SLiC's hinge) in :func:`llmgym.agents.functional.preference_loss`. Diagnostics are the *implicit rewards*
-``β·log π(y|x)/π_ref(y|x)``: their accuracy (share of pairs with ``r̂⁺ > r̂⁻``) and margin.
+label smoothing, SLiC's hinge) in :func:`llmgym.agents.functional.preference_loss`. Diagnostics are
+the *implicit rewards* ``β·log π(y|x)/π_ref(y|x)``: their accuracy (share of pairs with
+``r̂⁺ > r̂⁻``) and margin.
 
 Pairs come from one of two places:
 

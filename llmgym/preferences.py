@@ -50,7 +50,8 @@ class PreferencePair:
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"PreferencePair.{name} must be a string, got {getattr(self, name)!r:.80}")
         if self.margin is not None:
-            if isinstance(self.margin, bool) or not isinstance(self.margin, numbers.Real) or not math.isfinite(self.margin):
+            number = isinstance(self.margin, numbers.Real) and not isinstance(self.margin, bool)
+            if not number or not math.isfinite(self.margin):
                 raise TypeError(f"PreferencePair.margin must be a finite number (or absent), got {self.margin!r:.80}")
             object.__setattr__(self, "margin", float(self.margin))
         Task(self.prompt)  # the same prompt check as a task's (text or chat messages)

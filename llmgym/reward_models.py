@@ -7,10 +7,11 @@ linear head to one number, ``r(x, y)``. Under the Bradley–Terry model a human 
 
     L = −log σ(r(x, y⁺) − r(x, y⁻))          (mean over pairs)
 
-and the held-out *pairwise accuracy*, the share of pairs with ``r(x, y⁺) > r(x, y⁻)``, says how
-well it ranks. As in TRL's ``RewardTrainer``, a pair may carry a ``margin`` m (the loss becomes
+and the held-out *pairwise accuracy*, the share of pairs with ``r(x, y⁺) > r(x, y⁻)``, says how well
+it ranks. As in TRL's ``RewardTrainer``, a pair may carry a ``margin`` m (the loss becomes
 ``−log σ(r⁺ − r⁻ − m)``, Llama 2's graded preferences) and ``center_rewards_coefficient`` c adds
-``c·mean((r⁺ + r⁻)²)``, which pulls the rewards towards mean zero (Eisenstein et al., 2023, Eq. 2). :class:`RewardModelVerifier` makes a trained model a :class:`~llmgym.Verifier`, so
+``c·mean((r⁺ + r⁻)²)``, which pulls the rewards towards mean zero (Eisenstein et al., 2023, Eq. 2).
+:class:`RewardModelVerifier` makes a trained model a :class:`~llmgym.Verifier`, so
 ``SequenceEnv(tasks, RewardModelVerifier(rm, tok))`` is an RLHF env that any agent can train against.
 
 Sequences are ``prompt (as the env renders it) + completion + EOS``, left-padded, and the reward is
@@ -66,8 +67,9 @@ def bradley_terry_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Ten
         tensor(True)
         >>> round(float(bradley_terry_loss(torch.tensor([1.0]), torch.tensor([0.0]), margin=torch.tensor([1.0]))), 4)
         0.6931
-        >>> float(bradley_terry_loss(torch.tensor([3.0]), torch.tensor([3.0]), center_rewards_coefficient=0.01)) - 0.6931 > 0.35
-        True
+        >>> tie = bradley_terry_loss(torch.tensor([3.0]), torch.tensor([3.0]), center_rewards_coefficient=0.01)
+        >>> round(float(tie), 4)  # log 2 + 0.01·(3 + 3)²
+        1.0531
     """
     gap = chosen_rewards - rejected_rewards
     if margin is not None:
@@ -132,7 +134,7 @@ def load_reward_model(name_or_path: str | os.PathLike, *, device: str | None = N
     model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), num_labels=1, dtype=torch.float32)
     if model.config.num_labels != 1:
         raise ValueError(f"{name_or_path} has {model.config.num_labels} labels; a reward model has one")
-    if model.config.pad_token_id is None:  # the pad token the tokenizer loader chose (EOS when it had none), as TRL does
+    if model.config.pad_token_id is None:  # the tokenizer loader's pad token (EOS when it had none), as TRL
         model.config.pad_token_id = tokenizer.pad_token_id
     if device is not None:
         model.to(device)
@@ -236,11 +238,11 @@ def train_reward_model(
     """Fit ``model`` (a one-label classifier; see :func:`reward_model_from_causal_lm`) to ``pairs``.
 
     Each step draws ``batch_size`` pairs (seeded, without replacement within an epoch) and takes an
-    AdamW step on the Bradley–Terry loss (:func:`bradley_terry_loss`: each pair's ``margin``, 0 where
-    it has none, and the ``center_rewards_coefficient`` term, as TRL's ``RewardTrainer``). Returns one row per step: ``step``, ``loss``,
-    ``accuracy`` and ``margin`` on that batch, plus ``eval_accuracy`` / ``eval_margin`` /
-    ``eval_loss`` every ``eval_every`` steps and at the last step when ``eval_pairs`` are given.
-    A ``callback`` returning ``False`` stops early.
+    AdamW step on the Bradley–Terry loss (:func:`bradley_terry_loss`: each pair's ``margin``, 0
+    where it has none, and the ``center_rewards_coefficient`` term, as TRL's ``RewardTrainer``).
+    Returns one row per step: ``step``, ``loss``, ``accuracy`` and ``margin`` on that batch, plus
+    ``eval_accuracy`` / ``eval_margin`` / ``eval_loss`` every ``eval_every`` steps and at the last
+    step when ``eval_pairs`` are given. A ``callback`` returning ``False`` stops early.
 
     Example:
         >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
@@ -259,7 +261,8 @@ def train_reward_model(
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
     if not center_rewards_coefficient >= 0:
-        raise ValueError(f"center_rewards_coefficient must be >= 0 (TRL suggests 0.01), got {center_rewards_coefficient}")
+        raise ValueError(f"center_rewards_coefficient must be >= 0 (TRL suggests 0.01), "
+                         f"got {center_rewards_coefficient}")
     with_margins = any(p.margin is not None for p in pairs)
     if next(model.parameters()).device.type == "cpu":
         flush_denormals()

@@ -125,7 +125,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
     if not args.lr >= 0 or not args.weight_decay >= 0:
         raise UsageError(f"--lr and --weight-decay must be >= 0, got {args.lr:g} and {args.weight_decay:g}")
     if not args.center_rewards_coefficient >= 0:
-        raise UsageError(f"--center-rewards-coefficient must be >= 0 (0.01 is usual), got {args.center_rewards_coefficient:g}")
+        raise UsageError(f"--center-rewards-coefficient must be >= 0 (0.01 is usual), "
+                         f"got {args.center_rewards_coefficient:g}")
     out = check_out_dir(args.out)  # before any work: a file or an unwritable place fails now
     if (out / "metrics.jsonl").exists() and not args.overwrite:
         raise UsageError(f"{str(out)!r} already holds a reward model run: choose another --out or add --overwrite")
