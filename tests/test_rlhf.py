@@ -148,7 +148,8 @@ def test_a_saved_reward_model_scores_the_same_through_transformers(pad, tiny_mod
         inputs = hf_tok.pad({"input_ids": rows}, padding_side=side, return_tensors="pt")
         with torch.no_grad():
             theirs = hf_model(**inputs).logits.squeeze(-1)
-        assert torch.allclose(theirs, ours, atol=1e-5), (side, theirs, ours)
+        # measured ≤ 3.3e-6 on scores up to 14 in size (transformers' left-padded rows start at position ≠ 0)
+        assert torch.allclose(theirs, ours, rtol=1e-5, atol=1e-5), (side, theirs, ours)
     verifier = RewardModelVerifier(tmp_path / "rm")
     assert torch.allclose(verifier.raw_scores([Task(p) for p in prompts], completions), ours, atol=1e-5)
 
