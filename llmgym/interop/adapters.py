@@ -85,7 +85,7 @@ def check_env_spec(spec: str) -> tuple[Adapter, str]:
         >>> check_env_spec("textarena:")
         Traceback (most recent call last):
         ...
-        ValueError: textarena: names no game: give textarena:<game id>, e.g. textarena:GuessTheNumber-v0
+        ValueError: textarena: names no game id: give textarena:<game id>, e.g. textarena:GuessTheNumber-v0
     """
     parsed = parse_env_spec(spec)
     if parsed is None:
