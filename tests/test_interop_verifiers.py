@@ -171,6 +171,21 @@ def test_scoring_runs_in_a_killable_process_by_default():
     assert reward == 0.0 and "timeout: " in info["error"] and time.perf_counter() - started < 20
 
 
+def test_a_rollout_batch_is_scored_in_one_process_with_each_completion_still_time_limited():
+    from llmgym.interop.verifiers_in import VerifiersScorer, verifiers_tasks
+
+    tasks = verifiers_tasks(_taskset(_PidTask, n=3)) * 2
+    scores = VerifiersScorer().verify_batch(tasks, ["x", "y", "x", "x", "", "x"])
+    assert [s.reward for s in scores] == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    pids = {s.info["metrics"]["pid"] for s in scores}
+    assert len(pids) == 1 and os.getpid() not in pids  # one scoring process for the batch, not this one
+    slow = verifiers_tasks(_taskset(_SlowTask, n=2))
+    started = time.perf_counter()
+    scores = VerifiersScorer(time_limit=1.0).verify_batch(slow, ["x", "x"])
+    assert all(s.reward == 0.0 and "timeout" in s.info["error"] for s in scores)
+    assert time.perf_counter() - started < 20
+
+
 @pytest.mark.parametrize("task_cls, problem", [(_RuntimeTask, "need a runtime box"),
                                                 (_NoRewardTask, "declare no @vf.reward")])
 def test_what_cannot_run_offline_is_refused_at_construction(task_cls, problem):

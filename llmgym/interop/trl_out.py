@@ -159,8 +159,7 @@ def trl_reward_funcs(env_or_verifier: Any, *, name: str = "llmgym_reward", max_w
             chosen = [Task(p, answer=row.get("answer"), metadata=row, id=str(row.get("task_id", "")))
                       for p, row in zip(prompts, rows)]
         texts = [_text(c) for c in completions]
-        verifier.prefetch(chosen, texts)
-        scores = verifier.verify_batch(chosen, texts, max_workers=max_workers)
+        scores = verifier.verify_batch(chosen, texts, max_workers=max_workers)  # each verifier's own batch path
         if callable(log_metric):
             for part, mean in _component_means(scores).items():
                 log_metric(f"{name}/{part}", mean)

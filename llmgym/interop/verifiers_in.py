@@ -54,7 +54,7 @@ import inspect
 from typing import Any, Callable, Sequence
 
 from llmgym.core import MultiTurnEnv, SequenceEnv, Turn
-from llmgym.interop.worker import Channel, EpisodeError, EpisodeWorker
+from llmgym.interop.worker import Channel, EpisodeError, EpisodeWorker, map_in_child
 from llmgym.types import Score, Task
 from llmgym.verifiers import Verifier
 
@@ -225,6 +225,44 @@ class VerifiersScorer(Verifier):
 
     def __init__(self, time_limit: float | None = 30.0) -> None:
         super().__init__(time_limit)
+        self._prefetched: dict[tuple[int, str], list[Score]] = {}
+
+    def prefetch(self, tasks: Sequence[Task], completions: Sequence[str]) -> None:
+        """Score a rollout turn's completions in one forked process (not one per completion); the envs' calls read them.
+
+        Each completion still has ``time_limit`` seconds; one that overstays is scored 0 ("timeout")
+        and the ones after it are left to the envs' own calls (one process each).
+        """
+        self._prefetched = {}
+        if self.time_limit is None or not tasks:
+            return
+
+        def score(index: int) -> dict[str, Any]:
+            result = self._guarded(tasks[index], completions[index])
+            return {"reward": result.reward, "info": result.info}
+
+        for index, result in enumerate(map_in_child(score, list(range(len(tasks))), self.time_limit)):
+            if result is None:
+                continue
+            status, value = result
+            reward_ok = status == "ok" and isinstance(value, dict) and isinstance(value.get("reward"), (int, float))
+            self._prefetched.setdefault((id(tasks[index]), completions[index]), []).append(
+                Score(value["reward"], value.get("info") or {}) if reward_ok else
+                Score(0.0, {"error": value if status == "error" else "the scoring process sent bad data"}))
+
+    def __call__(self, task: Task, completion: str) -> Score:
+        prefetched = self._prefetched.get((id(task), completion))
+        if prefetched:
+            return prefetched.pop(0)
+        return super().__call__(task, completion)
+
+    def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str],
+                     max_workers: int | None = None) -> list[Score]:
+        """Every completion scored in one forked process (see :meth:`prefetch`)."""
+        if len(tasks) != len(completions):
+            raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
+        self.prefetch(tasks, completions)
+        return [self(t, c) for t, c in zip(tasks, completions)]
 
     def verify(self, task: Task, completion: str) -> Score:
         vf = import_verifiers()

@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from llmgym.verifiers import start_child_process
 
-__all__ = ["Channel", "EpisodeWorker", "EpisodeError"]
+__all__ = ["Channel", "EpisodeWorker", "EpisodeError", "map_in_child"]
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """The largest event a child may send (a reply and its info); a larger one ends the episode with an error."""
@@ -177,3 +177,55 @@ class EpisodeWorker:
     def close(self) -> None:
         """Kill the child (if still running) and close the pipe; safe to call twice."""
         self._finalizer()
+
+
+def _map_main(conn: Any, fn: Callable[[Any], Any], items: list) -> None:
+    try:
+        for item in items:
+            try:
+                conn.send_bytes(json.dumps(["ok", fn(item)], default=str).encode())
+            except Exception as exc:  # this item's failure; the next items still run
+                conn.send_bytes(json.dumps(["error", f"{type(exc).__name__}: {exc}"[:2000]]).encode())
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def map_in_child(fn: Callable[[Any], Any], items: list, time_limit: float | None) -> list[tuple[str, Any] | None]:
+    """``fn(item)`` for every item in one forked child, results streamed back as JSON.
+
+    Each result must arrive within ``time_limit`` seconds of the previous one; past it the child is
+    killed. Returns one entry per item: ``("ok", value)``, ``("error", message)`` (``fn`` raised, or
+    ``"timeout: ..."`` for the item the child was working on when it was killed), or ``None`` for an
+    item never reached (after a time-out, a crash or bad data) — the caller decides what to do with
+    those (score them one by one, for instance).
+
+    Example:
+        >>> from llmgym.interop.worker import map_in_child
+        >>> map_in_child(lambda x: 10 // x, [5, 0, 2], time_limit=10)
+        [('ok', 2), ('error', 'ZeroDivisionError: integer division or modulo by zero'), ('ok', 5)]
+    """
+    results: list[tuple[str, Any] | None] = [None] * len(items)
+    if not items:
+        return results
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_map_main, args=(sender, fn, list(items)), daemon=True)
+    start_child_process(process)
+    sender.close()
+    try:
+        for index in range(len(items)):
+            if not receiver.poll(time_limit):
+                results[index] = ("error", f"timeout: took longer than {time_limit} s (killed)")
+                break
+            try:
+                message = json.loads(receiver.recv_bytes(MAX_MESSAGE_BYTES).decode())
+            except (EOFError, OSError, UnicodeDecodeError, json.JSONDecodeError):
+                break  # the child died or sent garbage: the rest is left to the caller
+            if isinstance(message, list) and len(message) == 2 and message[0] in ("ok", "error"):
+                results[index] = (message[0], message[1])
+            else:
+                break
+    finally:
+        _kill(process, receiver)
+    return results
