@@ -17,23 +17,10 @@ from llmgym.interop import from_textarena, make_adapted_env
 from llmgym.interop.adapters import check_env_spec
 
 ta = pytest.importorskip("textarena", reason="the TextArena adapter tests need textarena (llmgym[textarena])")
+# gymnasium warns that a wrapped env is checked: checking what users get (the wrappers) is the point
+pytestmark = pytest.mark.filterwarnings("ignore:.*different from the unwrapped version:UserWarning")
 
 CONTENT_FREE = ["", "0", "1", "yes", "NaN", "[]", "[0]", "[1]"]
-
-
-def _quiet_check(env):
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # gymnasium warns that a wrapped env is checked: that is the point here
-        check_env(env, skip_render_check=True)
-
-
-def _say(env, tokenizer, text):
-    """Step a token-level env through ``text`` + EOS; the last step's result."""
-    for token in tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]:
-        result = env.step(token)
-    return result
 
 
 # ------------------------------------------------------------------------------------------------
@@ -104,8 +91,9 @@ def test_two_player_games_seat_the_policy_against_a_fixed_opponent(tokenizer, tm
     second = from_textarena("TicTacToe-v0", player_id=1, opponent=_highest_move)
     obs, _ = second.reset(seed=0)
     assert "placed their symbol" in obs["prompt"]
-    _quiet_check(from_textarena("TicTacToe-v0", tokenizer=tokenizer))
-    _quiet_check(make_adapted_env("textarena:KuhnPoker-v0", tokenizer, level="token", max_new_tokens=4, max_turns=4))
+    check_env(from_textarena("TicTacToe-v0", tokenizer=tokenizer), skip_render_check=True)
+    kuhn = make_adapted_env("textarena:KuhnPoker-v0", tokenizer, level="token", max_new_tokens=4, max_turns=4)
+    check_env(kuhn, skip_render_check=True)
 
 
 def test_the_game_runs_in_its_own_process_and_a_hanging_one_is_killed(tmp_path):

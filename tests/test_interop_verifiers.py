@@ -24,6 +24,8 @@ from llmgym.cli import main
 from llmgym.interop import from_verifiers, make_adapted_env, to_verifiers, trl_dataset, trl_reward_funcs
 
 vf = pytest.importorskip("verifiers.v1", reason="the verifiers adapter tests need verifiers >= 0.4 (llmgym[verifiers])")
+# gymnasium warns that a wrapped env is checked: checking what users get (the wrappers) is the point
+pytestmark = pytest.mark.filterwarnings("ignore:.*different from the unwrapped version:UserWarning")
 
 VF_ENVS = Path(__file__).parent / "data" / "verifiers_envs"
 CONTENT_FREE = ["", "0", "1", "yes", "no", "True", "NaN", "[]", "[0]", "[1]", "?"]
@@ -32,14 +34,6 @@ CONTENT_FREE = ["", "0", "1", "yes", "no", "True", "NaN", "[]", "[0]", "[1]", "?
 @pytest.fixture(autouse=True)
 def verifiers_envs_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(VF_ENVS))
-
-
-def _quiet_check(env):
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # gymnasium warns that a wrapped env is checked: that is the point here
-        check_env(env, skip_render_check=True)
 
 
 def _say(env, tokenizer, text):
@@ -91,8 +85,8 @@ def test_taskset_and_env_objects_and_taskset_config():
 def test_verifiers_env_passes_check_env_at_both_levels_and_levels_agree(tokenizer):
     seq = make_adapted_env("verifiers:llmgym_test_vf", tokenizer)
     tok = make_adapted_env("verifiers:llmgym_test_vf", tokenizer, level="token", max_new_tokens=8)
-    _quiet_check(seq)
-    _quiet_check(tok)
+    check_env(seq, skip_render_check=True)
+    check_env(tok, skip_render_check=True)
     _, info_seq = seq.reset(seed=5)
     _, info_tok = tok.reset(seed=5)
     assert info_seq["task"].id == info_tok["task"].id
@@ -230,9 +224,10 @@ def test_the_turn_limit_stops_the_exchange_and_scores_the_partial_trajectory():
 
 
 def test_multi_turn_verifiers_env_passes_check_env_at_both_levels(tokenizer):
-    _quiet_check(make_adapted_env("verifiers:llmgym_test_vf_guess", tokenizer, max_turns=3))
-    _quiet_check(make_adapted_env("verifiers:llmgym_test_vf_guess", tokenizer, level="token", max_new_tokens=4,
-                                  max_turns=3))
+    check_env(make_adapted_env("verifiers:llmgym_test_vf_guess", tokenizer, max_turns=3),
+              skip_render_check=True)
+    check_env(make_adapted_env("verifiers:llmgym_test_vf_guess", tokenizer, level="token", max_new_tokens=4,
+                                  max_turns=3), skip_render_check=True)
 
 
 class _GuessData(vf.TaskData):

@@ -1,4 +1,4 @@
-"""Env specs ``<adapter>:<target>`` (``verifiers:reverse_text``, ``textarena:TicTacToe-v0``) and the adapters behind them.
+"""Env specs ``<adapter>:<target>`` (``verifiers:reverse_text``, ``textarena:TicTacToe-v0``) and their adapters.
 
 An adapter spec names an env of another ecosystem wherever an llmgym env id goes on the command line
 (``llmgym train|bench --env textarena:GuessTheNumber-v0``). :func:`check_env_spec` says what is wrong
@@ -22,7 +22,8 @@ import importlib.metadata
 import importlib.util
 from typing import Any
 
-__all__ = ["Adapter", "ADAPTERS", "adapter_versions", "parse_env_spec", "check_env_spec", "make_adapted_env"]
+__all__ = ["Adapter", "ADAPTERS", "adapter_versions", "import_package", "parse_env_spec", "check_env_spec",
+           "make_adapted_env"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,22 @@ def adapter_versions() -> dict[str, str | None]:
     return out
 
 
+def import_package(name: str, module: str | None = None) -> Any:
+    """The adapter ``name``'s package (or its ``module``), or a ``ModuleNotFoundError`` saying which extra installs it.
+
+    Example:
+        >>> from llmgym.interop.adapters import import_package
+        >>> import_package("textarena").__name__
+        'textarena'
+    """
+    adapter = ADAPTERS[name]
+    try:
+        return importlib.import_module(module or adapter.module)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f"the {name} adapter needs the {adapter.distribution} package ({exc.name} is "
+                                  f"missing): pip install 'llmgym[{name}]'", name=exc.name) from exc
+
+
 def parse_env_spec(spec: str) -> tuple[Adapter, str] | None:
     """``(adapter, target)`` of an adapter spec; ``None`` for anything else (an llmgym id)."""
     prefix, sep, target = spec.partition(":")
@@ -94,8 +111,8 @@ def check_env_spec(spec: str) -> tuple[Adapter, str]:
     adapter, target = parsed
     example = {"verifiers": "verifiers:reverse_text", "textarena": "textarena:GuessTheNumber-v0"}[adapter.name]
     if not target.strip():
-        raise ValueError(f"{adapter.name}: names no {adapter.target.strip('<>')}: give {adapter.name}:{adapter.target}, "
-                         f"e.g. {example}")
+        what = adapter.target.strip("<>")
+        raise ValueError(f"{adapter.name}: names no {what}: give {adapter.name}:{adapter.target}, e.g. {example}")
     if importlib.util.find_spec(adapter.module) is None:
         raise ValueError(f"{spec} needs the Python package {adapter.distribution!r}, not installed here: "
                          f"pip install 'llmgym[{adapter.name}]'")
@@ -109,9 +126,7 @@ def check_env_spec(spec: str) -> tuple[Adapter, str]:
             raise ValueError(f"{spec}: no installed verifiers environment module {module!r}: install the "
                              f"environment's package (or put its folder on PYTHONPATH)")
     else:
-        from llmgym.interop.textarena_in import import_textarena
-
-        import_textarena()
+        import_package("textarena")
         from textarena.envs.registration import ENV_REGISTRY
 
         if target not in ENV_REGISTRY:

@@ -52,13 +52,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from llmgym.core import MultiTurnEnv, Turn
-from llmgym.interop.worker import Channel, EpisodeError, EpisodeWorker
+from llmgym.interop.adapters import import_package
+from llmgym.interop.episode_env import WorkerEpisodeEnv
+from llmgym.interop.worker import Channel
 from llmgym.types import Task
 
-__all__ = ["INSTALL_HINT", "REWARD_MODES", "from_textarena", "random_move_opponent", "TextArenaEnv"]
+__all__ = ["REWARD_MODES", "from_textarena", "random_move_opponent", "TextArenaEnv"]
 
-INSTALL_HINT = "pip install 'llmgym[textarena]' (textarena >= 0.7.4)"
 REWARD_MODES = ("win", "game")
 Opponent = Callable[[str, random.Random], str]
 
@@ -68,13 +68,8 @@ _MAX_OBSERVATION_CHARS = 200_000  # what the default opponent scans of its histo
 
 
 def import_textarena() -> Any:
-    """``textarena``, or a ``ModuleNotFoundError`` with the install hint."""
-    try:
-        import textarena
-    except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError(f"TextArena games need the textarena package ({exc.name} is missing): "
-                                  f"{INSTALL_HINT}", name=exc.name) from exc
-    return textarena
+    """``textarena``, or a ``ModuleNotFoundError`` saying how to install it."""
+    return import_package("textarena")
 
 
 def random_move_opponent(observation: str, rng: random.Random) -> str:
@@ -169,7 +164,7 @@ def count_players(env_id: str) -> int:
     raise AssertionError("unreachable")
 
 
-class TextArenaEnv(MultiTurnEnv):
+class TextArenaEnv(WorkerEpisodeEnv):
     """A TextArena game as a :class:`~llmgym.MultiTurnEnv`; see the module docstring and :func:`from_textarena`."""
 
     def __init__(self, env_id: str, tokenizer: Any = None, *, opponent: Opponent | None = None, player_id: int = 0,
@@ -182,8 +177,8 @@ class TextArenaEnv(MultiTurnEnv):
             import difflib
 
             close = difflib.get_close_matches(env_id, list(ENV_REGISTRY), n=3)
-            raise ValueError(f"TextArena has no game {env_id!r}" + (f"; did you mean {', '.join(close)}?" if close
-                                                                       else " (see textarena.envs.registration.ENV_REGISTRY)"))
+            hint = f"; did you mean {', '.join(close)}?" if close else " (textarena.envs.registration.ENV_REGISTRY)"
+            raise ValueError(f"TextArena has no game {env_id!r}{hint}")
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
         self.env_id, self.reward_mode, self.system_prompt = env_id, reward, system_prompt
@@ -196,7 +191,6 @@ class TextArenaEnv(MultiTurnEnv):
         self.time_limit = time_limit
         self._openings: collections.OrderedDict[int, str] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self._worker: EpisodeWorker | None = None
         super().__init__(self._draw, None, tokenizer, max_turns=max_turns, **kwargs)
 
     # -- tasks: the game's first observation for the policy, computed from the seed (no model text involved)
@@ -231,20 +225,14 @@ class TextArenaEnv(MultiTurnEnv):
             return opening
 
     # -- the episode, in its own process
-    def start(self, task: Task) -> None:
-        self._stop_worker()
+    def episode(self, task: Task) -> Callable[[Channel], None]:
         spec = task.metadata.get("textarena")
         if not spec or spec.get("game") != self.env_id:
             raise ValueError(f"this task is not a {self.env_id} game (metadata['textarena'] is {spec!r}): make it "
                              f"with env.task_for_seed(seed)")
-        self._worker = EpisodeWorker(self._episode(int(spec["seed"]), self._opening(int(spec["seed"]))),
-                                     time_limit=self.time_limit)
-        try:
-            self._worker.receive()
-        except EpisodeError as exc:
-            raise RuntimeError(f"{self.env_id} failed before the policy's first move: {exc}") from None
+        seed = int(spec["seed"])
+        opening = self._opening(seed)
 
-    def _episode(self, seed: int, opening: str) -> Callable[[Channel], None]:
         def play(channel: Channel) -> None:
             game = self._new_game(seed)
             if game.advance() != opening:
@@ -266,36 +254,19 @@ class TextArenaEnv(MultiTurnEnv):
 
         return play
 
-    def respond(self, completion: str) -> Turn:
-        if self._worker is None:
-            raise RuntimeError("no game is running: call reset() first")
-        last = self.turn + 1 >= self.max_turns
-        self._worker.send(completion, last=last)
-        event = self._worker.receive()  # an EpisodeError is the completion's 0 (MultiTurnEnv catches it)
-        if event[0] == "turn":
-            return Turn(0.0, reply=event[1] or "")
-        _, reward, info = event
-        return Turn(reward, None, done=info.get("stop_condition") != "max_turns", info=info)
-
     def clone(self) -> "TextArenaEnv":
         other = super().clone()
-        other._worker = None
         other._lock = threading.Lock()
         return other
 
-    def close(self) -> None:
-        self._stop_worker()
-        super().close()
-
-    def _stop_worker(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
+    def describe(self) -> str:
+        return f"TextArena game {self.env_id}"
 
 
 def from_textarena(env_id: str, tokenizer: Any = None, *, opponent: Opponent | None = None, player_id: int = 0,
                    num_players: int | None = None, reward: str = "win", max_turns: int = 32,
-                   time_limit: float | None = 30.0, system_prompt: str | None = None, **env_kwargs: Any) -> TextArenaEnv:
+                   time_limit: float | None = 30.0, system_prompt: str | None = None,
+                   **env_kwargs: Any) -> TextArenaEnv:
     """A TextArena game as an llmgym multi-turn env (see the module docstring).
 
     Args:

@@ -53,14 +53,15 @@ import contextlib
 import inspect
 from typing import Any, Callable, Sequence
 
-from llmgym.core import MultiTurnEnv, SequenceEnv, Turn
-from llmgym.interop.worker import Channel, EpisodeError, EpisodeWorker, map_in_child
+from llmgym.core import SequenceEnv
+from llmgym.interop.adapters import import_package
+from llmgym.interop.episode_env import WorkerEpisodeEnv
+from llmgym.interop.worker import Channel, map_in_child
 from llmgym.types import Score, Task
 from llmgym.verifiers import Verifier
 
-__all__ = ["INSTALL_HINT", "from_verifiers", "VerifiersScorer", "VerifiersEpisodeEnv", "verifiers_tasks"]
+__all__ = ["from_verifiers", "VerifiersScorer", "VerifiersEpisodeEnv", "verifiers_tasks"]
 
-INSTALL_HINT = "pip install 'llmgym[verifiers]' (verifiers >= 0.4)"
 DEFAULT_INFINITE_TASKS = 1000
 """Tasks taken from an infinite (procedural) taskset when ``num_tasks`` is not given."""
 TASK_KEY = "verifiers_task"
@@ -68,13 +69,8 @@ TASK_KEY = "verifiers_task"
 
 
 def import_verifiers() -> Any:
-    """``verifiers.v1``, or a ``ModuleNotFoundError`` with the install hint."""
-    try:
-        import verifiers.v1 as vf
-    except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError(f"verifiers environments need the verifiers package ({exc.name} is missing): "
-                                  f"{INSTALL_HINT}", name=exc.name) from exc
-    return vf
+    """``verifiers.v1``, or a ``ModuleNotFoundError`` saying how to install it."""
+    return import_package("verifiers", "verifiers.v1")
 
 
 def run_coroutine(coroutine: Any) -> Any:
@@ -415,14 +411,14 @@ def _episode(vf_env: Any, vf_task: Any, role: str) -> Callable[[Channel], None]:
     return play
 
 
-class VerifiersEpisodeEnv(MultiTurnEnv):
+class VerifiersEpisodeEnv(WorkerEpisodeEnv):
     """A verifiers ``Env``'s own multi-turn ``run()`` as a :class:`~llmgym.MultiTurnEnv` (see the module docstring).
 
-    Each episode runs in a forked process (:class:`~llmgym.interop.worker.EpisodeWorker`) started
-    at ``reset``; ``time_limit`` bounds every wait for it (the env's work between two turns). A
-    failure of the env's code, a time-out, or a run that ends with an error ends the episode with
-    reward 0 and the error in ``info["error"]``; one that fails before the policy first speaks
-    raises at ``reset``. After ``max_turns`` completions the env's next ``turn()`` is refused
+    Each episode runs in a forked process (:class:`~llmgym.interop.episode_env.WorkerEpisodeEnv`)
+    started at ``reset``; ``time_limit`` bounds every wait for it (the env's work between two
+    turns). A failure of the env's code, a time-out, or a run that ends with an error ends the
+    episode with reward 0 and the error in ``info["error"]``; one that fails before the policy first
+    speaks raises at ``reset``. After ``max_turns`` completions the env's next ``turn()`` is refused
     (``"max_turns"``, as verifiers' own turn limit) and the partial trajectory is scored: that step
     is ``truncated``; a ``run()`` that ends by itself on the last turn ``terminated`` as usual.
 
@@ -437,46 +433,15 @@ class VerifiersEpisodeEnv(MultiTurnEnv):
                  time_limit: float | None = 30.0, **kwargs: Any) -> None:
         super().__init__(tasks, None, tokenizer, max_turns=max_turns, **kwargs)
         self.vf_env, self.role, self.time_limit = vf_env, role, time_limit
-        self._worker: EpisodeWorker | None = None
 
-    def start(self, task: Task) -> None:
-        self._stop_worker()
+    def episode(self, task: Task) -> Callable[[Channel], None]:
         vf_task = task.metadata.get(TASK_KEY)
         if vf_task is None:
             raise ValueError("this task was not made from a verifiers task (no metadata['verifiers_task'])")
-        self._worker = EpisodeWorker(_episode(self.vf_env, vf_task, self.role), time_limit=self.time_limit)
-        try:
-            event = self._worker.receive()
-        except EpisodeError as exc:  # before the policy spoke: the env cannot run, not the completion's fault
-            raise RuntimeError(f"{type(self.vf_env).__name__}.run() failed before the policy's first turn: "
-                               f"{exc}") from None
-        if event[0] != "turn":
-            raise RuntimeError(f"{type(self.vf_env).__name__}.run() ended before the policy's first turn")
+        return _episode(self.vf_env, vf_task, self.role)
 
-    def respond(self, completion: str) -> Turn:
-        if self._worker is None:
-            raise RuntimeError("no episode is running: call reset() first")
-        last = self.turn + 1 >= self.max_turns
-        self._worker.send(completion, last=last)
-        event = self._worker.receive()  # an EpisodeError here is the completion's 0 (MultiTurnEnv catches it)
-        if event[0] == "turn":
-            return Turn(0.0, reply=event[1] or "")
-        _, reward, info = event
-        return Turn(reward, None, done=info.get("stop_condition") != "max_turns", info=info)
-
-    def clone(self) -> "VerifiersEpisodeEnv":
-        other = super().clone()
-        other._worker = None
-        return other
-
-    def close(self) -> None:
-        self._stop_worker()
-        super().close()
-
-    def _stop_worker(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
+    def describe(self) -> str:
+        return f"{type(self.vf_env).__name__}.run()"
 
 
 # ------------------------------------------------------------------------------------------------
