@@ -376,7 +376,8 @@ DISTINCT_DRAW_PATIENCE = 200
 """Draws in a row that found no new task after which :func:`distinct_tasks` stops looking."""
 
 
-def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0) -> tuple[list[Task], str]:
+def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0,
+                   seeds: list[int] | None = None) -> tuple[list[Task], str]:
     """Tasks for an evaluation, each at most once; and a sentence saying how they were chosen.
 
     * A finite task list (HumanEval, a JSONL file): ``num_tasks=None`` takes every task, in the list's
@@ -387,6 +388,8 @@ def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0) ->
       drawn (same id and prompt) is skipped, so the N tasks are distinct.
 
     Raises ``ValueError`` (with what to do) when ``num_tasks`` exceeds the distinct tasks there are.
+    With a procedural source, a list given as ``seeds`` receives each task's reset seed (what
+    reproduces it: ``env.reset(seed=seeds[i])``).
 
     Example:
         >>> import gymnasium, llmgym
@@ -433,6 +436,8 @@ def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0) ->
         else:
             seen.add(key)
             tasks.append(info["task"])
+            if seeds is not None:
+                seeds.append(seed + tried - 1)
             misses = 0
     if len(tasks) < num_tasks:
         raise ValueError(f"found only {len(tasks)} distinct tasks in {tried} draws; ask for {len(tasks)} or fewer")

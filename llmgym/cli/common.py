@@ -72,9 +72,20 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 
 def _require_env(env_id: str):
-    """The :class:`~llmgym.registry.EnvInfo` of ``env_id``; a :class:`UsageError` if unknown or unusable."""
+    """The :class:`~llmgym.registry.EnvInfo` of ``env_id``; a :class:`UsageError` if unknown or unusable.
+
+    An adapter spec (``verifiers:<module>``, ``textarena:<game id>``) is checked instead (package
+    installed, module or game known) and gives ``None``.
+    """
+    from llmgym.interop.adapters import check_env_spec, parse_env_spec
     from llmgym.registry import env_info
 
+    if parse_env_spec(env_id) is not None:
+        try:
+            check_env_spec(env_id)
+        except (ValueError, ModuleNotFoundError) as exc:
+            raise UsageError(str(exc)) from None
+        return None
     try:
         info = env_info(env_id)
     except KeyError as exc:
@@ -109,13 +120,17 @@ def _make_env(env_id: str, tokenizer, level: str = "sequence", max_new_tokens: i
     """``gymnasium.make(env_id, ...)`` with ``env_args`` (``--env-arg``); a bad env or argument is a :class:`UsageError`."""
     import gymnasium
 
-    _require_env(env_id)
+    adapted = _require_env(env_id) is None
     env_args = dict(env_args or {})
     reserved = [key for key in ENV_ARG_RESERVED if key in env_args]
     if reserved:
         raise UsageError(f"--env-arg {reserved[0]}=... is set by llmgym itself (use --level / --max-new-tokens "
                          f"or the agent's max_new_tokens)")
     try:
+        if adapted:
+            from llmgym.interop.adapters import make_adapted_env
+
+            return make_adapted_env(env_id, tokenizer, level=level, max_new_tokens=max_new_tokens, **env_args)
         return gymnasium.make(env_id, tokenizer=tokenizer, level=level, max_new_tokens=max_new_tokens, **env_args)
     except ModuleNotFoundError as exc:
         raise UsageError(f"{env_id}: {exc}") from None
