@@ -540,6 +540,13 @@ class MultiTurnEnv(SequenceEnv):
     :meth:`start`). The default :meth:`respond` scores with the verifier and, until solved, replies
     "Incorrect, try again." — a retry loop.
 
+    **The return rule.** An episode must never return more than solving the task at once: the
+    rewards of failing turns cannot add up. Either reward only the outcome (0 for every turn but the
+    last: the games) or pay :meth:`progress` of a per-attempt score, potential-based shaping whose
+    sum telescopes to the last attempt's score (the default :meth:`respond`, ``CodeRetry``). A
+    ``respond`` that pays each attempt its own score would let two near misses and a right answer
+    return 2.5 where answering at once returns 1.0.
+
     The episode terminates when ``respond`` says ``done`` and is truncated after ``max_turns``
     completions. ``respond`` judges hostile model output: an exception inside it (or, with
     ``respond_time_limit`` set, running past that many seconds) ends the episode with reward 0.0 and
@@ -614,11 +621,36 @@ class MultiTurnEnv(SequenceEnv):
     """Seconds one :meth:`respond` may take; ``None``: no limit (a verifier it calls has its own)."""
 
     def respond(self, completion: str) -> Turn:
-        """Judge ``completion`` and decide the env's reply. Override this for games and tools."""
+        """Judge ``completion`` and decide the env's reply. Override this for games and tools.
+
+        The default: score the attempt with the verifier and pay its :meth:`progress` (the change in
+        score since the previous attempt), so an episode returns its last attempt's score; until the
+        score reaches ``solved_reward``, reply "Incorrect, try again.".
+        """
         score = self.score(completion)
+        reward = self.progress(score.reward)
         if score.reward >= self.solved_reward:
-            return Turn(score.reward, None, True, score.info)
-        return Turn(score.reward, "Incorrect, try again.", False, score.info)
+            return Turn(reward, None, True, score.info)
+        return Turn(reward, "Incorrect, try again.", False, score.info)
+
+    def progress(self, value: float) -> float:
+        """Potential-based shaping: ``value`` minus the value this episode had before (0 at the start).
+
+        Pay each turn ``progress(score of this attempt)`` and the turn rewards telescope: their sum
+        is the last attempt's score, so failing on purpose and then answering can never return more
+        than answering right at once (a near miss earns its partial credit once, and loses it again if
+        the next attempt is worse). The value is kept in ``self.state["potential"]``.
+
+        Example:
+            >>> from llmgym import MultiTurnEnv, Task
+            >>> env = MultiTurnEnv([Task("copy:12=", answer="12")], lambda t, c: 0.5 if c != t.answer else 1.0)
+            >>> _ = env.reset(seed=0)
+            >>> [env.progress(v) for v in (0.5, 0.5, 0.25, 1.0)]  # sums to the last value, 1.0
+            [0.5, 0.0, -0.25, 0.75]
+        """
+        previous = float(self.state.get("potential", 0.0))
+        self.state["potential"] = float(value)
+        return float(value) - previous
 
     def format_reply(self, reply: str) -> str:
         """How a reply is appended to a plain-text transcript (chat tasks use the chat template instead)."""
