@@ -32,6 +32,7 @@ __all__ = [
     "RegexFormat",
     "LengthPenalty",
     "exact_match",
+    "keep_last_tokens",
     "RewardFunctionVerifier",
     "from_reward_function",
 ]
@@ -244,6 +245,42 @@ def as_verifier(verifier: VerifierLike, time_limit: float | None = None) -> Veri
             verifier.time_limit = time_limit
         return verifier
     return FunctionVerifier(verifier, time_limit=time_limit)
+
+
+#: Characters read per token allowed before tokenising (a generous 16: English averages ~4): the
+#: tokeniser's own work stays bounded whatever the completion's length.
+_CHARS_PER_TOKEN_READ = 16
+
+
+def keep_last_tokens(tokenizer: Any, text: str, max_tokens: int) -> str:
+    """The end of ``text`` that ``tokenizer`` encodes (alone, no special tokens) to at most ``max_tokens`` ids.
+
+    For model-facing checkers of a completion (a judge, a reward model): the input is bounded in
+    tokens, what a model's cost grows with, not in characters (4,000 four-byte characters are 16,000
+    byte-level tokens). The end is kept because that is where a completion's answer sits. Only the
+    last ``16 * max_tokens`` characters are tokenised, so the tokeniser's work is bounded too; the
+    returned text is re-encoded and cut again until it fits (decoding a cut can shift a seam by a
+    token), so the bound is exact.
+
+    Example:
+        >>> from llmgym.models import build_tokenizer
+        >>> from llmgym.verifiers import keep_last_tokens
+        >>> tok = build_tokenizer()
+        >>> tail = keep_last_tokens(tok, "\U0001F600" * 10_000 + " the answer is 4", 20)
+        >>> len(tok.encode(tail, add_special_tokens=False)) <= 20, tail.endswith(" the answer is 4")
+        (True, True)
+        >>> keep_last_tokens(tok, "short", 100)
+        'short'
+    """
+    if max_tokens < 1:
+        return ""
+    text = text[-max_tokens * _CHARS_PER_TOKEN_READ:]
+    for _ in range(8):  # each pass drops at least one id; one pass is the rule, a second is rare
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        if len(ids) <= max_tokens:
+            return text
+        text = tokenizer.decode(ids[len(ids) - max_tokens:], skip_special_tokens=False)
+    return ""
 
 
 def exact_match(task: Task, completion: str) -> float:
