@@ -142,6 +142,30 @@ def test_content_free_answers_earn_nothing_by_default(dataset, attacks):
     assert max(upstream) >= 0.5  # what reasoning-gym's own score pays them (kept for evaluation parity)
 
 
+def test_propositional_logic_refuses_the_premises_restated():
+    # any valid conclusion scores 1.0 upstream, and a premise follows from the premises: echoing one
+    # scored 1.0 on 177 of 200 tasks
+    def echoes(task):
+        premises = task.metadata["entry"]["metadata"]["premises"]
+        return [max(premises, key=len), f"(({premises[0]}))", " ∧ ".join(premises), f"¬¬{premises[-1]}",
+                f"{premises[0]} ∨ {premises[0]}"]
+
+    binary = _rewards("propositional_logic", echoes)
+    assert max(r for r, _, _ in binary) == 0.0, [b for b in binary if b[0]]
+    assert max(r for r, _, _ in _rewards("propositional_logic", lambda t: echoes(t)[:1], scoring="upstream")) == 1.0
+    entry = {"metadata": {"premises": ["(P ∨ Q)", "¬P"]}}
+    assert rg_guards.guard("propositional_logic", "Q", entry, 0.25)[0] == 0.0  # trivial upstream: still 0
+    assert rg_guards.guard("propositional_logic", "(Q ∨ R)", entry, 1.0)[0] == 1.0  # a conclusion of its own
+
+
+def test_gsm_symbolic_reads_the_sign():
+    # upstream's first-number regex starts with "\b", which cannot precede "-": "-288" scored as 288
+    attacks = lambda task: [f"-{task.answer}", f"-{task.answer}.0"]
+    assert max(r for r, _, _ in _rewards("gsm_symbolic", attacks)) == 0.0
+    assert all(r == 1.0 for r, _, _ in _rewards("gsm_symbolic", attacks, scoring="upstream"))
+    _right_scores_one("gsm_symbolic", lambda task: [task.answer, f"{float(task.answer):,}", f"{task.answer} apples"])
+
+
 def test_scoring_is_checked_and_reported():
     env = gymnasium.make("llmgym/RG-coin_flip-v0")
     task = env.reset(seed=0)[1]["task"]

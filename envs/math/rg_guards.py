@@ -33,7 +33,7 @@ import re
 from fractions import Fraction
 from typing import Any, Callable
 
-__all__ = ["SCORINGS", "OWN_CHECKS", "MAX_ANSWER_CHARS", "guard", "parse_number"]
+__all__ = ["SCORINGS", "OWN_CHECKS", "RESTATEMENTS", "MAX_ANSWER_CHARS", "guard", "parse_number"]
 
 SCORINGS = ("binary", "upstream")
 """``"binary"``: 1.0 iff the answer is right (the RL default); ``"upstream"``: reasoning-gym's own score."""
@@ -148,13 +148,82 @@ def _number_sorting(answer: str, entry: dict) -> bool:
     return given is not None and given == expected  # the same numbers, exactly, in the asked order
 
 
+_SIGNED_NUMBER = re.compile(r"-?\d{1,64}(?:\.\d{1,64})?")
+
+
+def _gsm_symbolic(answer: str, entry: dict) -> bool:
+    # upstream reads the first number with r"\b-?\d+...": "\b" cannot precede "-", so "-288" scored as 288
+    found = _SIGNED_NUMBER.search(answer.replace(",", ""))
+    reference = parse_number(str(entry["answer"]).replace(",", ""))
+    return found is not None and reference is not None and Fraction(found.group(0)) == reference
+
+
 OWN_CHECKS: dict[str, Callable[[str, dict], bool]] = {
     "game_of_life_halting": _game_of_life_halting,
     "coin_flip": _coin_flip,
     "complex_arithmetic": _complex_arithmetic,
     "number_sorting": _number_sorting,
+    "gsm_symbolic": _gsm_symbolic,
 }
 """Datasets whose upstream full score pays wrong answers: ``binary`` scoring decides these itself."""
+
+
+def _strip_outer(text: str) -> str:
+    """``text`` without spaces and without brackets that enclose all of it (``((p))`` → ``p``)."""
+    text = "".join(text.split())
+    while len(text) > 1 and text[0] == "(" and text[-1] == ")":
+        depth = 0
+        for i, char in enumerate(text):
+            depth += (char == "(") - (char == ")")
+            if depth == 0 and i < len(text) - 1:
+                return text  # the first bracket closes early: "(a)∧(b)"
+        text = text[1:-1]
+    return text
+
+
+def _top_level_parts(text: str, operator: str) -> list[str]:
+    """``text`` split at ``operator`` outside brackets (one linear scan)."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char == "(") - (char == ")")
+        if char == operator and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
+
+
+def _restates_premises(answer: str, entry: dict) -> bool:
+    """Whether a propositional-logic answer only restates the premises it was given.
+
+    Any valid non-trivial conclusion scores 1.0 upstream, and a premise follows from the premises: an
+    echo of the question's own premise scored 1.0. Refused: a premise (brackets, spaces and double
+    negations aside), and a conjunction or disjunction made only of premises.
+    """
+    def canonical(text: str) -> str:
+        text = _strip_outer(text)
+        while text.startswith("¬¬"):
+            text = _strip_outer(text[2:])
+        return text
+
+    premises = {canonical(p) for p in entry["metadata"]["premises"]}
+
+    def restates(text: str, depth: int = 0) -> bool:
+        text = canonical(text)
+        if text in premises:
+            return True
+        if depth > 20:
+            return False
+        for operator in ("∧", "∨"):
+            parts = _top_level_parts(text, operator)
+            if len(parts) > 1:
+                return all(restates(part, depth + 1) for part in parts)
+        return False
+
+    return len(answer) <= 1000 and restates(answer)
+
+
+RESTATEMENTS: dict[str, Callable[[str, dict], bool]] = {"propositional_logic": _restates_premises}
+"""Datasets that accept any valid answer, some of which only restate the question: refused by ``binary``."""
 
 
 def guard(dataset: str, answer: str | None, entry: dict[str, Any], upstream: Any,
@@ -191,6 +260,9 @@ def guard(dataset: str, answer: str | None, entry: dict[str, Any], upstream: Any
     check = OWN_CHECKS.get(dataset)
     if check is None:
         correct = upstream_score >= 1.0
+        restates = RESTATEMENTS.get(dataset)
+        if correct and restates is not None and isinstance(answer, str) and restates(answer, entry):
+            correct, info["restates_question"] = False, True
     else:
         info["checked_by"] = "llmgym"
         correct = isinstance(answer, str) and len(answer) <= MAX_ANSWER_CHARS and bool(check(answer, entry))
