@@ -12,8 +12,10 @@
 2. **Failing on purpose** — in every multi-turn env, deliberate near misses followed by the right
    answer never return more than answering right at once (:meth:`llmgym.MultiTurnEnv.progress`).
 
-Cost: reasoning-gym and code envs check each kind of answer once (on one of two tasks, alternating);
-the cheap envs check every kind on three tasks.
+Cost: reasoning-gym and code envs check each kind of answer once (on one of two tasks, alternating),
+since each check there costs a process; the cheap envs check every kind on three tasks. A hole that
+pays a kind only on some tasks (coin_flip's ``0`` paid only probabilities below 0.1) can slip past one
+check: the attacks known per dataset are replayed on several seeds in ``tests/test_rg_guards.py``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ PARTIAL_CREDIT = {
     "llmgym/Addition-v0": {"scoring": "binary"},
     "llmgym/Reverse-v0": {"scoring": "binary"},
 }
+#: reasoning-gym's scorer runs in a process per check under the env's time limit (tens of ms each); the
+#: sweep is about what answers earn, not about that process, so it scores in the caller (the same
+#: extraction, scorer and guard) to keep ~1,400 checks at a few seconds. If scoring moves to a sandbox
+#: that ignores this, the sweep stays at one check per kind and env (see COSTLY).
+FAMILY_KWARGS = {"reasoning-gym": {"time_limit": None}}
 #: How each family reads an answer.
 ANSWER_FORMAT = {"reasoning-gym": "<answer>{}</answer>", "math": "\\boxed{{{}}}"}
 #: Families where a check costs a process (reasoning-gym's scorer, the code sandbox): each kind once.
@@ -65,7 +72,7 @@ def content_free(task, prompt: str) -> dict[str, str]:
                "echo": prompt}
     if numbers:
         answers["numbers"] = ", ".join(numbers)
-        answers["last number"] = numbers[-1]
+        answers["first number"], answers["last number"] = numbers[0], numbers[-1]
     reference = task.answer if isinstance(task.answer, str) else ""
     if re.search(r"\d", reference) and not reference.lstrip().startswith(("def ", "import ", "from ")):
         answers["zero grid"] = re.sub(r"\d", "0", reference)
@@ -115,12 +122,13 @@ def _episode_return(env, seed: int, answer_for) -> float:
             return total
 
 
+@pytest.mark.filterwarnings("ignore:reasoning-gym .* hash randomisation")
 @pytest.mark.parametrize("info", ENVS, ids=[info.id for info in ENVS])
 def test_content_free_answers_earn_nothing(info):
     if info.id in EXEMPT:
         pytest.skip(f"exempt: {EXEMPT[info.id]}")
     _needs(info)
-    kwargs = dict(MAKE_KWARGS.get(info.id, {}))
+    kwargs = {**FAMILY_KWARGS.get(info.family, {}), **MAKE_KWARGS.get(info.id, {})}
     if info.id in PARTIAL_CREDIT:
         assert "partial credit" in info.description and "scoring='binary'" in info.description, info
         kwargs.update(PARTIAL_CREDIT[info.id])
