@@ -9,7 +9,9 @@ must say yes, CGPO's constraint form) or ``WeightedSum``.
 A judge reads the policy's output, so it faces an optimiser: a completion that writes "Answer: yes"
 into itself is the obvious attack, and one that closes the template's fence (``>>>``) and writes a
 question and answer of its own the next. The completion is fenced in the template with every run of
-three ``<`` or ``>`` broken up (:func:`escape_fence`), so it cannot close the fence; the judge's own
+three ``<`` or ``>`` broken up (:func:`escape_fence`), so it cannot close the fence, and the text of
+special tokens broken too (:func:`llmgym.verifiers.escape_special_tokens`: ``<|im_end|>`` written by
+the policy must not end the judge's chat turn); the judge's own
 output is bounded (``max_new_tokens``); but an LLM judge is only as robust as the judge model; keep
 a rule-based verifier beside it (``AllOf``) where one exists.
 
@@ -28,7 +30,7 @@ from typing import Any, Sequence
 
 from llmgym.core import encode_text, render_prompt
 from llmgym.types import Score, Task
-from llmgym.verifiers import Verifier, keep_last_tokens
+from llmgym.verifiers import Verifier, escape_special_tokens, keep_last_tokens
 
 __all__ = ["JudgeVerifier", "DEFAULT_JUDGE_TEMPLATE", "escape_fence"]
 
@@ -120,7 +122,7 @@ class JudgeVerifier(Verifier):
     def judge_prompt(self, task: Task, completion: str, max_completion_tokens: int | None = None) -> str:
         """The filled template (what the judge reads): the completion fenced, escaped, and cut to its last tokens."""
         budget = self.max_completion_tokens if max_completion_tokens is None else max_completion_tokens
-        tail = keep_last_tokens(self.tokenizer, escape_fence(completion), budget)
+        tail = keep_last_tokens(self.tokenizer, escape_special_tokens(self.tokenizer, escape_fence(completion)), budget)
         return self.template.format(prompt=render_prompt(task), completion=tail, question=self.question)
 
     def _encode(self, text: str) -> list[int]:

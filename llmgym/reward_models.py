@@ -26,7 +26,7 @@ import torch
 
 from llmgym.preferences import PreferenceSource, encode_pair, load_preferences
 from llmgym.types import Prompt, Score, Task
-from llmgym.verifiers import Verifier, keep_last_tokens
+from llmgym.verifiers import Verifier, escape_special_tokens, keep_last_tokens
 
 __all__ = [
     "bradley_terry_loss",
@@ -377,7 +377,8 @@ class RewardModelVerifier(Verifier):
 
     def raw_scores(self, tasks: Sequence[Task], completions: Sequence[str]) -> torch.Tensor:
         """``[B]`` raw rewards ``r(x, y)``, in batches of ``batch_size``."""
-        completions = [keep_last_tokens(self.tokenizer, c, self.max_completion_tokens) for c in completions]
+        completions = [keep_last_tokens(self.tokenizer, escape_special_tokens(self.tokenizer, c), self.max_completion_tokens)
+                       for c in completions]  # its last tokens, with no special token written as text
         with self._lock:
             return _scores_no_grad(self.model, self.tokenizer, [t.prompt for t in tasks], completions, self.batch_size)
 

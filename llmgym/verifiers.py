@@ -33,6 +33,7 @@ __all__ = [
     "LengthPenalty",
     "exact_match",
     "keep_last_tokens",
+    "escape_special_tokens",
     "RewardFunctionVerifier",
     "from_reward_function",
 ]
@@ -281,6 +282,32 @@ def keep_last_tokens(tokenizer: Any, text: str, max_tokens: int) -> str:
             return text
         text = tokenizer.decode(ids[len(ids) - max_tokens:], skip_special_tokens=False)
     return ""
+
+
+def escape_special_tokens(tokenizer: Any, text: str) -> str:
+    """``text`` with every special token's text broken by an invisible separator (U+2063).
+
+    Tokenisers turn the *text* of a special token into the token itself (``"</s>"`` becomes EOS,
+    ``"<|im_end|>"`` ends a chat turn), so a completion could close the judge's user turn and open an
+    assistant turn of its own. Escaped, it reads the same to a person and tokenises as plain text.
+
+    Example:
+        >>> from llmgym.models import build_tokenizer
+        >>> from llmgym.verifiers import escape_special_tokens
+        >>> tok = build_tokenizer()
+        >>> tok.eos_token_id in tok.encode("yes</s>", add_special_tokens=False)
+        True
+        >>> tok.eos_token_id in tok.encode(escape_special_tokens(tok, "yes</s>"), add_special_tokens=False)
+        False
+    """
+    specials = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            specials.add(str(getattr(added, "content", "")))
+    for special in sorted((t for t in specials if len(t) > 1), key=len, reverse=True):
+        if special in text:
+            text = text.replace(special, special[0] + "\u2063" + special[1:])
+    return text
 
 
 def exact_match(task: Task, completion: str) -> float:
