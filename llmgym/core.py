@@ -549,8 +549,9 @@ class MultiTurnEnv(SequenceEnv):
 
     The episode terminates when ``respond`` says ``done`` and is truncated after ``max_turns``
     completions. ``respond`` judges hostile model output: an exception inside it (or, with
-    ``respond_time_limit`` set, running past that many seconds) ends the episode with reward 0.0 and
-    the error in ``info["error"]``, like a verifier's, never a crash; a failure of the sandbox itself
+    ``respond_time_limit`` set, running past that many seconds) ends the episode with reward 0.0 (under
+    :meth:`progress` shaping: minus the potential so far, so the episode returns 0) and the error in
+    ``info["error"]``, like a verifier's, never a crash; a failure of the sandbox itself
     (:class:`~llmgym.sandbox.SandboxError`) is the machine's, not the completion's, and is raised. Under a time limit ``respond``
     runs in a forked child process that is killed at the limit; its ``self.state`` changes are
     copied back with its :class:`Turn` (both must pickle). Token ids in, token ids out: the observation's ``prompt_ids`` are the previous
@@ -672,7 +673,12 @@ class MultiTurnEnv(SequenceEnv):
         return bool(self.task.is_chat and self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None))
 
     def _respond_safely(self, text: str) -> Turn:
-        """:meth:`respond`, with an exception, a time-out or a non-Turn result turned into reward 0 and done."""
+        """:meth:`respond`, with an exception, a time-out or a non-Turn result turned into a score of 0 and done.
+
+        Under :meth:`progress` shaping the failed attempt's score is 0, so its turn pays minus the
+        potential the episode had: the episode returns 0, as a completion that breaks a checker scores.
+        """
+        before = self.state.get("potential") if isinstance(self.state, dict) else None
         try:
             if self.respond_time_limit is None:
                 turn = self.respond(text)
@@ -683,11 +689,19 @@ class MultiTurnEnv(SequenceEnv):
 
             if isinstance(exc, SandboxError):  # the machine's failure, not the completion's: never a silent zero
                 raise
-            return Turn(0.0, None, True, {"error": f"{type(exc).__name__}: {exc}",
-                                          "traceback": traceback.format_exc(limit=5)})
+            return Turn(self._zero_score(before), None, True, {"error": f"{type(exc).__name__}: {exc}",
+                                                               "traceback": traceback.format_exc(limit=5)})
         if not isinstance(turn, Turn):
-            return Turn(0.0, None, True, {"error": f"respond() must return a Turn, got {type(turn).__name__}"})
+            return Turn(self._zero_score(before), None, True,
+                        {"error": f"respond() must return a Turn, got {type(turn).__name__}"})
         return turn
+
+    def _zero_score(self, potential_before: float | None) -> float:
+        """The reward of a failed attempt: 0, or under :meth:`progress` shaping minus the potential so far."""
+        if potential_before is None:
+            return 0.0
+        self.state["potential"] = 0.0
+        return -float(potential_before)
 
     def _after_completion(self, text: str, ids: list[int]):
         turn = self._respond_safely(text)

@@ -209,3 +209,25 @@ def test_failing_on_purpose_never_beats_answering_at_once(info):
         for misses in range(1, max_turns + 1):  # misses == max_turns: never answers at all
             late = _episode_return(env, seed, lambda task, turn: near(task, turn) if turn < misses else right(task, turn))
             assert late <= at_once + 1e-9, (info.id, seed, misses, late, at_once)
+
+
+def test_an_attempt_that_breaks_the_checker_scores_zero_under_progress_shaping():
+    from llmgym import MultiTurnEnv, Task
+
+    def share(task, text):  # partial credit that raises on a hostile attempt
+        if "boom" in text:
+            raise ValueError("the checker broke")
+        return sum(a == b for a, b in zip(text, task.answer)) / len(task.answer)
+
+    class Retry(MultiTurnEnv):
+        def respond(self, completion):
+            if "boom" in completion:
+                raise ValueError("the checker broke")
+            return super().respond(completion)
+
+    env = Retry([Task("copy:1234=", answer="1234")], share, max_turns=4)
+    env.reset(seed=0)
+    rewards = [env.step("1239")[1]]  # a near miss: 0.75
+    obs, reward, terminated, truncated, info = env.step("boom")
+    rewards.append(reward)
+    assert terminated and "error" in info and sum(rewards) == 0.0  # the episode's last attempt scored 0
