@@ -158,6 +158,25 @@ def test_propositional_logic_refuses_the_premises_restated():
     assert rg_guards.guard("propositional_logic", "(Q ∨ R)", entry, 1.0)[0] == 1.0  # a conclusion of its own
 
 
+def test_knights_knaves_wants_an_assignment_not_a_quoted_statement():
+    # upstream keeps every "<name> ... <role>" pair of any text: echoing one of the inhabitants'
+    # statements ("if Amelia is a hero then Elizabeth is a hero") scored 1.0 on 29 of 100 tasks
+    def statements(task):
+        quoted = re.findall(r'"([^"\n]{1,200})"', task.metadata["entry"]["question"])
+        return [q for q in quoted if re.search(r"\b(if|or|not|then|only)\b", q)]  # not a bare assignment
+
+    global SEEDS
+    seeds, SEEDS = SEEDS, range(12)
+    try:
+        binary = _rewards("knights_knaves", statements)
+        upstream = _rewards("knights_knaves", statements, scoring="upstream")
+    finally:
+        SEEDS = seeds
+    assert binary and max(r for r, _, _ in binary) == 0.0, [b for b in binary if b[0]]
+    assert max(r for r, _, _ in upstream) == 1.0
+    _right_scores_one("knights_knaves", lambda task: [task.answer, task.answer.replace(", and", " and").rstrip(".")])
+
+
 def test_gsm_symbolic_reads_the_sign():
     # upstream's first-number regex starts with "\b", which cannot precede "-": "-288" scored as 288
     attacks = lambda task: [f"-{task.answer}", f"-{task.answer}.0"]
@@ -180,7 +199,9 @@ def test_scoring_is_checked_and_reported():
 
 def test_own_checks_parse_without_evaluating_and_in_bounded_time():
     entry = {"answer": "['1', '2']", "metadata": {"sorted_numbers": ["1", "2"], "result": (1, 2),
-                                                  "rational": {"numerator": 1, "denominator": 2}}}
+                                                  "rational": {"numerator": 1, "denominator": 2},
+                                                  "names": ["Ann", "Bo"], "solution": (True, False),
+                                                  "knight_knave_terms": {"knight": "knight", "knave": "knave"}}}
     payloads = ["__import__('os').system('touch /tmp/pwned')", "[__import__('os')]", "1e99999999", "9" * 5000,
                 "[" + "1," * 50_000 + "1]", "(" * 10_000 + "1" + ")" * 10_000, "1/0", "0x1p3"]
     for dataset, check in rg_guards.OWN_CHECKS.items():
@@ -190,6 +211,8 @@ def test_own_checks_parse_without_evaluating_and_in_bounded_time():
     assert rg_guards.guard("number_sorting", "[1, 2]", entry, 0.0)[0] == 1.0
     assert rg_guards.guard("complex_arithmetic", "1+2i", entry, 0.0)[0] == 1.0
     assert rg_guards.guard("coin_flip", "50%", entry, 0.0)[0] == 1.0
+    assert rg_guards.guard("knights_knaves", "Ann is a knight, and Bo is a knave.", entry, 0.0)[0] == 1.0
+    assert rg_guards.guard("knights_knaves", "Ann is a knight and Ann is a knight and Bo is a knave", entry, 1.0)[0] == 0.0
     # a non-finite or missing upstream score counts as 0 in either mode
     assert rg_guards.guard("chain_sum", "5", {}, float("nan"), scoring="upstream")[0] == 0.0
     assert rg_guards.guard("chain_sum", "5", {}, None)[0] == 0.0

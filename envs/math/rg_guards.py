@@ -158,12 +158,36 @@ def _gsm_symbolic(answer: str, entry: dict) -> bool:
     return found is not None and reference is not None and Fraction(found.group(0)) == reference
 
 
+def _knights_knaves(answer: str, entry: dict) -> bool:
+    # upstream keeps every "<name> ... <role>" pair in any text: a statement quoted from the question
+    # ("if Amelia is a hero then Elizabeth is a hero") scored 1.0 where its pairs matched the solution.
+    # Here the answer must be only "<name> is a/an <role>" clauses joined by "and", each name once.
+    meta = entry["metadata"]
+    names = [str(name).lower() for name in meta["names"]]
+    roles = {str(meta["knight_knave_terms"]["knight"]).lower(): True, str(meta["knight_knave_terms"]["knave"]).lower(): False}
+    words = answer.lower().replace(",", " ").replace(".", " ").replace(";", " ").split()
+    said: dict[str, bool] = {}
+    i = 0
+    while i < len(words):
+        if words[i] == "and" and said:
+            i += 1
+            continue
+        clause = words[i:i + 4]
+        if (len(clause) < 4 or clause[0] not in names or clause[0] in said or clause[1] != "is"
+                or clause[2] not in ("a", "an") or clause[3] not in roles):
+            return False
+        said[clause[0]] = roles[clause[3]]
+        i += 4
+    return said == {name: bool(truth) for name, truth in zip(names, meta["solution"])}
+
+
 OWN_CHECKS: dict[str, Callable[[str, dict], bool]] = {
     "game_of_life_halting": _game_of_life_halting,
     "coin_flip": _coin_flip,
     "complex_arithmetic": _complex_arithmetic,
     "number_sorting": _number_sorting,
     "gsm_symbolic": _gsm_symbolic,
+    "knights_knaves": _knights_knaves,
 }
 """Datasets whose upstream full score pays wrong answers: ``binary`` scoring decides these itself."""
 
