@@ -70,7 +70,8 @@ class JudgeVerifier(Verifier):
         mode: ``"binary"`` (greedy answer parsed as yes/no; anything else scores 0 with
             ``info["unparsed"]``) or ``"prob"`` (``P(yes) / (P(yes) + P(no))`` from the log-probs of
             the two answer strings; needs an engine with ``logprobs`` or ``next_token_logits``).
-        template: the judge prompt, with ``{prompt}``, ``{completion}`` and ``{question}``.
+        template: the judge prompt, with ``{prompt}``, ``{completion}`` and ``{question}``; fence the
+            completion with ``<<<`` / ``>>>``, the markers it is escaped against (:func:`escape_fence`).
         answers: the yes and no strings as they follow the template (``(" yes", " no")``).
         tokenizer: the judge's tokenizer (default: ``engine.tokenizer``).
         chat: render the filled template as one user message through the tokenizer's chat template.
