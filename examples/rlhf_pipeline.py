@@ -105,7 +105,7 @@ def main() -> None:
     print(f"2. preference pairs: {len(train)} train, {len(test)} held out, e.g. {train[0]}")
 
     # 3. Bradley–Terry reward model, initialised from the SFT model
-    rm = reward_model_from_causal_lm(sft)
+    rm = reward_model_from_causal_lm(sft, tokenizer)
     history = train_reward_model(rm, tokenizer, train, eval_pairs=test, steps=steps["rm"], batch_size=32, lr=1e-3)
     save_pretrained(rm, tokenizer, out / "reward_model")
     print(f"3. reward model: held-out pairwise accuracy {history[-1]['eval_accuracy']:.3f} "

@@ -495,7 +495,7 @@ def scale_options(device: bool = True):
     group.add_argument("--gradient-checkpointing", action="store_true", default=None,
                        help="recompute activations in backward (less memory, ~30%% more compute)")
     group.add_argument("--micro-batch-size", type=int, metavar="N",
-                       help="rows per forward/backward; gradients accumulate over the minibatch")
+                       help="completions (pairs for dpo) per forward/backward; gradients accumulate over the minibatch")
     group.add_argument("--engine-decode", metavar="{" + ",".join(ENGINE_DECODES) + "}",
                        help="rollout decoding: eager (dynamic KV cache), static (static KV cache), compiled (static "
                             "cache + torch.compile); auto = compiled on a GPU, else static (default on a GPU: auto; "

@@ -53,6 +53,8 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out split, batches and head (default 0)")
+    p.add_argument("--center-rewards-coefficient", type=float, default=0.0, metavar="C",
+                   help="add C·mean((r⁺ + r⁻)²) to pull rewards to mean 0 (TRL's option; 0.01 is usual; default 0)")
     p.add_argument("--eval-every", type=int, default=50, metavar="N",
                    help="evaluate on the held-out pairs every N steps (and at the end; default 50)")
     p.add_argument("--overwrite", action="store_true", help="replace a reward model already in --out")
@@ -122,6 +124,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
         raise UsageError(f"--held-out must be in (0, 1), got {args.held_out:g}")
     if not args.lr >= 0 or not args.weight_decay >= 0:
         raise UsageError(f"--lr and --weight-decay must be >= 0, got {args.lr:g} and {args.weight_decay:g}")
+    if not args.center_rewards_coefficient >= 0:
+        raise UsageError(f"--center-rewards-coefficient must be >= 0 (0.01 is usual), "
+                         f"got {args.center_rewards_coefficient:g}")
     out = check_out_dir(args.out)  # before any work: a file or an unwritable place fails now
     if (out / "metrics.jsonl").exists() and not args.overwrite:
         raise UsageError(f"{str(out)!r} already holds a reward model run: choose another --out or add --overwrite")
@@ -152,7 +157,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
             report = fit_reward_model(model, pairs, out, eval_pairs=eval_pairs, held_out=args.held_out,
                                       steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                                       weight_decay=args.weight_decay, seed=args.seed, eval_every=args.eval_every,
-                                      callback=on_step)
+                                      center_rewards_coefficient=args.center_rewards_coefficient, callback=on_step)
     except ValueError as exc:  # e.g. too few pairs for the split
         raise UsageError(" ".join(str(exc).split())[:400]) from None
     final = report["eval"]
