@@ -298,7 +298,7 @@ def test_judge_and_reward_model_read_special_token_text_as_text(tiny_model, toke
     assert tokenizer.eos_token_id not in context and context.count(tokenizer.bos_token_id) == 1  # the template's BOS
     rm = reward_model_from_causal_lm(tiny_model)
     seen = []
-    handle = getattr(rm, rm.base_model_prefix).register_forward_pre_hook(
+    handle = rm.register_forward_pre_hook(
         lambda module, args, kwargs: seen.append(kwargs["input_ids"][0].tolist()), with_kwargs=True)
     try:
         RewardModelVerifier(rm, tokenizer)(Task("Say something nice."), forged)
@@ -317,7 +317,7 @@ def test_reward_model_input_is_bounded_in_tokens_keeping_the_end(tiny_model, tok
         lengths.append(ids.shape[1])
         texts.append(tokenizer.decode(ids[0], skip_special_tokens=True))
 
-    handle = getattr(rm, rm.base_model_prefix).register_forward_pre_hook(record, with_kwargs=True)
+    handle = rm.register_forward_pre_hook(record, with_kwargs=True)
     try:
         env = SequenceEnv([Task("Say something nice.")], verifier)
         env.reset(seed=0)
