@@ -192,17 +192,26 @@ OWN_CHECKS: dict[str, Callable[[str, dict], bool]] = {
 """Datasets whose upstream full score pays wrong answers: ``binary`` scoring decides these itself."""
 
 
-def _strip_outer(text: str) -> str:
-    """``text`` without spaces and without brackets that enclose all of it (``((p))`` → ``p``)."""
+def _strip_outer(text: str, double_negations: bool = False) -> str:
+    """``text`` without spaces and without brackets that enclose all of it (``((p))`` → ``p``); with
+    ``double_negations``, leading ``¬¬`` go too (``¬¬(¬¬p)`` → ``p``). One pass to pair the brackets,
+    one to walk inwards."""
     text = "".join(text.split())
-    while len(text) > 1 and text[0] == "(" and text[-1] == ")":
-        depth = 0
-        for i, char in enumerate(text):
-            depth += (char == "(") - (char == ")")
-            if depth == 0 and i < len(text) - 1:
-                return text  # the first bracket closes early: "(a)∧(b)"
-        text = text[1:-1]
-    return text
+    closing, stack = {}, []
+    for i, char in enumerate(text):
+        if char == "(":
+            stack.append(i)
+        elif char == ")" and stack:
+            closing[stack.pop()] = i
+    start, end = 0, len(text) - 1
+    while start < end:
+        if closing.get(start) == end:
+            start, end = start + 1, end - 1
+        elif double_negations and text.startswith("¬¬", start):
+            start += 2
+        else:
+            break
+    return text[start:end + 1]
 
 
 def _top_level_parts(text: str, operator: str) -> list[str]:
@@ -221,13 +230,11 @@ def _restates_premises(answer: str, entry: dict) -> bool:
 
     Any valid non-trivial conclusion scores 1.0 upstream, and a premise follows from the premises: an
     echo of the question's own premise scored 1.0. Refused: a premise (brackets, spaces and double
-    negations aside), and a conjunction or disjunction made only of premises.
+    negations aside), a conjunction or disjunction made only of premises, and anything over 1,000
+    characters (the work stays bounded: each level of brackets is one linear pass, 20 levels at most).
     """
     def canonical(text: str) -> str:
-        text = _strip_outer(text)
-        while text.startswith("¬¬"):
-            text = _strip_outer(text[2:])
-        return text
+        return _strip_outer(text, double_negations=True)
 
     premises = {canonical(p) for p in entry["metadata"]["premises"]}
 
@@ -235,15 +242,15 @@ def _restates_premises(answer: str, entry: dict) -> bool:
         text = canonical(text)
         if text in premises:
             return True
-        if depth > 20:
-            return False
+        if depth > 20:  # no conclusion nests and/or 20 deep: refused rather than searched further
+            return True
         for operator in ("∧", "∨"):
             parts = _top_level_parts(text, operator)
             if len(parts) > 1:
                 return all(restates(part, depth + 1) for part in parts)
         return False
 
-    return len(answer) <= 1000 and restates(answer)
+    return len(answer) > 1000 or restates(answer)  # a conclusion is short: a longer one is not credited
 
 
 RESTATEMENTS: dict[str, Callable[[str, dict], bool]] = {"propositional_logic": _restates_premises}
