@@ -35,7 +35,7 @@ import torch
 
 from llmgym.preferences import PreferenceSource, encode_pair, load_preferences
 from llmgym.types import Prompt, Score, Task
-from llmgym.verifiers import Verifier
+from llmgym.verifiers import Verifier, escape_special_tokens, keep_last_tokens
 
 __all__ = [
     "bradley_terry_loss",
@@ -386,7 +386,9 @@ class RewardModelVerifier(Verifier):
         tokenizer: the reward model's tokenizer (loaded with the model when ``model`` is a path).
         batch_size: rows per forward pass in :meth:`verify_batch`.
         scale, shift: an affine map of the raw score (e.g. to centre rewards for the KL leash).
-        max_completion_chars: longer completions are cut before scoring (bounded work per call).
+        max_completion_tokens: the most tokens of a completion the model reads: its last ones (the end,
+            where the answer sits; the prompt is kept whole). Bounded in tokens, not characters: a
+            forward pass grows with tokens, and four-byte text is four byte-level tokens a character.
 
     ``info`` carries the raw score. Scoring holds no gradient and keeps the model in eval mode.
 
@@ -406,7 +408,7 @@ class RewardModelVerifier(Verifier):
     """
 
     def __init__(self, model, tokenizer=None, *, batch_size: int = 32, scale: float = 1.0, shift: float = 0.0,
-                 max_completion_chars: int = 100_000, time_limit: float | None = None):
+                 max_completion_tokens: int = 2048, time_limit: float | None = None):
         super().__init__(time_limit)
         if isinstance(model, (str, os.PathLike)):
             model, loaded_tokenizer = load_reward_model(model)
@@ -418,13 +420,16 @@ class RewardModelVerifier(Verifier):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.batch_size, self.scale, self.shift = batch_size, float(scale), float(shift)
-        self.max_completion_chars = max_completion_chars
+        if max_completion_tokens < 1:
+            raise ValueError(f"max_completion_tokens must be >= 1, got {max_completion_tokens}")
+        self.max_completion_tokens = max_completion_tokens
         self._lock = threading.Lock()  # one forward at a time when a thread pool calls in
         self._prefetched: dict[tuple[int, str], Score] = {}
 
     def raw_scores(self, tasks: Sequence[Task], completions: Sequence[str]) -> torch.Tensor:
         """``[B]`` raw rewards ``r(x, y)``, in batches of ``batch_size``."""
-        completions = [c[: self.max_completion_chars] for c in completions]
+        completions = [keep_last_tokens(self.tokenizer, escape_special_tokens(self.tokenizer, c), self.max_completion_tokens)
+                       for c in completions]  # its last tokens, with no special token written as text
         with self._lock:
             return _scores_no_grad(self.model, self.tokenizer, [t.prompt for t in tasks], completions, self.batch_size)
 
