@@ -22,6 +22,7 @@ from typing import Any
 
 from llmgym.cli.common import (
     EXIT_INTERRUPTED,
+    RUN_FILES,
     UsageError,
     _apply_threads,
     _console,
@@ -33,6 +34,8 @@ from llmgym.cli.common import (
     atomic_write_text,
     check_device,
     check_out_dir,
+    existing_files,
+    keep_previous_run,
 )
 from llmgym.cli.training import RunSpec, evaluate_held_out, train_run
 
@@ -100,6 +103,7 @@ def quickstart_base_model(console=None) -> Path:
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """``llmgym quickstart``: warm-up (cached) → GRPO on Copy → before/after table."""
     import torch
+    from rich.rule import Rule
     from rich.table import Table
 
     from llmgym.envs.toy import sample_tasks
@@ -113,7 +117,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         settings["steps"] = args.steps
     device = check_device(args.device)
     out = check_out_dir(args.out)  # before the warm-up and the training: a bad --out fails now
-    console.rule("[bold]llmgym quickstart")
+    console.print(Rule("[bold]llmgym quickstart"), width=min(console.width, 100))
     console.print(f"GRPO on llmgym/Copy-v0 with a tiny model on CPU: "
                   f"{settings['steps']} steps × {settings['tasks_per_step']} prompts × "
                   f"{settings['group_size']} samples"
@@ -133,9 +137,12 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
                 "sampled": evaluate_held_out(m, tokenizer, eval_env, held_out, temperature=1.0, samples=samples)}
 
     before = evaluate(model)
-    for name in ("metrics.jsonl", "curves.png", "eval.json", "checkpoints", "tensorboard"):
-        path = out / name
-        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    kept = None
+    if args.overwrite:
+        for path in existing_files(out, RUN_FILES):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    elif (kept := keep_previous_run(out)) is not None:  # a second quickstart never replaces the first
+        console.print(f"{out} held an earlier run: moved it to {kept} (--overwrite replaces it instead)")
     spec = RunSpec(env="llmgym/Copy-v0", agent="grpo", model=str(base_path), steps=settings["steps"],
                    checkpoint_every=max(1, settings["steps"] // 3), threads=threads, device=device,
                    agent_config={"lr": settings["lr"], "kl_coef": 0.0, "max_new_tokens": 6, "seed": 0,
@@ -165,6 +172,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     console.print(_files_table(f"run files ({wall:.0f} s in all)", {
         "metrics": out / "metrics.jsonl", "curves": result.curves, "before/after": out / "eval.json",
         "config": out / "config.json", "checkpoint": result.checkpoint, "tensorboard": result.tensorboard_dir,
+        "earlier run": kept,
     }))
     console.print(f"next: llmgym bench --env llmgym/Copy-v0 --model {result.checkpoint} --samples 8 --max-new-tokens 6")
     if result.interrupted:
@@ -186,5 +194,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
     p.add_argument("--device", metavar="{auto,cpu,cuda,cuda:N}",
                    help="where the GRPO run happens (default auto: cuda when a GPU is visible; the warm-up is on CPU)")
     p.add_argument("--quick", action="store_true", help="a seconds-long run (for tests and a first look)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run in --out (by default it is kept, moved to OUT.1, OUT.2, ...)")
     p.set_defaults(handler=cmd_quickstart)
     return p
