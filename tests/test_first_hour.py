@@ -37,15 +37,6 @@ def isolated_cache(tmp_path_factory):
         yield
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
-
-    tok = build_tokenizer()
-    model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
-    return str(save_pretrained(model, tok, tmp_path_factory.mktemp("model") / "tiny-1layer"))
-
-
 def subprocess_env(**extra: str) -> dict[str, str]:
     """The suite's environment for a child process, without what these tests set themselves."""
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "OMP_WAIT_POLICY")}
@@ -107,9 +98,9 @@ def test_every_example_that_runs_a_model_sets_its_threads():
 # -- 2. bench -----------------------------------------------------------------------------------
 
 
-def test_bench_writes_one_json_safe_record_per_sample_beside_the_summary(model_dir, tmp_path, capsys):
+def test_bench_writes_one_json_safe_record_per_sample_beside_the_summary(saved_tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert main(["bench", "--env", ENV, "--model", model_dir, "--samples", "3", "--tasks", "4",
+    assert main(["bench", "--env", ENV, "--model", saved_tiny_model_dir, "--samples", "3", "--tasks", "4",
                  "--max-new-tokens", "4", "--threshold", "0.25", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     samples = tmp_path / "bench.samples.jsonl"
@@ -128,9 +119,9 @@ def test_bench_writes_one_json_safe_record_per_sample_beside_the_summary(model_d
     assert "bench.samples.jsonl" in printed and "12/12 completions" in printed  # the progress's last line
 
 
-def test_bench_tokens_per_s_is_sampling_speed_and_verification_time_is_its_own(model_dir, tmp_path, slow_env):
+def test_bench_tokens_per_s_is_sampling_speed_and_verification_time_is_its_own(saved_tiny_model_dir, tmp_path, slow_env):
     out = tmp_path / "slow.json"
-    assert main(["bench", "--env", slow_env, "--model", model_dir, "--samples", "2", "--tasks", "3",
+    assert main(["bench", "--env", slow_env, "--model", saved_tiny_model_dir, "--samples", "2", "--tasks", "3",
                  "--max-new-tokens", "4", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["verify_s"] >= 6 * SLOW_VERIFY_S  # six verifications, each sleeping
@@ -139,16 +130,16 @@ def test_bench_tokens_per_s_is_sampling_speed_and_verification_time_is_its_own(m
     assert r["tokens_per_s"] > r["tokens_sampled"] / r["rollout_s"]  # the sleeping verifier is not in it
 
 
-def test_bench_interval_stays_inside_the_reward_range_and_says_how_it_was_made(model_dir, tmp_path, coin_env):
+def test_bench_interval_stays_inside_the_reward_range_and_says_how_it_was_made(saved_tiny_model_dir, tmp_path, coin_env):
     out = tmp_path / "coin.json"
-    assert main(["bench", "--env", coin_env, "--model", model_dir, "--samples", "1", "--max-new-tokens", "2",
+    assert main(["bench", "--env", coin_env, "--model", saved_tiny_model_dir, "--samples", "1", "--max-new-tokens", "2",
                  "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     low, high = r["reward_ci95"]
     assert r["ci_method"] == "wilson" and "Wilson" in r["ci_description"]
     assert 0.0 <= low <= r["reward_mean"] <= high <= 1.0 and high > low
     out = tmp_path / "copy.json"
-    assert main(["bench", "--env", ENV, "--model", model_dir, "--samples", "2", "--tasks", "6",
+    assert main(["bench", "--env", ENV, "--model", saved_tiny_model_dir, "--samples", "2", "--tasks", "6",
                  "--max-new-tokens", "4", "--temperature", "0", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     rewards = [x for t in r["per_task"] for x in t["rewards"]]
@@ -190,9 +181,9 @@ def test_wilson_and_bootstrap_intervals_cover_the_true_mean_about_95_percent(p):
         assert bootstrap / trials > 0.9  # the percentile bootstrap away from the bounds
 
 
-def test_bench_refuses_to_replace_an_earlier_benchmark(model_dir, tmp_path, capsys):
+def test_bench_refuses_to_replace_an_earlier_benchmark(saved_tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "b.json"
-    argv = ["bench", "--env", ENV, "--model", model_dir, "--samples", "1", "--tasks", "2", "--max-new-tokens", "2",
+    argv = ["bench", "--env", ENV, "--model", saved_tiny_model_dir, "--samples", "1", "--tasks", "2", "--max-new-tokens", "2",
             "--out", str(out)]
     assert main(argv) == 0
     first = out.read_text(), (tmp_path / "b.samples.jsonl").read_text()
@@ -242,9 +233,9 @@ def test_quickstart_again_keeps_the_earlier_run_and_says_where(tmp_path, capsys)
     assert not (tmp_path / "quickstart.2").exists() and len(read_metrics(out / "metrics.jsonl")) == 2
 
 
-def test_train_overwrite_deletes_nothing_when_a_check_fails(model_dir, tmp_path, capsys):
+def test_train_overwrite_deletes_nothing_when_a_check_fails(saved_tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    base = ["train", "--env", ENV, "--agent", "grpo", "--model", model_dir, "--steps", "1", "--out", str(out), *SMALL]
+    base = ["train", "--env", ENV, "--agent", "grpo", "--model", saved_tiny_model_dir, "--steps", "1", "--out", str(out), *SMALL]
     assert main(base) == 0
     before = (out / "metrics.jsonl").read_text()
     assert main([*base, "--overwrite", "--env-arg", "bogus=1"]) == 2
@@ -253,20 +244,20 @@ def test_train_overwrite_deletes_nothing_when_a_check_fails(model_dir, tmp_path,
     assert len(read_metrics(out / "metrics.jsonl")) == 2
 
 
-def test_train_refuses_a_directory_with_any_earlier_run_file(model_dir, tmp_path, capsys):
+def test_train_refuses_a_directory_with_any_earlier_run_file(saved_tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
     (out / "checkpoints" / "last").mkdir(parents=True)  # its metrics.jsonl deleted, say
-    argv = ["train", "--env", ENV, "--agent", "grpo", "--model", model_dir, "--steps", "1", "--out", str(out), *SMALL]
+    argv = ["train", "--env", ENV, "--agent", "grpo", "--model", saved_tiny_model_dir, "--steps", "1", "--out", str(out), *SMALL]
     assert main(argv) == 2
     assert "already holds a run (checkpoints)" in capsys.readouterr().err
 
 
-def test_rm_refuses_to_write_over_a_saved_model(model_dir, tmp_path, capsys):
+def test_rm_refuses_to_write_over_a_saved_model(saved_tiny_model_dir, tmp_path, capsys):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": "p", "chosen": "12", "rejected": "ab"}) + "\n" for _ in range(4)))
-    target = Path(model_dir)
+    target = Path(saved_tiny_model_dir)
     before = sorted(p.name for p in target.iterdir())
-    assert main(["rm", "--pairs", str(pairs), "--out", model_dir, "--steps", "1"]) == 2
+    assert main(["rm", "--pairs", str(pairs), "--out", saved_tiny_model_dir, "--steps", "1"]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert sorted(p.name for p in target.iterdir()) == before
 
@@ -286,10 +277,10 @@ def test_rm_refuses_to_write_over_a_saved_model(model_dir, tmp_path, capsys):
     (["train", "--env", ENV, "--agent", "grpo", "--out", "OUT", "--set", "lr=", "1e-4"], "write --set lr=1e-4"),
     (["bench", "--env", "llmgym/GSM8K-v0", "--env-arg", "path", "=", "x.jsonl"], "write --env-arg path=x.jsonl"),
 ])
-def test_input_mistakes_are_the_only_output(argv, expected, model_dir, tmp_path, capsys, monkeypatch):
+def test_input_mistakes_are_the_only_output(argv, expected, saved_tiny_model_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     if argv[0] in ("train", "compare"):
-        argv = [*argv, "--model", model_dir]
+        argv = [*argv, "--model", saved_tiny_model_dir]
     argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
     assert main(argv) == 2
     captured = capsys.readouterr()
@@ -302,7 +293,7 @@ def test_input_mistakes_are_the_only_output(argv, expected, model_dir, tmp_path,
 # -- 4. quiet tiny model ------------------------------------------------------------------------
 
 
-def test_loading_the_tiny_model_prints_no_progress_bar_and_a_real_model_keeps_its_own(model_dir, capfd):
+def test_loading_the_tiny_model_prints_no_progress_bar_and_a_real_model_keeps_its_own(saved_tiny_model_dir, capfd):
     from transformers.utils import logging as hf_logging
 
     from llmgym.models import _transformers_version, load_model
@@ -314,16 +305,16 @@ def test_loading_the_tiny_model_prints_no_progress_bar_and_a_real_model_keeps_it
     assert "Loading weights" not in capfd.readouterr().err
     assert hf_logging.is_progress_bar_enabled() == enabled  # the user's setting is back
     if enabled and _transformers_version()[0] >= 5:
-        load_model(model_dir)  # a checkpoint directory: transformers' own bar, untouched
+        load_model(saved_tiny_model_dir)  # a checkpoint directory: transformers' own bar, untouched
         assert "Loading weights" in capfd.readouterr().err
 
 
 # -- 6. piped output ----------------------------------------------------------------------------
 
 
-def test_piped_output_keeps_every_line_whole(model_dir, tmp_path):
+def test_piped_output_keeps_every_line_whole(saved_tiny_model_dir, tmp_path):
     out = tmp_path / ("a-rather-long-directory-name-for-runs-" * 2) / "grpo-copy"
-    argv = [sys.executable, "-m", "llmgym", "train", "--env", ENV, "--agent", "grpo", "--model", model_dir,
+    argv = [sys.executable, "-m", "llmgym", "train", "--env", ENV, "--agent", "grpo", "--model", saved_tiny_model_dir,
             "--steps", "2", "--out", str(out), *SMALL]
     proc = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env(), cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,7 @@ Commands:
   metrics JSONL, curves PNG, config JSON and checkpoints in one run directory; ``--resume`` continues
   an interrupted run exactly; Ctrl-C saves a checkpoint (never a half-updated mid-step state).
 * ``llmgym bench`` (:mod:`llmgym.cli.bench`) — pass@1, pass@k, mean reward with a 95% confidence
-  interval, tokens/s.
+  interval inside the reward's range, sampling tokens/s; per-sample records in JSONL.
 * ``llmgym compare`` (:mod:`llmgym.cli.compare`) — several agents × seeds on one env: final reward,
   steps to a threshold, one plot.
 * ``llmgym rm`` (:mod:`llmgym.cli.rm`) — a Bradley–Terry reward model from preference pairs (JSONL);

@@ -191,7 +191,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     pass_k = {str(k): sum(pass_at_k(n, t["passed"], k) for t in per_task) / len(per_task) for k in ks}
     means = [t["reward_mean"] for t in per_task]
     mean = sum(means) / len(means)
-    pass_fail = all(r in (0.0, 1.0) for e in episodes for r in (e.total_reward,))
+    pass_fail = all(e.total_reward in (0.0, 1.0) for e in episodes)
     low, high, method = reward_interval(means, pass_fail=pass_fail, seed=args.seed)
     ci_method = (f"Wilson score interval over {len(tasks)} tasks (every reward 0 or 1)" if method == "wilson" else
                  f"percentile bootstrap over {len(tasks)} tasks (10,000 resamples; inside the rewards' range)")

@@ -685,7 +685,8 @@ def keep_previous_run(out: Path, names: Sequence[str] = RUN_FILES) -> Path | Non
     found = existing_files(out, names)
     if not found:
         return None
-    out = out.resolve()
+    if out.name in ("", ".."):  # "." or "..": name the sibling after the real folder
+        out = out.resolve()
     pattern = re.compile(re.escape(out.name) + r"\.(\d+)")
     taken = [int(m.group(1)) for p in out.parent.iterdir() if (m := pattern.fullmatch(p.name))]
     kept = out.with_name(f"{out.name}.{max(taken, default=0) + 1}")

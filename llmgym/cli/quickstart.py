@@ -38,6 +38,7 @@ from llmgym.cli.common import (
     keep_previous_run,
 )
 from llmgym.cli.training import RunSpec, evaluate_held_out, train_run
+from llmgym.threads import set_torch_threads
 
 __all__ = ["QUICKSTART_SETTINGS", "add_parser", "cmd_quickstart", "evaluate_held_out", "quickstart_base_model"]
 
@@ -56,10 +57,12 @@ QUICKSTART_WARMUP = {"task": "copy", "pairs": 2000, "pairs_seed": 1, "steps": 80
 QUICKSTART_HELD_OUT = {"task": "copy", "n": 64, "seed": 12345}
 
 
-def quickstart_base_model(console=None) -> Path:
+def quickstart_base_model(console=None, threads: int | None = None) -> Path:
     """The quickstart's base model: a tiny model after a short supervised warm-up on Copy, cached.
 
-    Built once under :func:`llmgym.models.cache_dir` (keyed by the recipe) and reused afterwards.
+    Built once under :func:`llmgym.models.cache_dir` (keyed by the recipe) and reused afterwards;
+    the warm-up runs on the threads :func:`llmgym.threads.set_torch_threads` picks (``threads``
+    wins), one for this model unless the user says otherwise.
     """
     from llmgym.models import (
         TinyModelConfig,
@@ -84,6 +87,7 @@ def quickstart_base_model(console=None) -> Path:
                         f"warm-up on Copy (cached for next time)"):
         tokenizer = build_tokenizer()
         model = build_tiny_model(tokenizer, shape)
+        set_torch_threads(model, requested=threads)
         w = QUICKSTART_WARMUP
         pairs = [(t.prompt, t.answer) for t in sample_tasks(w["task"], w["pairs"], seed=w["pairs_seed"])]
         losses = supervised_warmup(model, tokenizer, pairs, steps=w["steps"], lr=w["lr"],
@@ -124,7 +128,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
                   f"{' (--quick)' if args.quick else ''}")
     torch.manual_seed(0)
     started = time.perf_counter()
-    base_path = quickstart_base_model(console)
+    base_path = quickstart_base_model(console, threads=args.threads)
     console.print(f"base model (after warm-up): {base_path}")
     model, tokenizer = _load_model(str(base_path), device=device)
     threads = _apply_threads(args.threads, model)
