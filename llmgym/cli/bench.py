@@ -168,7 +168,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         try:  # a procedural env and no --tasks: its default count
             tasks, how = distinct_tasks(env, PROCEDURAL_DEFAULT_TASKS, seed=args.seed)
         except ValueError as again:
-            raise UsageError(f"{args.env}: {again} (--tasks)") from None
+            raise UsageError(f"{args.env}: {again} (--tasks N)") from None
     started = time.perf_counter()
     n = args.samples
     unit = "episodes" if info.multi_turn else "completions"
