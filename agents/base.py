@@ -392,17 +392,17 @@ class Agent(abc.ABC):
 
         Every entry has ``step``, ``reward_mean``, ``reward_std``, ``loss``, ``kl`` (NaN where no
         KL is defined), ``entropy``, ``clip_frac`` (NaN where there is no clipping),
-        ``tokens_per_s`` and ``wall_s``, plus the rollout's counters in ``batch.stats``
-        (``rollout_s``, ``tokens_sampled``; DAPO adds ``extra_draws`` and ``kept_groups``).
+        ``tokens_per_s`` (sampling speed) and ``wall_s``, plus the rollout's counters in ``batch.stats``
+        (``rollout_s``, ``generate_s``, ``verify_s``, ``tokens_sampled``; DAPO adds ``extra_draws`` and
+        ``kept_groups``).
         A ``callback`` returning ``False`` stops early.
         """
         history: list[dict[str, float]] = []
         bar = None
         if progress:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+            from llmgym.display import make_console, make_progress
 
-            bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                           TextColumn("reward {task.fields[reward]:.3f}"), TimeRemainingColumn())
+            bar = make_progress(make_console(), "reward {task.fields[reward]:.3f}")
             bar.start()
             job = bar.add_task(f"{self.name}", total=steps, reward=float("nan"))
         try:

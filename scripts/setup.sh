@@ -10,11 +10,12 @@ PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${LLMGYM_TORCH:-torch==2.13.0}"
 extras=""
 [[ "${1:-}" == "--test" ]] && extras="[test]"
+torch_version="from importlib.metadata import version; print(version('torch'))"
 
 if [[ ! -x .venv/bin/python ]]; then
   if "$PYTHON" -c "import torch" 2>/dev/null; then
     # respect the torch the user already has: let the venv see it instead of installing another
-    echo "setup: reusing the torch of $PYTHON ($("$PYTHON" -c 'import torch; print(torch.__version__)'))"
+    echo "setup: reusing the torch of $PYTHON ($("$PYTHON" -c "$torch_version"))"
     "$PYTHON" -m venv --system-site-packages .venv
   else
     "$PYTHON" -m venv .venv
@@ -29,9 +30,10 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install -q "$TORCH_SPEC"
   fi
 fi
-# pin whatever torch is now present, so the project's install keeps it
+# pin whatever torch is now present, so the project's install keeps it (its version read from the
+# package metadata: importing torch before numpy is installed warns "Failed to initialize NumPy")
 constraints="$(mktemp)"
-"$PY" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$constraints"
+echo "torch==$("$PY" -c "$torch_version" | cut -d+ -f1)" > "$constraints"
 "$PY" -m pip install -q -c "$constraints" -e ".$extras"
 rm -f "$constraints"
 

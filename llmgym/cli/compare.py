@@ -28,6 +28,7 @@ from llmgym.cli.common import (
     atomic_write_text,
     build_agent_config,
     check_device,
+    check_env_makes,
     check_out_dir,
     parse_overrides,
     scale_options,
@@ -136,6 +137,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"{str(out)!r} already holds a comparison ({earlier[0]}): choose another --out or add "
                          f"--overwrite")
     _check_model(args.model)
+    check_env_makes(args.env, args.model, env_args, max_new_tokens=build_agent_config(plans[0], overrides).max_new_tokens)
     if args.overwrite:
         for path in earlier:
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)

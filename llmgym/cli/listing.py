@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 from collections.abc import Sequence
 
 from llmgym.cli.common import UsageError, _console, plugin_options
+from llmgym.display import is_live
 
 __all__ = ["WIDE", "add_parser", "cmd_list", "adapter_rows"]
 
 WIDE = 120
-"""Terminal columns from which ``list`` draws tables; narrower (or piped, 80) it prints one paragraph per row."""
+"""Terminal columns from which ``list`` draws tables; narrower (or piped without ``$COLUMNS``) it prints
+one paragraph per row."""
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -71,8 +74,10 @@ def cmd_list(args: argparse.Namespace) -> int:
             continue
         for info in members:
             rows.append((info.id, info.family, "yes" if info.multi_turn else "", needs(info), info.description))
+    # a pipe or a file gets paragraphs (one env, one grep) unless $COLUMNS asks for a width
+    tables = console.width >= WIDE and (is_live(console) or "COLUMNS" in os.environ)
     caption = "levels: sequence, token for every env — gymnasium.make(id, tokenizer=tok, level=...)"
-    if console.width >= WIDE:
+    if tables:
         envs = Table(title="environments", title_justify="left", caption_justify="left", caption=caption)
         for name in ("id", "family", "multi-turn", "needs"):
             envs.add_column(name, no_wrap=True)
@@ -80,7 +85,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         for row in rows:
             envs.add_row(*row)
         console.print(envs)
-    else:  # a narrow terminal or a pipe (80 columns): one env per paragraph, descriptions never cropped
+    else:  # a narrow terminal, a pipe or a file: one env per paragraph, descriptions never cropped
         console.print("[bold]environments[/]")
         for env_id, family, multi_turn, needed, description in rows:
             tags = ", ".join(t for t in (family, "multi-turn" if multi_turn else "", f"needs {needed}" if needed else "")
@@ -95,7 +100,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         agent_rows.append((name, str(config.group_size), f"{config.lr:g}", f"{config.kl_coef:g}", doc.replace("``", "")))
     title = "agents: llmgym train --agent NAME [--set field=value]"
-    if console.width >= WIDE:
+    if tables:
         agents = Table(title=title, title_justify="left")
         agents.add_column("name", no_wrap=True)
         agents.add_column("group", justify="right")

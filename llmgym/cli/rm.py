@@ -18,7 +18,6 @@ import argparse
 import json
 
 from llmgym.cli.common import (
-    SMALL_MODEL_PARAMETERS,
     UsageError,
     _console,
     _files_table,
@@ -26,8 +25,10 @@ from llmgym.cli.common import (
     _quiet_hf,
     atomic_write_text,
     check_out_dir,
+    existing_files,
     resolve_model,
 )
+from llmgym.threads import set_torch_threads
 
 __all__ = ["add_parser", "cmd_rm"]
 
@@ -76,13 +77,12 @@ def _load_pairs(path: str, flag: str):
 
 
 def _set_threads(requested: int | None, model: str) -> int:
-    """Torch's CPU threads for the run: ``requested``, else 1 below ``SMALL_MODEL_PARAMETERS`` (counted
-    on a weightless ``meta``-device copy of the model; the rule of the other commands)."""
+    """Torch's CPU threads for the run, by the rule of the other commands
+    (:func:`llmgym.threads.set_torch_threads`), the size counted on a weightless ``meta``-device copy."""
     import torch
 
     if requested is not None:
-        torch.set_num_threads(requested)
-        return requested
+        return set_torch_threads(requested=requested)
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -91,22 +91,16 @@ def _set_threads(requested: int | None, model: str) -> int:
         config = AutoConfig.from_pretrained(str(tiny_model_path() if model == "tiny" else model))
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(config)
-        if sum(p.numel() for p in skeleton.parameters()) < SMALL_MODEL_PARAMETERS:
-            torch.set_num_threads(1)
+        return set_torch_threads(num_parameters=sum(p.numel() for p in skeleton.parameters()))
     except (OSError, ValueError):  # an unusual architecture: torch's choice; loading it reports any real problem
-        pass
-    return torch.get_num_threads()
+        return set_torch_threads()
 
 
 def _progress(console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from llmgym.display import make_progress
 
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"), TextColumn("batch acc {task.fields[acc]}"),
-        TextColumn("held-out acc {task.fields[eval]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=console,
-    )
+    return make_progress(console, "loss {task.fields[loss]}", "batch acc {task.fields[acc]}",
+                         "held-out acc {task.fields[eval]}")
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
@@ -128,8 +122,10 @@ def cmd_rm(args: argparse.Namespace) -> int:
         raise UsageError(f"--center-rewards-coefficient must be >= 0 (0.01 is usual), "
                          f"got {args.center_rewards_coefficient:g}")
     out = check_out_dir(args.out)  # before any work: a file or an unwritable place fails now
-    if (out / "metrics.jsonl").exists() and not args.overwrite:
-        raise UsageError(f"{str(out)!r} already holds a reward model run: choose another --out or add --overwrite")
+    earlier = existing_files(out, ("metrics.jsonl", "eval.json", "config.json", "model.safetensors"))
+    if earlier and not args.overwrite:  # a reward model run, or any saved model (a checkpoint, say)
+        raise UsageError(f"{str(out)!r} already holds a model or a reward model run ({earlier[0].name}): choose "
+                         f"another --out or add --overwrite")
     pairs = _load_pairs(args.pairs, "--pairs")
     eval_pairs = _load_pairs(args.eval_pairs, "--eval-pairs") if args.eval_pairs else None
     if eval_pairs is None and len(pairs) < 2:

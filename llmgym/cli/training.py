@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgym.cli.common import (
+    RUN_FILES,
     UsageError,
     _apply_threads,
     _console,
@@ -32,6 +33,7 @@ from llmgym.cli.common import (
     _require_env,
     atomic_write_text,
     build_agent_config,
+    existing_files,
 )
 
 __all__ = ["EVAL_SEED", "RunSpec", "TrainResult", "evaluate_held_out", "load_checkpoint", "samples_per_step", "train_run"]
@@ -236,6 +238,8 @@ def train_run(
     description: str | None = None,
     checkpoints: bool = True,
     base_model: tuple[Any, Any] | None = None,
+    banner: str | None = None,
+    replace: bool = False,
 ) -> TrainResult:
     """Train ``spec.agent`` on ``spec.env`` into ``out_dir``; the engine behind ``train``, ``quickstart``, ``compare``.
 
@@ -251,6 +255,10 @@ def train_run(
     model), loads ``checkpoints/last`` (weights, optimiser, counters, RNG) and continues
     to ``spec.steps``; since agents seed their batches from the step count, the metrics equal an
     uninterrupted run's.
+
+    ``banner`` is printed once everything is made and checked (model, agent, env, evaluation tasks,
+    the checkpoint to resume), so a mistake found on the way is the only output; ``replace=True``
+    deletes an earlier run's files in ``out_dir`` at that point (``--overwrite``), not before.
     """
     from llmgym.logging import MetricsLogger, moving_average, plot_curves, truncate_metrics
     from llmgym.rollout import distinct_tasks
@@ -289,6 +297,11 @@ def train_run(
             raise UsageError(f"no checkpoint to resume at {ckpt_root / 'last'}: was the run started with checkpoints?")
         load_checkpoint(agent, ckpt_root / "last")
         rows = truncate_metrics(out / "metrics.jsonl", agent.step_count)
+    elif replace:
+        for path in existing_files(out, RUN_FILES):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    if banner:
+        console.print(banner)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.json", json.dumps(spec.to_json(), indent=2) + "\n")
 
