@@ -127,6 +127,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     interval over distinct tasks, sampling speed; a summary JSON and per-sample JSONL."""
     from rich.table import Table
 
+    from llmgym.core import MultiTurnEnv
     from llmgym.display import make_progress
     from llmgym.engines import HFEngine, SamplingParams
     from llmgym.metrics import pass_at_k, reward_interval
@@ -171,7 +172,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.env}: {again} (--tasks N)") from None
     started = time.perf_counter()
     n = args.samples
-    unit = "episodes" if info.multi_turn else "completions"
+    # an adapter spec (verifiers:/textarena:) has no registry entry: ask the env it made
+    multi_turn = info.multi_turn if info is not None else isinstance(env.unwrapped, MultiTurnEnv)
+    unit = "episodes" if multi_turn else "completions"
     progress = make_progress(console, unit)
     with progress:
         job = progress.add_task(f"bench {args.env}", total=len(tasks) * n)
@@ -221,7 +224,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     table.add_row("wall s", _fmt(wall, 1))
     console.print(table)
     if out is not None:
-        records = sample_records(episodes, tasks, n, args.threshold, tokenizer, info.multi_turn)
+        records = sample_records(episodes, tasks, n, args.threshold, tokenizer, multi_turn)
         atomic_write_text(samples_path(out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
         atomic_write_text(out, json.dumps(report, indent=2) + "\n")
         console.print(f"results: {out} (summary), {samples_path(out)} (one record per sample)")
