@@ -354,8 +354,18 @@ class Learner:
 
     # -- optimiser and schedule --------------------------------------------------------------------
     def make_optimizer(self, params) -> torch.optim.Optimizer:
+        """AdamW, fused where every parameter allows it (plain CPU/CUDA float tensors).
+
+        The fused kernel is what TRL's trainer uses (``transformers``' ``adamw_torch_fused``): one
+        pass over each tensor instead of ~8 elementwise ones (a 10M model's step spent ~3× longer in
+        the for-loop AdamW on a CPU), and no parameter-sized temporaries (CUDA's default foreach
+        AdamW allocates one, ``sqrt(v)``: +4 bytes per parameter at the optimiser step). Sharded
+        (DTensor) parameters keep torch's default implementation."""
         c = self.config
-        return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
+        params = list(params)
+        fused = bool(params) and all(
+            type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+        return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay, **({"fused": True} if fused else {}))
 
     def make_scheduler(self, optimizer):
         """``transformers.get_scheduler`` for the config's schedule; ``None`` for a constant lr without warm-up."""
@@ -432,6 +442,10 @@ class Learner:
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 steps += 1
+        # gradients are dead weight until the next backward: free them now, not at the next update's
+        # zero_grad, so the rollout in between does not hold a parameter-sized copy (TRL's trainer
+        # does the same)
+        agent.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
         metrics = {k: v / steps for k, v in sums.items()}

@@ -43,9 +43,10 @@ def test_static_cache_gives_the_eager_tokens(model_and_tok, temperature, top_p):
     assert _same(eager, static)
     gap = max(abs(x - y) for g, h in zip(eager, static) for a, b in zip(g, h) for x, y in zip(a.logprobs, b.logprobs))
     assert gap < 1e-4
-    # the cache is reused (reset, not reallocated) by the next call of the same shape, and stays exact
+    # uncompiled, the cache is released after each call (the learner trains without it) and rebuilt exactly
+    assert engine._static._caches == {}
     again = engine.generate(_prompts(tok), params)
-    assert _same(again, static) and len(engine._static._caches) == 1
+    assert _same(again, static)
 
 
 def test_static_cache_logprobs_match_teacher_forcing(model_and_tok):

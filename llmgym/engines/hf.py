@@ -205,6 +205,8 @@ class HFEngine:
                 out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=last_pos,
                                  use_cache=True, **{self._cache_arg: cache})
                 cache, logits = _cache_of(out), out.logits[:, -1, :]
+            if static is not None and not static.compiled:
+                static.release()  # a KV cache held until the next rollout would sit through the update
         tokens, logps, lengths, stopped = tokens.cpu(), logps.cpu(), lengths.cpu(), stopped.cpu()
         completions = []
         for i in range(batch):

@@ -55,9 +55,10 @@ def _step(model, cache_arg: str, input_ids, attention_mask, position_ids, cache)
 class StaticCacheDecoder:
     """Prefill then one-token steps over a reusable ``transformers.StaticCache``.
 
-    One decoder per engine: it keeps a cache per ``(batch size, cache length)`` (reset, not
+    One decoder per engine. Compiled, it keeps a cache per ``(batch size, cache length)`` (reset, not
     reallocated, between calls — a compiled step is specialised to the cache's tensors) and one
-    compiled step function.
+    compiled step function; uncompiled, the engine calls :meth:`release` after each ``generate`` so
+    no KV cache is held while the learner trains.
 
     Args:
         model: the causal LM.
@@ -100,6 +101,11 @@ class StaticCacheDecoder:
         else:
             cache.reset()
         return cache
+
+    def release(self) -> None:
+        """Drop the KV cache and the mask (the next :meth:`prefill` allocates them again)."""
+        self._caches = {}
+        self._mask = self._cache = self._pos = None
 
     def _step_fn(self):
         if not self.compiled:
