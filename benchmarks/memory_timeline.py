@@ -447,7 +447,7 @@ def _start_cuda_extras(args, report):
     if args.device == "cuda":
         report["cuda_graph_pools"] = {"start": cuda_graph_pool_mib()}
         if args.snapshot:
-            torch.cuda.memory._record_memory_history(max_entries=args.snapshot_entries)
+            torch.cuda.memory._record_memory_history(stacks="python", max_entries=args.snapshot_entries)
 
 
 def _end_cuda_extras(args, report):
