@@ -214,7 +214,7 @@ def token_logprobs_and_entropy(
     chunked = chunk_size and chunk_size > 0 and _accepts_logits_to_keep(model)
     if not chunked:  # full logits (the reference path; also the fallback for exotic models)
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                    output_hidden_states=with_hidden)
+                    output_hidden_states=with_hidden, use_cache=False)
         logits = out.logits[:, :-1].float() / t
         logprobs, entropy = F.logprobs_from_logits(logits, targets), F.entropy_from_logits(logits)
         if mask is not None:
@@ -223,8 +223,9 @@ def token_logprobs_and_entropy(
             entropy = torch.where(keep, entropy, torch.zeros_like(entropy))
         return logprobs, entropy, (out.hidden_states[-1][:, :-1] if with_hidden else None)
 
+    # use_cache=False: a training forward has no use for a KV cache of the whole batch (TRL passes it too)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                output_hidden_states=True, logits_to_keep=1)
+                output_hidden_states=True, logits_to_keep=1, use_cache=False)
     hidden = out.hidden_states[-1][:, :-1]
     core = _core_model(model)
     head = functools.partial(_head_chunk, core.get_output_embeddings(), t,
