@@ -29,6 +29,13 @@ after every section so a killed run keeps what it measured):
    on that model — llmgym vs TRL ``GRPOTrainer``, each side in a fresh process, step time and peak
    GPU memory, bf16 autocast and gradient checkpointing on both sides.
 
+``--preset vs-trl`` runs issue 23's measurements instead, in priority order within ``--budget-s``
+(default 330 s; a section with no time left is recorded as skipped): the engine tests (contract +
+static decoding), ``memory_timeline_128`` (``benchmarks/memory_timeline.py --side both``: one step
+of llmgym and of TRL phase by phase, allocator snapshot of each), ``grpo_vs_trl_512`` (until both
+step times settle), ``engine_steps`` (ms per decoding step vs ``model.generate``'s compiled static
+cache and the bandwidth bound) and ``memory_timeline_128_ckpt``.
+
 The run ends with a compact summary of the headline numbers. ``--quick`` (``bash
 benchmarks/gpu_check.sh --quick``) shrinks every section (~2 minutes on one GPU).
 
@@ -459,7 +466,20 @@ def _copy_bandwidth() -> float:
     return 2 * n * 10 / (time.perf_counter() - t0)
 
 
-def engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, short: int = 8) -> dict:
+def engine_steps(**kw) -> dict:
+    import gc
+
+    import torch
+
+    try:
+        return _engine_steps(**kw)
+    finally:  # the section's model and compiled graphs go before the next (subprocess) sections
+        gc.collect()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, short: int = 8) -> dict:
     """Milliseconds per decoding step, prefill excluded (``(t(new_tokens) - t(short)) / (new_tokens - short)``):
     ``HFEngine`` (compiled on a GPU) with the issue-23 settings and with each one undone (a host sync
     on "all done?" every step; the Gumbel noise as ~35 eager kernels), ``model.generate`` with a
@@ -531,9 +551,6 @@ def engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, s
     base = rows["model.generate (static cache, compiled)"]
     out["speed_vs_generate"] = {k: round(base / v, 3) for k, v in rows.items() if v > 0}
     out["times_the_bound"] = {k: round(v / bound_ms, 1) for k, v in rows.items()}
-    del engine, model
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
     return out
 
 

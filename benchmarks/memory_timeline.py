@@ -60,7 +60,7 @@ except ImportError:  # a bare source tree (the lent GPU machine installs nothing
 
     llmgym.__path__.append(str(ROOT))
 
-__all__ = ["run", "main", "PhaseRecorder"]
+__all__ = ["main", "run_llmgym", "run_trl", "PhaseRecorder", "live_tensor_breakdown"]
 
 MIB = 2**20
 
@@ -226,11 +226,8 @@ class PhaseRecorder:
 @contextlib.contextmanager
 def llmgym_phases(agent, recorder: PhaseRecorder):
     """Mark phase boundaries as the agent's own methods are entered and left (nothing in llmgym changes)."""
-    import torch
-
     counter = {"micro": 0}
     originals = {name: getattr(agent, name) for name in ("collect", "prepare", "forward", "loss")}
-    tensor_backward = torch.Tensor.backward
 
     def collect(*a, **kw):
         out = originals["collect"](*a, **kw)
@@ -254,37 +251,52 @@ def llmgym_phases(agent, recorder: PhaseRecorder):
         recorder.mark(f"loss[{counter['micro']}]")
         return out
 
-    def backward(self, *a, **kw):
-        out = tensor_backward(self, *a, **kw)
+    def after_backward():
         recorder.mark(f"backward[{counter['micro']}]")
         counter["micro"] += 1
-        return out
 
     pre = agent.optimizer.register_step_pre_hook(lambda *_: recorder.mark("clip_grad"))
     post = agent.optimizer.register_step_post_hook(lambda *_: recorder.mark("optimizer_step"))
-    for name, fn in (("collect", collect), ("prepare", prepare), ("forward", forward), ("loss", loss)):
-        setattr(agent, name, fn)
+    try:
+        with _wrapped(agent, {"collect": collect, "prepare": prepare, "forward": forward, "loss": loss}, after_backward):
+            yield
+    finally:
+        pre.remove()
+        post.remove()
+
+
+@contextlib.contextmanager
+def _wrapped(obj, methods: dict, after_backward):
+    """``methods`` as instance attributes of ``obj`` and ``after_backward()`` after every
+    ``Tensor.backward``, for the duration of the block (then the class's methods are visible again)."""
+    import torch
+
+    tensor_backward = torch.Tensor.backward
+
+    def backward(self, *a, **kw):
+        out = tensor_backward(self, *a, **kw)
+        after_backward()
+        return out
+
+    for name, fn in methods.items():
+        setattr(obj, name, fn)
     torch.Tensor.backward = backward
     try:
         yield
     finally:
         torch.Tensor.backward = tensor_backward
-        for name in originals:
-            delattr(agent, name)  # the instance attribute goes; the class's method is visible again
-        pre.remove()
-        post.remove()
+        for name in methods:
+            delattr(obj, name)
 
 
 @contextlib.contextmanager
 def trl_phases(trainer, recorder: PhaseRecorder, measured_step: int, kept: dict, on_start=None, on_end=None):
     """Mark the phases of TRL's ``measured_step``-th optimiser step (callbacks, and wrappers around
     the trainer's own methods); ``on_start``/``on_end`` run at its first and last mark."""
-    import torch
     from transformers import TrainerCallback
 
     state = {"on": False, "micro": 0}
     originals = {name: getattr(trainer, name) for name in ("_generate_and_score_completions", "compute_loss")}
-    tensor_backward = torch.Tensor.backward
     model = trainer.model
 
     def breakdown(batch=None):
@@ -331,22 +343,14 @@ def trl_phases(trainer, recorder: PhaseRecorder, measured_step: int, kept: dict,
             recorder.mark(f"forward+loss[{state['micro']}]")
         return out
 
-    def backward(self, *a, **kw):
-        out = tensor_backward(self, *a, **kw)
+    def after_backward():
         if state["on"]:
             recorder.mark(f"backward[{state['micro']}]")
             state["micro"] += 1
-        return out
 
     trainer.add_callback(Marks())
-    trainer._generate_and_score_completions, trainer.compute_loss = generate, compute_loss
-    torch.Tensor.backward = backward
-    try:
+    with _wrapped(trainer, {"_generate_and_score_completions": generate, "compute_loss": compute_loss}, after_backward):
         yield
-    finally:
-        torch.Tensor.backward = tensor_backward
-        for name in originals:
-            delattr(trainer, name)
 
 
 def _replace_adam(args, params):

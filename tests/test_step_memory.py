@@ -106,3 +106,19 @@ def test_memory_timeline_reports_every_phase_on_cpu(tmp_path):
     assert report["terms"]["kept_after_step_mib"] == pytest.approx(0, abs=0.05)
     assert report["terms"]["step_peak_mib"] == max(r["peak_mib"] for r in report["phases"])
     assert report["micro_batches"] == 2 and (tmp_path / "t.json").exists()
+
+
+def test_memory_timeline_measures_trl_with_the_same_instrument(tmp_path):
+    pytest.importorskip("trl", reason="TRL is the benchmark-only extra: pip install 'llmgym[bench]'")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import memory_timeline
+
+    report = memory_timeline.main(["--side", "trl", "--model", "tiny", "--tasks", "2", "--group", "2",
+                                   "--new-tokens", "4", "--micro-batch-size", "2", "--threads", "1"])
+    phases = [r["phase"] for r in report["phases"]]
+    assert phases == ["start", "rollout", "forward+loss[0]", "backward[0]", "between[1]", "forward+loss[1]",
+                      "backward[1]", "clip_grad", "optimizer_step", "zero_grad"]
+    weights = report["weights_mib"]
+    # TRL's steady state is llmgym's: weights and both Adam moments, nothing else
+    assert report["kept"]["start"]["optimizer_state"] == pytest.approx(2 * weights, rel=1e-2)
+    assert report["kept"]["start"]["grads"] == 0 and report["kept"]["end"]["grads"] == 0

@@ -55,7 +55,13 @@ def _step(model, cache_arg: str, input_ids, attention_mask, position_ids, cache,
 def last_logits_only(model) -> dict:
     """``{"logits_to_keep": 1}`` where the model's forward takes it (a prefill then applies the LM
     head to the last position only, not to every prompt token: a ``[B, W, V]`` float32 tensor at a
-    151,936-token vocabulary is ~0.5 GB for 32 prompts of 25 tokens), else ``{}``."""
+    151,936-token vocabulary is ~0.5 GB for 32 prompts of 25 tokens), else ``{}``.
+
+    Example:
+        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> last_logits_only(build_tiny_model(build_tokenizer(), TinyModelConfig(hidden_size=32, num_layers=1)))
+        {'logits_to_keep': 1}
+    """
     import inspect
 
     base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # peft
