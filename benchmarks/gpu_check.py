@@ -32,9 +32,10 @@ after every section so a killed run keeps what it measured):
 ``--preset vs-trl`` runs issue 23's measurements instead, in priority order within ``--budget-s``
 (default 330 s; a section with no time left is recorded as skipped): the engine tests (contract +
 static decoding), ``memory_timeline_128`` (``benchmarks/memory_timeline.py --side both``: one step
-of llmgym and of TRL phase by phase, allocator snapshot of each), ``grpo_vs_trl_512`` (until both
-step times settle), ``engine_steps`` (ms per decoding step vs ``model.generate``'s compiled static
-cache and the bandwidth bound) and ``memory_timeline_128_ckpt``.
+of llmgym and of TRL phase by phase, allocator snapshot of each), ``engine_steps`` (ms per decoding
+step vs ``model.generate``'s compiled static cache and the bandwidth bound),
+``memory_timeline_128_ckpt`` and ``grpo_vs_trl_512`` (until both step times settle; it needs
+~150 s or more, so it usually gets a run of its own: ``--preset vs-trl --only grpo_vs_trl_512``).
 
 The run ends with a compact summary of the headline numbers. ``--quick`` (``bash
 benchmarks/gpu_check.sh --quick``) shrinks every section (~2 minutes on one GPU).
@@ -387,7 +388,8 @@ def _bench(script: str, args: list[str], out_name: str, timeout_s: float) -> dic
     """Run ``benchmarks/<script>`` in a fresh process with ``--json $OUT/<out_name>``; its JSON."""
     out = _out_dir() / out_name
     cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", str(out)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "LLMGYM_BENCH_MODEL_CACHE": os.environ.get("LLMGYM_BENCH_MODEL_CACHE", "/tmp/llmgym-bench-models")}
     if DEVICE == "cpu":
         env["LLMGYM_BENCH_SMOKE"] = "1"  # the qwen2-0.5b model dir shrinks to the smoke shape
     started = time.perf_counter()
@@ -480,12 +482,10 @@ def engine_steps(**kw) -> dict:
 
 
 def _engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, short: int = 8) -> dict:
-    """Milliseconds per decoding step, prefill excluded (``(t(new_tokens) - t(short)) / (new_tokens - short)``):
+    """Milliseconds per decoding step (best of 3), prefill excluded (``(t(new_tokens) - t(short)) / (new_tokens - short)``):
     ``HFEngine`` (compiled on a GPU) with the issue-23 settings and with each one undone (a host sync
     on "all done?" every step; the Gumbel noise as ~35 eager kernels), ``model.generate`` with a
     compiled static cache, and the bound set by reading the weights and the KV cache once per step."""
-    import statistics
-
     import torch
 
     from llmgym.engines import HFEngine, SamplingParams
@@ -509,7 +509,7 @@ def _engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, 
             fn()
             _sync()
             times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return min(times)  # the run least disturbed by anything else on the machine
 
     def per_step(fn_of_tokens) -> float:
         fn_of_tokens(short)  # warm-up (compilation)
@@ -559,14 +559,17 @@ def _vs_trl_sections(report: "Report", budget_s: float, cpu_smoke: bool) -> None
     is recorded as skipped, so a second run with ``--only`` can pick it up)."""
     deadline = time.perf_counter() + budget_s
     tokens = (8, 16) if cpu_smoke else (128, 512)
-    plan = [  # (name, minimum seconds it needs, share of what is left it may take, function, args)
-        ("contract_tests", 45, 0.25, lambda t: contract_tests(int(t), extra=["tests/test_static_decode.py"]), ()),
-        ("memory_timeline_128", 70, 0.45, lambda t: memory_timelines(tokens[0], False, True, t), ()),
-        ("grpo_vs_trl_512", 120, 0.75, lambda t: grpo_vs_trl_settled(tokens[1], 10 if cpu_smoke else t / 2 - 25, t), ()),
-        ("engine_steps", 50, 0.8, lambda t: engine_steps(new_tokens=16 if cpu_smoke else 128), ()),
-        ("memory_timeline_128_ckpt", 60, 1.0, lambda t: memory_timelines(tokens[0], True, False, t), ()),
+    plan = [  # (name, minimum seconds it needs, share of what is left it may take, function of its time-out)
+        ("contract_tests", 40, 0.2, lambda t: contract_tests(int(t), extra=["tests/test_static_decode.py"])),
+        ("memory_timeline_128", 70, 0.5, lambda t: memory_timelines(tokens[0], False, True, t)),
+        ("engine_steps", 50, 1.0, lambda t: engine_steps(new_tokens=16 if cpu_smoke else 128)),
+        ("memory_timeline_128_ckpt", 60, 0.6, lambda t: memory_timelines(tokens[0], True, False, t)),
+        # TRL's first steps at 512 tokens take ~30 s, 20 s: with less than ~150 s it cannot settle, and
+        # a second run (--only grpo_vs_trl_512) gets the whole budget
+        ("grpo_vs_trl_512", 30 if cpu_smoke else 150, 1.0,
+         lambda t: grpo_vs_trl_settled(tokens[1], 10 if cpu_smoke else t / 2 - 30, t)),
     ]
-    for name, minimum, share, fn, _ in plan:
+    for name, minimum, share, fn in plan:
         if cpu_smoke and name == "contract_tests":
             continue
         left = deadline - time.perf_counter()

@@ -376,9 +376,18 @@ def settled(times: list[float]) -> dict:
 
 
 def build_model_dir(name: str, root: Path) -> Path:
+    """Save model ``name`` (random weights, seed 0) under ``root``; with ``LLMGYM_BENCH_MODEL_CACHE``
+    set, under that directory instead, reusing a model saved there before (the GPU preset's sections
+    share one 2 GB Qwen2-0.5B directory instead of writing it three times)."""
     from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
 
     import torch
+
+    if os.environ.get("LLMGYM_BENCH_MODEL_CACHE"):
+        smoke = "-smoke" if MODELS[name] is None and os.environ.get("LLMGYM_BENCH_SMOKE") == "1" else ""
+        root = Path(os.environ["LLMGYM_BENCH_MODEL_CACHE"]) / f"{name}{smoke}"
+        if (root / name / "config.json").exists():
+            return root / name
 
     tok = build_tokenizer()
     torch.manual_seed(0)
