@@ -405,8 +405,11 @@ def _bench(script: str, args: list[str], out_name: str, timeout_s: float) -> dic
             "output_tail": tail}
 
 
+OUT_DIR: Path | None = None  # the directory of --out (set by main); the sections' JSON files go there
+
+
 def _out_dir() -> Path:
-    return Path(os.environ.get("OUT") or ROOT / "benchmarks")
+    return OUT_DIR or Path(os.environ.get("OUT") or ROOT / "benchmarks")
 
 
 def memory_timelines(new_tokens: int, checkpointing: bool, snapshot: bool, timeout_s: float) -> dict:
@@ -658,7 +661,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    global DEVICE
+    global DEVICE, OUT_DIR
+    OUT_DIR = args.out.parent
     if args.cpu_smoke:
         DEVICE = "cpu"
         QWEN2_05B.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
