@@ -216,7 +216,7 @@ def token_logprobs_and_entropy(
     chunked = chunk_size and chunk_size > 0 and _accepts_logits_to_keep(model)
     if not chunked:  # full logits (the reference path; also the fallback for exotic models)
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                    output_hidden_states=with_hidden)
+                    output_hidden_states=with_hidden, use_cache=False)
         logits = out.logits[:, :-1].float() / t
         logprobs, entropy = F.logprobs_from_logits(logits, targets), F.entropy_from_logits(logits)
         if mask is not None:
@@ -225,8 +225,9 @@ def token_logprobs_and_entropy(
             entropy = torch.where(keep, entropy, torch.zeros_like(entropy))
         return logprobs, entropy, (out.hidden_states[-1][:, :-1] if with_hidden else None)
 
+    # use_cache=False: a training forward has no use for a KV cache of the whole batch (TRL passes it too)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                output_hidden_states=True, logits_to_keep=1)
+                output_hidden_states=True, logits_to_keep=1, use_cache=False)
     hidden = out.hidden_states[-1][:, :-1]
     core = _core_model(model)
     head = functools.partial(_head_chunk, core.get_output_embeddings(), t,
@@ -364,8 +365,18 @@ class Learner:
 
     # -- optimiser and schedule --------------------------------------------------------------------
     def make_optimizer(self, params) -> torch.optim.Optimizer:
+        """AdamW, fused where every parameter allows it (plain CPU/CUDA float tensors).
+
+        The fused kernel is what TRL's trainer uses (``transformers``' ``adamw_torch_fused``): one
+        pass over each tensor instead of ~8 elementwise ones (a 10M model's step spent ~3× longer in
+        the for-loop AdamW on a CPU), and no parameter-sized temporaries (CUDA's default foreach
+        AdamW allocates one, ``sqrt(v)``: +4 bytes per parameter at the optimiser step). Sharded
+        (DTensor) parameters keep torch's default implementation."""
         c = self.config
-        return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
+        params = list(params)
+        fused = bool(params) and all(
+            type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+        return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay, **({"fused": True} if fused else {}))
 
     def make_scheduler(self, optimizer):
         """``transformers.get_scheduler`` for the config's schedule; ``None`` for a constant lr without warm-up."""
@@ -442,6 +453,10 @@ class Learner:
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 steps += 1
+        # gradients are dead weight until the next backward: free them now, not at the next update's
+        # zero_grad, so the rollout in between does not hold a parameter-sized copy (TRL's trainer
+        # does the same)
+        agent.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
         metrics = {k: v / steps for k, v in sums.items()}
