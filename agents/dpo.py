@@ -91,6 +91,9 @@ class DPOConfig(AgentConfig):
         if self.tis is not None:
             raise ValueError("DPO does not weight sampled tokens by how likely the engine was to sample them "
                              "(its loss reads no π_old): tis does not apply; leave tis=None")
+        if self.entropy_coef:
+            raise ValueError(f"DPO's loss has no entropy term (it compares whole completions' log-ratios): "
+                             f"entropy_coef={self.entropy_coef} would be ignored; leave it 0")
         if self.pairs is None and self.group_size < 2:
             raise ValueError(f"online DPO needs group_size >= 2 (best vs worst of a group), got {self.group_size}")
 

@@ -392,6 +392,8 @@ def test_dpo_config_errors(tiny_model, tokenizer):
         DPO(tiny_model, tokenizer, loss_agg="token-mean")
     with pytest.raises(ValueError, match="tis does not apply"):
         DPO(tiny_model, tokenizer, tis="token")
+    with pytest.raises(ValueError, match="no entropy term"):  # accepted and ignored before
+        DPO(tiny_model, tokenizer, entropy_coef=0.01)
 
 
 def test_pair_batch_rows_are_chosen_then_rejected(tokenizer):
