@@ -20,7 +20,7 @@ import stat
 
 from .policy import WORKDIR_IN_SANDBOX
 
-__all__ = ["bwrap_base_args", "minimal_env", "mirror_root_args", "tmpfs_args", "world_readable"]
+__all__ = ["bwrap_base_args", "minimal_env", "mirror_root_args", "ro_bind_args", "tmpfs_args", "world_readable"]
 
 
 def world_readable(path: str) -> bool:
@@ -74,7 +74,10 @@ def mirror_root_args(python: str) -> list[str]:
     return args
 
 
-def bwrap_base_args(bwrap: str, python: str, as_root: bool) -> list[str]:
+def bwrap_base_args(bwrap: str, python: str, as_root: bool, extra_caps: tuple[str, ...] = ()) -> list[str]:
+    """bwrap's options for a sandbox running ``python``: new namespaces, a clean environment, the
+    read-only system view; as root, every capability dropped but CAP_SETUID/CAP_SETGID (the
+    bootstrap's uid drop) and ``extra_caps``."""
     args = [bwrap]
     if not as_root:
         args.append("--unshare-user")
@@ -101,6 +104,8 @@ def bwrap_base_args(bwrap: str, python: str, as_root: bool) -> list[str]:
             "--cap-add",
             "CAP_SETGID",
         ]
+        for cap in extra_caps:
+            args += ["--cap-add", cap]
     args += mirror_root_args(python)
     args += ["--proc", "/proc", "--dev", "/dev"]
     # defence in depth for the root-side supervisor: no sysctl or sysrq writes, whatever caps remain
@@ -111,20 +116,45 @@ def bwrap_base_args(bwrap: str, python: str, as_root: bool) -> list[str]:
     return args
 
 
-def tmpfs_args(size_bytes: int) -> list[str]:
+def ro_bind_args(paths: list[str], mounted: tuple[str, ...] = ("/usr",)) -> list[str]:
+    """bwrap options binding host directories read-only at the same place, each directory on the way
+    created world-traversable (bwrap would make it 0700: unreadable after the uid drop).
+
+    Example:
+        >>> from llmgym.sandbox.mounts import ro_bind_args
+        >>> ro_bind_args(["/opt/venv/lib"])
+        ['--perms', '0755', '--dir', '/opt', '--perms', '0755', '--dir', '/opt/venv', '--ro-bind', '/opt/venv/lib', '/opt/venv/lib']
+    """
+    args: list[str] = []
+    made: set[str] = set()
+    for path in paths:
+        parts = path.strip("/").split("/")
+        for k in range(1, len(parts)):
+            parent = "/" + "/".join(parts[:k])
+            if parent in made or any(parent == m or parent.startswith(m + "/") for m in mounted):
+                continue
+            made.add(parent)
+            args += ["--perms", "0755", "--dir", parent]
+        if not any(path == m or path.startswith(m + "/") for m in mounted):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def tmpfs_args(size_bytes: int, mode: str = "1777") -> list[str]:
     """The private, size-capped tmpfs at /tmp (the working directory) and at /dev/shm
-    (POSIX semaphores and shared memory, which multiprocessing needs)."""
+    (POSIX semaphores and shared memory, which multiprocessing needs). ``mode`` 1777: writable by the
+    run's uid; 0755: owned by the bootstrap's root, so a process under the run's uid can write nowhere."""
     return [
         "--size",
         str(size_bytes),
         "--perms",
-        "1777",
+        mode,
         "--tmpfs",
         WORKDIR_IN_SANDBOX,
         "--size",
         str(size_bytes),
         "--perms",
-        "1777",
+        mode,
         "--tmpfs",
         "/dev/shm",
     ]
