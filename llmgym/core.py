@@ -647,9 +647,9 @@ class MultiTurnEnv(SequenceEnv):
             else:
                 turn, self.state = _respond_in_child(self, text, self.respond_time_limit)
         except Exception as exc:  # a game's or tool's failure is the completion's zero, never a crash
-            from llmgym.sandbox import SandboxError
+            from llmgym.verifiers import is_verifier_failure
 
-            if isinstance(exc, SandboxError):  # the machine's failure, not the completion's: never a silent zero
+            if is_verifier_failure(exc):  # the machine's failure, not the completion's: never a silent zero
                 raise
             return Turn(0.0, None, True, {"error": f"{type(exc).__name__}: {exc}",
                                           "traceback": traceback.format_exc(limit=5)})
