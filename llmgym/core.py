@@ -503,6 +503,9 @@ def _respond_in_child(env: "MultiTurnEnv", text: str, limit: float) -> tuple[Tur
     receiver, sender = context.Pipe(duplex=False)
 
     def run() -> None:
+        from llmgym.verifiers import mark_time_limited_child
+
+        mark_time_limited_child()
         try:
             sender.send((env.respond(text), env.state, None))
         except BaseException as exc:  # sent to the parent (as text if it does not pickle)

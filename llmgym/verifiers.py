@@ -27,6 +27,7 @@ from llmgym.types import Score, Task
 
 __all__ = [
     "VerifierUnavailableError",
+    "in_time_limited_child",
     "is_verifier_failure",
     "start_child_process",
     "Verifier",
@@ -172,7 +173,30 @@ class Verifier(abc.ABC):
         return f"{type(self).__name__}()"
 
 
+_TIME_LIMITED_CHILD = False
+
+
+def in_time_limited_child() -> bool:
+    """True inside a child forked to run a check under a time limit (a ``Verifier(time_limit=...)``
+    or a multi-turn ``respond`` with ``respond_time_limit``): the whole child is killed at the limit,
+    so starting anything slow here (a sandboxed worker) would eat the check's time.
+
+    Example:
+        >>> from llmgym.verifiers import in_time_limited_child
+        >>> in_time_limited_child()
+        False
+    """
+    return _TIME_LIMITED_CHILD
+
+
+def mark_time_limited_child() -> None:
+    """Called first thing in such a child (see :func:`in_time_limited_child`)."""
+    global _TIME_LIMITED_CHILD
+    _TIME_LIMITED_CHILD = True
+
+
 def _child_main(conn: Any, fn: Callable[[Task, str], Score], task: Task, completion: str) -> None:
+    mark_time_limited_child()
     try:
         conn.send(("ok", fn(task, completion)))
     except BaseException as exc:  # an unpicklable Score, or anything else: the parent scores it 0 ...

@@ -33,6 +33,8 @@ from llmgym.sandbox import (
     check_sandbox,
     run_python,
 )
+from host_traces import cmdline_pids  # noqa: E402  (tests/ is on sys.path)
+
 
 INFO = check_sandbox()
 needs_sandbox = pytest.mark.skipif(
@@ -63,19 +65,6 @@ def sb() -> Sandbox:
 
 def token() -> str:
     return uuid.uuid4().hex[:12]
-
-
-def cmdline_pids(marker: str) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as fh:
-                    if marker.encode() in fh.read():
-                        found.append(int(name))
-            except OSError:
-                pass
-    return found
 
 
 def assert_no_trace(r: SandboxResult) -> None:

@@ -21,6 +21,8 @@ import pytest
 
 from llmgym.sandbox import SandboxError, check_sandbox, pids_of_uids
 from llmgym.sandbox.worker import SandboxWorker, interpreter_for, site_packages
+from host_traces import cmdline_pids  # noqa: E402  (tests/ is on sys.path)
+
 
 INFO = check_sandbox()
 pytestmark = pytest.mark.skipif(
@@ -48,19 +50,6 @@ def worker():
 
 def token() -> str:
     return uuid.uuid4().hex[:12]
-
-
-def cmdline_pids(marker: str) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as fh:
-                    if marker.encode() in fh.read():
-                        found.append(int(name))
-            except OSError:
-                pass
-    return found
 
 
 def test_calls_answer_plain_data_and_state_does_not_carry_over(worker):
@@ -212,3 +201,32 @@ def test_a_forked_process_starts_its_own_worker(worker):
     os.waitpid(pid, 0)
     assert got == b"('ok', 5)"
     assert worker.call(7, "result = state", time_limit=10) == ("ok", 7)  # the parent's worker is intact
+
+
+def test_the_caller_s_packages_come_before_the_system_s():
+    import sympy
+
+    paths = site_packages("sympy")
+    source = "def handle(state, request):\n    import sys, sympy\n    return [sympy.__file__, sys.path]\n"
+    with SandboxWorker(source, paths=paths) as w:
+        status, (where, path) = w.call(None, None, time_limit=60)
+    assert status == "ok" and where == sympy.__file__
+    stdlib = next(i for i, p in enumerate(path) if p.endswith("lib-dynload"))
+    assert stdlib < path.index(paths[0]) < min(i for i, p in enumerate(path) if p.endswith("dist-packages"))
+
+
+def test_a_worker_started_from_a_short_lived_thread_outlives_it():
+    # bwrap's --die-with-parent follows the thread that started it: a batch's pool thread ending
+    # must not take the worker down with it
+    import threading
+
+    w = SandboxWorker("def handle(state, request):\n    return state\n")
+    try:
+        thread = threading.Thread(target=lambda: w.call(1, None, time_limit=30))
+        thread.start()
+        thread.join()
+        time.sleep(0.5)
+        assert w._proc is not None and w._proc.poll() is None
+        assert w.call(2, None, time_limit=30) == ("ok", 2)
+    finally:
+        w.close()

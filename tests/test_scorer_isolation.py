@@ -28,6 +28,8 @@ from llmgym.envs.math.answer_grammar import GUARDED_DATASETS, check_answer
 from llmgym.envs.math.reasoning import upstream_score
 from llmgym.envs.math.sandboxed import close_workers, reasoning_gym_score
 from llmgym.sandbox import SandboxUnavailableError, check_sandbox
+from host_traces import cmdline_pids  # noqa: E402  (tests/ is on sys.path)
+
 
 INFO = check_sandbox()
 needs_sandbox = pytest.mark.skipif(
@@ -38,19 +40,6 @@ needs_sandbox = pytest.mark.skipif(
 EVAL_FAMILIES = ["binary_matrix", "spiral_matrix", "string_insertion", "n_queens"]
 SYMPY_FAMILIES = ["polynomial_multiplication", "simple_integration", "intermediate_integration", "countdown", "puzzle24"]
 FAMILIES = EVAL_FAMILIES + SYMPY_FAMILIES
-
-
-def cmdline_pids(marker: str) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as fh:
-                    if marker.encode() in fh.read():
-                        found.append(int(name))
-            except OSError:
-                pass
-    return found
 
 
 @pytest.fixture
@@ -331,3 +320,33 @@ def test_a_script_without_a_main_guard_runs_once_and_gets_right_answers(tmp_path
                              env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines() == ["TOP-LEVEL", "[1.0, 1.0, 1.0]", "[1.0, 1.0, 1.0]", "1.0"], out
+
+
+def test_a_verifier_that_cannot_run_raises_and_a_bad_completion_scores_zero():
+    from llmgym.verifiers import FunctionVerifier, VerifierUnavailableError
+
+    def needs_a_missing_package(task, completion):
+        import llmgym_no_such_package  # noqa: F401
+        return 1.0
+
+    def breaks_on_the_completion(task, completion):
+        return float(int(completion))
+
+    for limit in (None, 10.0):  # in the caller, and in a forked time-limited child
+        with pytest.raises((ModuleNotFoundError, VerifierUnavailableError), match="llmgym_no_such_package"):
+            FunctionVerifier(needs_a_missing_package, time_limit=limit)(Task("q"), "1")
+        score = FunctionVerifier(breaks_on_the_completion, time_limit=limit)(Task("q"), "not a number")
+        assert score.reward == 0.0 and "ValueError" in score.info["error"]
+
+
+@needs_sandbox
+def test_a_sandboxed_scorer_inside_a_time_limited_wrapper_is_refused_not_zeroed():
+    from llmgym.verifiers import VerifierUnavailableError, WeightedSum
+
+    close_workers()
+    wrapped = WeightedSum({"correct": (1.0, MathVerifier())}, time_limit=10)
+    assert wrapped(Task("q", answer="8"), r"\boxed{16/2}").reward == 1.0  # decided on the host: fine
+    # math-verify's worker would start inside the forked child, its start-up eating the limit: every
+    # check would time out, a silent 0 -- refused, naming the fix
+    with pytest.raises(VerifierUnavailableError, match="give the time limit to the math verifier itself"):
+        wrapped(Task("q", answer="2x + 2"), r"\boxed{2(x+1)}")

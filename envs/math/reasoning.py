@@ -36,8 +36,6 @@ import random
 import re
 import threading
 import warnings
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -264,7 +262,7 @@ MAX_ANSWER_CHARS = 65_536
 
 
 def upstream_score(
-    task: Task, answer: str | None, *, time_limit: float | None = 5.0, max_workers: int | None = None
+    task: Task, answer: str | None, *, time_limit: float | None = 5.0
 ) -> tuple[float, str | None]:
     """``(score, error)``: the dataset's own ``score_answer(answer, entry)`` for a reasoning-gym task.
 
@@ -301,7 +299,7 @@ def upstream_score(
         rejected = check_answer(dataset, answer, entry)
     if rejected is not None:  # scored as the dataset scores an answer it cannot parse: its floor
         return float(_scorer(dataset, config, seed).score_answer("", entry) or 0.0), rejected
-    return reasoning_gym_score(dataset, config, seed, entry, answer, time_limit=time_limit, max_workers=max_workers)
+    return reasoning_gym_score(dataset, config, seed, entry, answer, time_limit=time_limit)
 
 
 class ReasoningGymVerifier(Verifier):
@@ -337,28 +335,14 @@ class ReasoningGymVerifier(Verifier):
         self.lenient = lenient
 
     def verify(self, task: Task, completion: str) -> Score:
-        return self._check(task, completion, max_workers=None)
-
-    def _check(self, task: Task, completion: str, max_workers: int | None) -> Score:
         answer = extract_tagged_answer(completion, lenient=self.lenient)
-        score, error = upstream_score(task, answer, time_limit=self.time_limit, max_workers=max_workers)
+        score, error = upstream_score(task, answer, time_limit=self.time_limit)
         info = {"extracted": answer}
         return Score(score, info if error is None else {**info, "error": error})
 
     def _safe(self, task: Task, completion: str) -> Score:
         # No forked child of the caller: the scorer runs in the sandbox, which kills it at the limit.
         return self._guarded(task, completion)
-
-    def verify_batch(
-        self, tasks: Sequence[Task], completions: Sequence[str], max_workers: int | None = None
-    ) -> list[Score]:
-        """Score many completions; with ``max_workers`` > 1, that many sandboxed checks at a time."""
-        if len(tasks) != len(completions):
-            raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
-        if not max_workers or max_workers <= 1 or len(tasks) <= 1:
-            return [self(t, c) for t, c in zip(tasks, completions)]
-        with ThreadPoolExecutor(max_workers, thread_name_prefix="llmgym-reasoning-gym") as pool:
-            return list(pool.map(lambda t, c: self._guard(lambda: self._check(t, c, max_workers)), tasks, completions))
 
 
 def _draw_task(rng: np.random.Generator, *, dataset: str, config: dict[str, Any], instruction: str | None) -> Task:

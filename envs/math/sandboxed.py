@@ -17,7 +17,8 @@ Two walls, in this order:
 2. the sandbox, for whatever the first wall misses: a payload that ran code there could lie about
    its own check's score, and nothing else -- no file, no process, no state survives the check.
 
-The gold answer (trusted data) is parsed once in the zygote and shared by its checks.
+The gold answer (trusted data) is parsed once per worker -- in a throw-away fork of the zygote, killed
+at the time limit like a check -- and shared by its checks.
 
 Workers are per process and start on first use (math-verify ~1 s, reasoning-gym ~4 s; each holds
 one uid of the sandbox's pool); a forked process starts its own. A worker that cannot start raises
@@ -39,6 +40,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from llmgym.sandbox.worker import SandboxWorker, site_packages
+from llmgym.verifiers import VerifierUnavailableError, in_time_limited_child
 
 __all__ = ["DEFAULT_CONCURRENCY", "MATH_VERIFY_MAX_NUMBER_BITS", "MATH_VERIFY_WORKER", "REASONING_GYM_WORKER", "close_workers", "math_verify_equal", "reasoning_gym_score"]
 
@@ -111,16 +113,51 @@ def _log2_size(expr):
 def _too_large(parsed):
     return any(not isinstance(p, str) and _log2_size(p) > MAX_NUMBER_BITS for p in parsed)
 
-def prepare(context):  # in the zygote, on trusted data: the gold answer, parsed once
-    gold, settings = context
-    if gold not in _golds:
-        if len(_golds) >= 4096:
-            _golds.clear()
+def _parse_gold(gold, limit):
+    # In a throw-away fork of the zygote, killed at the limit: a gold SymPy takes forever to parse must
+    # not hang the zygote. Trusted data only (the dataset's answer), so its pickle may come back.
+    import os, pickle, select, time
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
         try:
             parsed = _parse(gold)
-            _golds[gold] = (parsed, None if parsed else "the gold answer %r could not be parsed" % gold)
+            out = (parsed, None if parsed else "the gold answer %r could not be parsed" % gold)
         except Exception as e:
-            _golds[gold] = ([], "the gold answer %r could not be parsed (%s)" % (gold, type(e).__name__))
+            out = ([], "the gold answer %r could not be parsed (%s)" % (gold, type(e).__name__))
+        data = memoryview(pickle.dumps(out))
+        while data:
+            data = data[os.write(write, data):]
+        os._exit(0)
+    os.close(write)
+    buf, deadline = b"", time.monotonic() + limit
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([read], [], [], left)[0]:
+            buf = None
+            break
+        chunk = os.read(read, 1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+    os.close(read)
+    if buf is None:
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    if buf is None:
+        return None
+    return pickle.loads(buf)
+
+def prepare(context):  # in the zygote, on trusted data: the gold answer, parsed once
+    gold, settings, limit = context
+    if gold not in _golds:
+        parsed = _parse_gold(gold, limit)
+        if parsed is None:  # not cached: a loaded machine may do it next time
+            return [], "timeout: parsing the gold answer took longer than %s s" % limit, settings
+        if len(_golds) >= 4096:
+            _golds.clear()
+        _golds[gold] = parsed
     gold_parsed, error = _golds[gold]
     return gold_parsed, error, settings
 
@@ -197,10 +234,9 @@ class _Workers:
         )
 
     @contextlib.contextmanager
-    def lend(self, max_workers: int | None) -> Iterator[SandboxWorker]:
-        max_workers = max_workers or DEFAULT_CONCURRENCY
+    def lend(self) -> Iterator[SandboxWorker]:
         with self.cond:
-            while not self.idle and self.count >= max_workers:
+            while not self.idle and self.count >= DEFAULT_CONCURRENCY:
                 self.cond.wait()
             worker = self.idle.pop() if self.idle else None
             if worker is None:
@@ -238,6 +274,15 @@ def _kind(module: str) -> _Workers:
     with _workers_lock:
         if _workers_pid != os.getpid():  # a forked process: the parent's workers are not ours
             _workers, _workers_pid = {}, os.getpid()
+        if in_time_limited_child() and module not in _workers:
+            # a worker's start-up (seconds) would be counted in the wrapper's limit: every check would
+            # time out, a silent 0 -- refuse, saying how to set the limit instead
+            raise VerifierUnavailableError(
+                f"the {module} scorer runs in a sandboxed worker, which it cannot start inside a child "
+                "forked to enforce another verifier's time limit (e.g. WeightedSum(..., time_limit=...) or "
+                "as_verifier(v, time_limit=...) around it): give the time limit to the math verifier itself "
+                "(MathVerifier(time_limit=...), ReasoningGymVerifier(time_limit=...)) and none to the wrapper"
+            )
         if module not in _workers:
             _workers[module] = _Workers(module)
         return _workers[module]
@@ -270,20 +315,20 @@ def math_verify_equal(
     numeric_precision: int = 15,
     strict: bool = True,
     time_limit: float | None = 5.0,
-    max_workers: int | None = None,
 ) -> tuple[float, str | None]:
     r"""``(reward, error)``: math-verify's verdict on ``predicted`` against ``gold`` (both LaTeX without
     ``$``), computed in the sandbox within ``time_limit`` seconds; 0.0 with the error when the check
-    fails, times out or answers malformed. ``max_workers``: how many workers concurrent callers may
-    start (default :data:`DEFAULT_CONCURRENCY`; each is a sandbox holding the library, ~100-200 MB).
+    fails, times out or answers malformed. Concurrent callers share up to :data:`DEFAULT_CONCURRENCY`
+    workers (each a sandbox holding the library, ~100-250 MB), started as they are needed.
 
     Example:
         >>> from llmgym.envs.math.sandboxed import math_verify_equal
         >>> math_verify_equal("x^2 + 2x + 1", "(x+1)^2", time_limit=10)
         (1.0, None)
     """
-    with _kind("math_verify").lend(max_workers) as worker:
-        status, value = worker.call((gold, (float_rounding, numeric_precision, strict)), predicted, time_limit)
+    with _kind("math_verify").lend() as worker:
+        status, value = worker.call((gold, (float_rounding, numeric_precision, strict), worker.limit(time_limit)),
+                                    predicted, time_limit)
     status, value = _outcome(status, value, time_limit)
     if status != "ok":
         return 0.0, value
@@ -301,7 +346,6 @@ def reasoning_gym_score(
     answer: str,
     *,
     time_limit: float | None = 5.0,
-    max_workers: int | None = None,
 ) -> tuple[float, str | None]:
     """``(score, error)``: reasoning-gym's ``score_answer(answer, entry)`` for the dataset built from
     ``(dataset, config, seed)``, computed in the sandbox within ``time_limit`` seconds; 0.0 with the
@@ -315,7 +359,7 @@ def reasoning_gym_score(
         >>> reasoning_gym_score("chain_sum", {}, meta["seed"], meta["entry"], task.answer, time_limit=10)
         (1.0, None)
     """
-    with _kind("reasoning_gym").lend(max_workers) as worker:
+    with _kind("reasoning_gym").lend() as worker:
         status, value = worker.call((dataset, dict(config), int(seed)), (answer, entry), time_limit)
     status, value = _outcome(status, value, time_limit)
     if status != "ok":

@@ -43,8 +43,6 @@ from __future__ import annotations
 
 import fractions
 import re
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any
 
@@ -480,9 +478,6 @@ class MathVerifier(Verifier):
         self.float_rounding, self.numeric_precision, self.strict = float_rounding, numeric_precision, strict
 
     def verify(self, task: Task, completion: str) -> Score:
-        return self._check(task, completion, max_workers=None)
-
-    def _check(self, task: Task, completion: str, max_workers: int | None) -> Score:
         gold = normalize_gold(task.answer)
         predicted, rule = _extract(completion)
         info = {"extracted": predicted, "extracted_by": rule, "gold": gold}
@@ -503,7 +498,7 @@ class MathVerifier(Verifier):
             return Score(verdict, info)
         reward, error = math_verify_equal(
             gold, predicted, float_rounding=self.float_rounding, numeric_precision=self.numeric_precision,
-            strict=self.strict, time_limit=self.time_limit, max_workers=max_workers,
+            strict=self.strict, time_limit=self.time_limit,
         )
         return Score(reward, info if error is None else {**info, "error": error})
 
@@ -512,35 +507,8 @@ class MathVerifier(Verifier):
         # killed at the time limit there.
         return self._guarded(task, completion)
 
-    def verify_batch(
-        self, tasks: Sequence[Task], completions: Sequence[str], max_workers: int | None = None
-    ) -> list[Score]:
-        """Score many completions; with ``max_workers`` > 1, that many sandboxed checks at a time.
-
-        Each check gets ``time_limit`` seconds; a check past it is killed and scores 0.0 with
-        ``info["error"]`` starting "timeout". The sandbox workers persist between calls (shared by
-        this process's verifiers); :meth:`close` stops the idle ones.
-
-        Example:
-            >>> from llmgym import Task
-            >>> from llmgym.envs.math import MathVerifier
-            >>> with MathVerifier() as v:
-            ...     scores = v.verify_batch([Task("q", answer="2")] * 3, ["2", "3", r"\\boxed{4/2}"], max_workers=2)
-            >>> [s.reward for s in scores]
-            [1.0, 0.0, 1.0]
-        """
-        if len(tasks) != len(completions):
-            raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
-        if not max_workers or max_workers <= 1 or len(tasks) <= 1:
-            return [self(t, c) for t, c in zip(tasks, completions)]
-        with ThreadPoolExecutor(max_workers, thread_name_prefix="llmgym-math-verify") as pool:
-            return list(pool.map(lambda t, c: self._guarded_check(t, c, max_workers), tasks, completions))
-
-    def _guarded_check(self, task: Task, completion: str, max_workers: int | None) -> Score:
-        return self._guard(lambda: self._check(task, completion, max_workers))
-
     def close(self) -> None:
-        """Stop this process's idle sandboxed math-verify workers (they start again when needed)."""
+        """Stop this process's idle sandboxed scorer workers (they start again when needed)."""
         close_workers()
 
     def __enter__(self) -> MathVerifier:

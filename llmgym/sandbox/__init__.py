@@ -59,7 +59,9 @@ interpreter -- keep it so):
 * :mod:`~llmgym.sandbox.mounts` -- what the sandbox sees (bubblewrap's namespaces and mounts);
 * :mod:`~llmgym.sandbox.probe` -- which mechanisms work here (:func:`check_sandbox`);
 * :mod:`~llmgym.sandbox.uids` and :mod:`~llmgym.sandbox.cgroups` -- the uid pool and the per-tree caps;
-* :mod:`~llmgym.sandbox.runner` -- the :class:`Sandbox` itself: start, feed, drain, kill.
+* :mod:`~llmgym.sandbox.runner` -- the :class:`Sandbox` itself: start, feed, drain, kill;
+* :mod:`~llmgym.sandbox.worker` -- :class:`SandboxWorker`, a persistent sandbox that imports once and
+  answers each call in a fresh child (third-party scorers that read model text).
 
 Example:
     >>> from llmgym.sandbox import run_python
@@ -90,6 +92,7 @@ from .policy import (
 from .probe import check_sandbox
 from .runner import Sandbox
 from .uids import pids_of_uids
+from .worker import SandboxWorker
 
 __all__ = [
     "ALLOW_UNSANDBOXED_ENV",
@@ -104,6 +107,7 @@ __all__ = [
     "SandboxResult",
     "SandboxUnavailableError",
     "SandboxWarning",
+    "SandboxWorker",
     "check_sandbox",
     "default_sandbox",
     "pids_of_uids",

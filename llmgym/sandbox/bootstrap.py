@@ -126,8 +126,8 @@ def _drop_and_limit(cfg, uid, with_files, gid=None):
     for name, soft, hard in cfg["rlimits"]:
         resource.setrlimit(getattr(resource, name), (soft, hard))
 
-def _exit_on_setup_error(ready_r, pid, status_fd):
-    # the child reports a failed set-up (uid drop, limits, files) on ready_r; EOF alone means ready
+def _setup_error(ready_r):
+    # a child reports a failed set-up (uid drop, limits, files) on ready_r; EOF alone means ready
     err = b""
     while True:
         chunk = os.read(ready_r, 4096)
@@ -135,6 +135,10 @@ def _exit_on_setup_error(ready_r, pid, status_fd):
             break
         err += chunk
     os.close(ready_r)
+    return err
+
+def _exit_on_setup_error(ready_r, pid, status_fd):
+    err = _setup_error(ready_r)
     if err:
         os.waitpid(pid, 0)
         os.write(status_fd, b"setup_error " + err.replace(b"\n", b" ") + b"\n")

@@ -23,7 +23,8 @@ The boundary not to break:
   the host kills the whole sandbox if the zygote does not answer by then (plus a grace).
 
 The host's framing: ``!IdII`` (call id, time limit, context bytes, request bytes) + both pickles; the
-zygote's: ``!IBI`` (call id, status, payload bytes) + payload.
+zygote's: ``!IBI`` (call id, status, payload bytes) + payload -- per call a "started" frame once the
+child runs (the call's clock on the host starts there), then the answer.
 
 A child that executes code of its input *can* write any answer for its own call; keep inputs that
 could lead to code execution away from ``handle`` (validate them on the host first): the sandbox is
@@ -39,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
@@ -86,8 +88,8 @@ ZYGOTE_MB = 1536
 
 _HEAD_IN = struct.Struct("!IdII")
 _HEAD_OUT = struct.Struct("!IBI")
-# statuses of the zygote's frames (the same numbers in _ZYGOTE below)
-_READY, _START_ERROR, _OK, _TIMEOUT, _CRASH, _TOO_LARGE, _SETUP_ERROR, _PREPARE_ERROR = range(8)
+# statuses of the zygote's frames (the same numbers in _ZYGOTE below); _STARTED: the call's child runs
+_READY, _START_ERROR, _OK, _TIMEOUT, _CRASH, _TOO_LARGE, _SETUP_ERROR, _PREPARE_ERROR, _STARTED = range(9)
 
 # ----------------------------------------------------------------------------------------------
 # The zygote: runs under the sandbox's interpreter (stdlib only, Python 3.8+), after the helpers of
@@ -98,7 +100,7 @@ import gc, json, marshal, math, pickle, select, signal, struct, time
 
 _IN = struct.Struct("!IdII")
 _OUT = struct.Struct("!IBI")
-READY, START_ERROR, OK, TIMEOUT, CRASH, TOO_LARGE, SETUP_ERROR, PREPARE_ERROR = range(8)
+READY, START_ERROR, OK, TIMEOUT, CRASH, TOO_LARGE, SETUP_ERROR, PREPARE_ERROR, STARTED = range(9)
 
 def _read_exact(fd, n):
     buf = bytearray()
@@ -201,7 +203,7 @@ def _child(cfg, handle, state, request, limit, ready_w, result_w):
     _write_all(result_w, out.encode("utf-8", "replace"))
     os._exit(0)
 
-def _call(cfg, handle, state, request, limit):
+def _call(cfg, handle, state, request, limit, started):
     ready_r, ready_w = os.pipe()
     result_r, result_w = os.pipe()
     deadline = time.monotonic() + limit
@@ -213,16 +215,11 @@ def _call(cfg, handle, state, request, limit):
         os._exit(125)
     os.close(ready_w)
     os.close(result_w)
-    err = b""
-    while True:  # EOF: the child is ready (or dead); data: its set-up failed
-        chunk = os.read(ready_r, 4096)
-        if not chunk:
-            break
-        err += chunk
-    os.close(ready_r)
+    err = _setup_error(ready_r)
     if err:
         _sweep(cfg["uid"], pid)
         return SETUP_ERROR, err
+    started()  # the host's clock for this call starts now (prepare() and the set-up are not the check's)
     buf, status = bytearray(), None
     while True:
         left = deadline - time.monotonic()
@@ -263,7 +260,9 @@ def _worker():
     with os.fdopen(cfg_fd, "rb") as fh:
         cfg = marshal.loads(fh.read())
     sys.dont_write_bytecode = True
-    sys.path.extend(cfg["paths"])
+    # after the standard library, before the system's own site/dist-packages: the caller's versions win
+    at = next((i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))), len(sys.path))
+    sys.path[at:at] = cfg["paths"]
     inp, out = 0, 1
     sys.stdout = sys.stderr  # a print() in setup() must not corrupt the frames on fd 1
     ns = {"__name__": "__sandbox_worker__"}
@@ -294,13 +293,35 @@ def _worker():
         except BaseException as e:
             _send(out, call_id, PREPARE_ERROR, _text(e))
             continue
-        status, payload = _call(cfg, handle, state, request, limit)
+        status, payload = _call(cfg, handle, state, request, limit,
+                                lambda: _send(out, call_id, STARTED, b""))
         _send(out, call_id, status, payload)
 
 _worker()
 """
 
 ZYGOTE_SOURCE = BOOTSTRAP_HELPERS + _ZYGOTE
+
+
+_launcher: concurrent.futures.ThreadPoolExecutor | None = None
+_launcher_pid = 0
+_launcher_lock = threading.Lock()
+
+
+def _popen(*args: Any, **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen`` from one long-lived thread of this process.
+
+    bwrap's ``--die-with-parent`` (``PR_SET_PDEATHSIG``) fires when the *thread* that started it ends,
+    not the process: a worker started from a batch's pool thread would be SIGKILLed when the pool
+    shuts down. This thread lives as long as the process.
+    """
+    global _launcher, _launcher_pid
+    with _launcher_lock:
+        if _launcher is None or _launcher_pid != os.getpid():  # after a fork the old thread is gone
+            _launcher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="llmgym-sandbox-launcher")
+            _launcher_pid = os.getpid()
+        launcher = _launcher
+    return launcher.submit(subprocess.Popen, *args, **kwargs).result()
 
 
 def site_packages(*modules: str) -> list[str]:
@@ -488,7 +509,7 @@ class SandboxWorker:
                 cmd = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *procs, "--", *cmd]
             self._stderr = tempfile.TemporaryFile()
             try:
-                proc = subprocess.Popen(
+                proc = _popen(
                     cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                     env=popen_env, cwd="/", pass_fds=pass_fds, start_new_session=True,
                 )
@@ -592,6 +613,13 @@ class SandboxWorker:
             self.close()
 
     # ------------------------------------------------------------------ calls
+    def limit(self, time_limit: float | None) -> float:
+        """The seconds a call with ``time_limit`` gets (``None``: ``limits.wall_seconds``)."""
+        limit = float(self.limits.wall_seconds if time_limit is None else time_limit)
+        if not limit > 0:
+            raise ValueError(f"time_limit must be positive, got {time_limit!r}")
+        return limit
+
     def call(self, context: Any, request: Any, time_limit: float | None) -> tuple[str, Any]:
         """Run ``handle(prepare(context), request)`` in a fresh child, killed after ``time_limit`` s.
 
@@ -599,9 +627,7 @@ class SandboxWorker:
         trusted (the zygote reads it), ``request`` may hold hostile text (only the child reads it).
         ``time_limit=None`` means ``limits.wall_seconds``.
         """
-        limit = float(self.limits.wall_seconds if time_limit is None else time_limit)
-        if not limit > 0:
-            raise ValueError(f"time_limit must be positive, got {time_limit!r}")
+        limit = self.limit(time_limit)
         context_b, request_b = pickle.dumps(context, 4), pickle.dumps(request, 4)
         with self._lock:
             if self._pid != os.getpid():
@@ -626,7 +652,19 @@ class SandboxWorker:
         raise AssertionError("unreachable")
 
     def _answer(self, call_id: int, limit: float) -> tuple[str, Any]:
-        got, status, payload = self._read_frame(time.monotonic() + limit + GRACE_S)
+        # first the zygote's "started" (after prepare() and the child's set-up: not the check's time),
+        # then the answer, within the call's limit plus a grace
+        got, status, payload = self._read_frame(time.monotonic() + START_TIMEOUT)
+        if got is None:  # the trusted part (prepare, the child's set-up) hung or died: not the check's fault
+            detail = self._stderr_tail()
+            self._stop()
+            raise SandboxError(f"the sandboxed worker did not start the call within {START_TIMEOUT:.0f} s"
+                               + (f": {detail}" if detail else ""))
+        if got == call_id and status == _STARTED:
+            got, status, payload = self._read_frame(time.monotonic() + limit + GRACE_S)
+        elif status not in (_SETUP_ERROR, _PREPARE_ERROR):
+            self._stop()
+            raise SandboxError(f"the sandboxed worker answered out of order (status {status})")
         if got is None:  # the zygote stopped answering (killed by the tree's memory cap, or hung)
             alive = self._proc.poll() is None
             self._stop()
