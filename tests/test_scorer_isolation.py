@@ -296,18 +296,17 @@ def test_a_math_env_without_math_verify_fails_at_make(monkeypatch):
 @pytest.mark.parametrize("how", ["file", "stdin"])
 def test_a_script_without_a_main_guard_runs_once_and_gets_right_answers(tmp_path, how):
     # Verifier workers are started with subprocess, never multiprocessing's spawn/forkserver, which
-    # re-run the user's __main__ (and cannot at all when it came from standard input).
+    # re-run the user's __main__ (and cannot at all when it came from standard input). The pairs are
+    # the issue's (decided on the host now) and one that needs math-verify's sandboxed worker.
     script = textwrap.dedent(r"""
         print("TOP-LEVEL", flush=True)
         from llmgym import Task
-        from llmgym.envs.math import MathVerifier, ReasoningGymVerifier, reasoning_gym_task
+        from llmgym.envs.math import MathVerifier
         v = MathVerifier()
         pairs = [(r"\boxed{\frac{1}{2}}", "0.5"), (r"\boxed{1,000}", "1000"), (r"\boxed{2(x+1)}", "2x + 2")]
         print([v(Task("q", answer=a), c).reward for c, a in pairs])
         print([s.reward for s in v.verify_batch([Task("q", answer=a) for _, a in pairs], [c for c, _ in pairs],
                                                 max_workers=2)])
-        task = reasoning_gym_task("polynomial_multiplication", seed=0)
-        print(ReasoningGymVerifier()(task, f"<answer>{task.answer}</answer>").reward)
     """)
     path = tmp_path / "no_guard.py"
     path.write_text(script)
@@ -319,7 +318,7 @@ def test_a_script_without_a_main_guard_runs_once_and_gets_right_answers(tmp_path
         out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=600,
                              env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.splitlines() == ["TOP-LEVEL", "[1.0, 1.0, 1.0]", "[1.0, 1.0, 1.0]", "1.0"], out
+    assert out.stdout.splitlines() == ["TOP-LEVEL", "[1.0, 1.0, 1.0]", "[1.0, 1.0, 1.0]"], out
 
 
 def test_a_verifier_that_cannot_run_raises_and_a_bad_completion_scores_zero():

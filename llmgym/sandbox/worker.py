@@ -325,30 +325,43 @@ def _popen(*args: Any, **kwargs: Any) -> subprocess.Popen:
 
 
 def site_packages(*modules: str) -> list[str]:
-    """The ``sys.path`` entries from which ``modules`` (and, in practice, their dependencies) import.
+    """The ``sys.path`` directories a sandbox needs to import ``modules`` as this process does.
+
+    The directory each module imports from, plus every other ``site-packages`` / ``dist-packages``
+    of this interpreter (their dependencies may live there), in ``sys.path`` order; directories
+    under ``/usr`` are visible in every sandbox anyway and are left out. A directory other users
+    cannot read (under ``/root``, mode 700) is kept only if one of ``modules`` needs it, so that
+    :class:`SandboxWorker` can say so.
+
+    Raises:
+        ModuleNotFoundError: a module is not installed.
 
     Example:
-        >>> import json, os
+        >>> import os, sympy
         >>> from llmgym.sandbox.worker import site_packages
-        >>> site_packages("json") == [os.path.dirname(os.path.dirname(json.__file__))]
+        >>> any(os.path.realpath(sympy.__file__).startswith(p + os.sep) for p in site_packages("sympy"))
         True
     """
     import importlib.util
+    import sysconfig
 
-    found: list[str] = []
+    stdlib = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")}
+    entries = list(dict.fromkeys(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)))
+    needed: list[str] = []
     for name in modules:
         spec = importlib.util.find_spec(name)
         if spec is None or not (spec.origin or spec.submodule_search_locations):
             raise ModuleNotFoundError(f"no module named {name!r}", name=name)
         location = spec.origin if spec.origin not in (None, "namespace") else list(spec.submodule_search_locations)[0]
         path = os.path.realpath(location)
-        entry = max((os.path.realpath(p) for p in sys.path if p and path.startswith(os.path.realpath(p) + os.sep)),
-                    key=len, default=None)
+        entry = max((p for p in entries if path.startswith(p + os.sep)), key=len, default=None)
         if entry is None:
             raise ModuleNotFoundError(f"{name!r} ({path}) is not under any sys.path entry", name=name)
-        if entry not in found:
-            found.append(entry)
-    return found
+        if entry not in stdlib:  # the sandbox's interpreter has its own
+            needed.append(entry)
+    found = [p for p in entries
+             if p in needed or (p.endswith(("site-packages", "dist-packages")) and world_readable(p))]
+    return [p for p in found if not (p == "/usr" or p.startswith("/usr/"))]
 
 
 def interpreter_for(paths: Iterable[str], python: str = DEFAULT_PYTHON) -> str:
