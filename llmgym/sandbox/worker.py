@@ -389,10 +389,10 @@ def interpreter_for(paths: Iterable[str], python: str = DEFAULT_PYTHON) -> str:
             return candidate
         tried.append(f"{candidate} ({'Python ' + version if info['python'] else info['why'].get('python', 'unusable')})")
     raise SandboxError(
-        f"no interpreter the sandbox can run packages of this Python {want} with: tried "
-        + ", ".join(tried)
-        + f". Install Python {want} where every user can read it (e.g. `apt-get install python{want}` or a "
-        f"venv outside /root), or run this process with the system's Python {'.'.join(str(info.get('python_version', '?')).split('.')[:2])}."
+        f"no interpreter the sandbox can run packages of this Python {want} with (compiled packages are "
+        f"built for it): tried " + ", ".join(tried) + f". Fix: install Python {want} where every user can "
+        f"read it (e.g. `apt-get install python{want}`, or a Python outside /root), or run this process "
+        f"with a Python of the same version as {python}."
     )
 
 
