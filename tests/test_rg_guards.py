@@ -158,6 +158,20 @@ def test_propositional_logic_refuses_the_premises_restated():
     assert rg_guards.guard("propositional_logic", "(Q ∨ R)", entry, 1.0)[0] == 1.0  # a conclusion of its own
 
 
+@pytest.mark.parametrize("dataset", ["simple_integration", "intermediate_integration"])
+def test_integration_refuses_the_integral_echoed(dataset):
+    # SymPy differentiates an unevaluated Integral(f, x) back to f: the question echoed scored 1.0 upstream
+    def echoes(task):
+        integrand = task.prompt.split("∫", 1)[1].split(" dx", 1)[0].strip()
+        return [f"Integral({integrand}, x)", f"integral({integrand}, x) + C", f"2*Integral({integrand}, x)/2 + C"]
+
+    assert max(r for r, _, _ in _rewards(dataset, echoes)) == 0.0
+    assert max(r for r, _, _ in _rewards(dataset, lambda t: echoes(t)[:1], scoring="upstream")) == 1.0
+    # a real antiderivative still scores (the dataset's own answer, with no integral left in it)
+    rights = [r for r, _, ref in _rewards(dataset, lambda t: [t.answer]) if "Integral" not in ref]
+    assert rights and min(rights) == 1.0
+
+
 def test_knights_knaves_wants_an_assignment_not_a_quoted_statement():
     # upstream keeps every "<name> ... <role>" pair of any text: echoing one of the inhabitants'
     # statements ("if Amelia is a hero then Elizabeth is a hero") scored 1.0 on 29 of 100 tasks

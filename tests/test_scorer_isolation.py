@@ -240,7 +240,10 @@ def test_literal_answers_keep_reasoning_gyms_partial_credit(dataset, answer, par
         literal = repr([int(v) for v in right.split()])
     else:
         literal = repr(list(right))
-    assert ReasoningGymVerifier()(task, f"<answer>{literal}</answer>").reward == partial
+    # the literal passes the grammar and reaches the sandboxed scorer, whose partial credit comes back
+    # as it is under scoring="upstream"; the RL default (binary) pays only a right answer
+    assert ReasoningGymVerifier(scoring="upstream")(task, f"<answer>{literal}</answer>").reward == partial
+    assert ReasoningGymVerifier()(task, f"<answer>{literal}</answer>").reward == 0.0
 
 
 @needs_sandbox

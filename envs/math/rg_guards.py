@@ -253,7 +253,23 @@ def _restates_premises(answer: str, entry: dict) -> bool:
     return len(answer) > 1000 or restates(answer)  # a conclusion is short: a longer one is not credited
 
 
-RESTATEMENTS: dict[str, Callable[[str, dict], bool]] = {"propositional_logic": _restates_premises}
+def _unevaluated_integral(answer: str, entry: dict) -> bool:
+    """Whether an integration answer leaves an integral unevaluated (the question echoed as ``Integral(f, x)``).
+
+    SymPy's ``Integral(f, x)`` differentiates back to ``f``, so the echoed question scored 1.0 upstream
+    on every task. An antiderivative has no integral sign left in it: any ``Integral`` (any case) is
+    refused. The few items whose own answer is unevaluated (SymPy could not integrate them, about one
+    in nine of ``intermediate_integration``) then earn nothing under ``binary``: a policy cannot be
+    told the echo from a solution there. One linear pass.
+    """
+    return "integral" in answer.lower()
+
+
+RESTATEMENTS: dict[str, Callable[[str, dict], bool]] = {
+    "propositional_logic": _restates_premises,
+    "simple_integration": _unevaluated_integral,
+    "intermediate_integration": _unevaluated_integral,
+}
 """Datasets that accept any valid answer, some of which only restate the question: refused by ``binary``."""
 
 
