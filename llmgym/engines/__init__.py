@@ -6,10 +6,11 @@ Example:
     True
 """
 
-from llmgym.engines.base import Completion, DecodeSession, Engine, SamplingParams, open_decode_session
-from llmgym.engines.hf import HFEngine, pad_left, sequence_logprobs
+from llmgym.engines.base import Completion, DecodeSession, Engine, SamplingParams
+from llmgym.engines.batching import pad_left
+from llmgym.engines.hf import HFEngine, sequence_logprobs
 from llmgym.engines.sampling import row_keys, sample_next_token
-from llmgym.engines.session import TokenStepper
+from llmgym.engines.session import TokenStepper, open_decode_session
 
 __all__ = [
     "Completion",
