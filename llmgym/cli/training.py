@@ -32,6 +32,7 @@ from llmgym.cli.common import (
     _require_env,
     atomic_write_text,
     build_agent_config,
+    build_engine,
 )
 
 __all__ = ["EVAL_SEED", "RunSpec", "TrainResult", "evaluate_held_out", "load_checkpoint", "samples_per_step", "train_run"]
@@ -57,6 +58,10 @@ class RunSpec:
     """Extra trackers (``"wandb"``, ``"trackio"``) mirroring ``metrics.jsonl``."""
     device: str | None = None
     """Where the model is loaded and trained (``"cpu"``, ``"cuda"``, ``"cuda:N"``; ``None``: CPU)."""
+    engine: str = "hf"
+    """The rollout engine (``--engine``): ``"hf"`` or ``"vllm"`` (weights synced after every update)."""
+    engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Options of the engine (``--engine-arg``), e.g. vLLM's ``dtype`` or ``kv_cache_memory_bytes``."""
 
     def to_json(self) -> dict[str, Any]:
         from llmgym import __version__
@@ -251,7 +256,21 @@ def train_run(
     model), loads ``checkpoints/last`` (weights, optimiser, counters, RNG) and continues
     to ``spec.steps``; since agents seed their batches from the step count, the metrics equal an
     uninterrupted run's.
+
+    ``spec.engine`` picks the rollout engine (``"vllm"``: a ``VLLMEngine`` over the model, synced after
+    every update and closed when the run ends, however it ends).
     """
+    engines: list[Any] = []
+    try:
+        return _train_run(spec, out_dir, engines, resume=resume, console=console, progress=progress,
+                          description=description, checkpoints=checkpoints, base_model=base_model)
+    finally:
+        for engine in engines:  # a vLLM engine holds memory (and, on CPU, a process group) until closed
+            engine.close()
+
+
+def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume: bool, console, progress,
+               description: str | None, checkpoints: bool, base_model: tuple[Any, Any] | None) -> TrainResult:
     from llmgym.logging import MetricsLogger, moving_average, plot_curves, truncate_metrics
     from llmgym.rollout import distinct_tasks
 
@@ -274,7 +293,10 @@ def train_run(
             model, tokenizer = _load_model(str(ckpt_root / "last"), device=spec.device)
     # CPU threads change float rounding: a resumed run uses the count the run started with
     spec.threads = _apply_threads(spec.threads, model)
-    agent = _construct_agent(agent_cls, model, tokenizer, config)
+    engine = build_engine(spec.engine, spec.engine_args, model, tokenizer)
+    if engine is not None:
+        engines.append(engine)
+    agent = _construct_agent(agent_cls, model, tokenizer, config, engine=engine)
     env = _make_env(spec.env, tokenizer, spec.level, config.max_new_tokens, spec.env_args)
     eval_env = eval_tasks = None
     if spec.eval_every > 0:  # its own env: the training env's task stream is not touched

@@ -176,7 +176,7 @@ def check_model(config) -> None:
         >>> verdict(128, 2)  # head size 64
         'runs'
         >>> platform_name() != "cpu" or verdict(64, 4)  # head size 16: not on vLLM's CPU attention
-        "vLLM's cpu attention supports head s"
+        "vLLM's CPU attention supports head s"
     """
     archs = list(getattr(config, "architectures", None) or [])
     with contextlib.suppress(Exception):  # the registry's API moved between versions: then vLLM checks itself
@@ -190,7 +190,7 @@ def check_model(config) -> None:
     sizes = _supported_head_sizes()
     if head_dim and sizes and head_dim not in sizes:
         raise UnsupportedModelError(
-            f"vLLM's {platform_name()} attention supports head sizes {', '.join(map(str, sizes))}; this model's is "
+            f"vLLM's {platform_name().upper() if platform_name() == 'cpu' else platform_name()} attention supports head sizes {', '.join(map(str, sizes))}; this model's is "
             f"{head_dim} (hidden_size {config.hidden_size} / {heads} heads): use the hf engine, or a model "
             f"with another head size (e.g. TinyModelConfig(num_heads=...) so hidden_size / num_heads is 32 or 64)")
 
