@@ -15,8 +15,9 @@ endpoint (``POST {base_url}/completions``) with the ``openai`` client (``pip ins
 * **n samples** as ``n`` requests per prompt, each ``seed``-ed with its row's key (a row's sample
   does not depend on its batch, as with the other engines), sent ``max_concurrency`` at a time;
 * **stop** strings (kept in the text, as the other engines keep them, where the server supports
-  vLLM's ``include_stop_str_in_output``) and the tokenizer's end-of-turn ids (vLLM's
-  ``stop_token_ids``);
+  vLLM's ``include_stop_str_in_output``; the API takes at most 4, so with more the engine samples
+  without them and cuts each completion at the token that completes the first one) and the
+  tokenizer's end-of-turn ids (vLLM's ``stop_token_ids``);
 * **retries with back-off**: the ``openai`` client retries connection errors, time-outs, 408/409/429
   and 5xx answers ``max_retries`` times with exponential back-off (0.5 s doubling, up to 8 s,
   jittered), then :class:`ServerError` names the server and what to do;
@@ -58,6 +59,8 @@ from llmgym.engines.base import Completion, SamplingParams, expand_rows
 __all__ = ["ModelNotServedError", "OpenAIEngine", "ServerError"]
 
 _SEED_MASK = (1 << 63) - 1
+MAX_SERVER_STOPS = 4
+"""Stop strings the OpenAI API takes per request; with more, the engine cuts the completion itself."""
 
 
 class ServerError(ConnectionError):
@@ -203,8 +206,10 @@ class OpenAIEngine:
         return ids
 
     def _sample(self, row: list[int], sampling: SamplingParams, key: int) -> Completion:
+        # the OpenAI API takes at most 4 stop strings (vLLM enforces it): more are applied here, afterwards
+        server_stops = list(sampling.stop) if len(sampling.stop) <= MAX_SERVER_STOPS else []
         kwargs = dict(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                      n=1, seed=int(key) & _SEED_MASK, logprobs=1, stop=list(sampling.stop) or None,
+                      n=1, seed=int(key) & _SEED_MASK, logprobs=1, stop=server_stops or None,
                       extra_body=self._extra(sampling) or None)
         if self.prompts_sent_as is None:
             try:
@@ -221,8 +226,25 @@ class OpenAIEngine:
             try:
                 response = self._request(prompt=self._prompt(row), **kwargs)
             except openai.BadRequestError as exc:
-                raise ServerError(f"the server at {self.base_url} refused the request: {exc}") from None
-        return self._completion(row, response.choices[0], key)
+                raise ServerError(f"the server at {self.base_url} refused the request: {_first_line(exc)}") from None
+        completion = self._completion(row, response.choices[0], key)
+        if sampling.stop and not server_stops:
+            completion = self._cut_at_stop(completion, sampling.stop)
+        return completion
+
+    def _cut_at_stop(self, c: Completion, stops: tuple[str, ...]) -> Completion:
+        """End ``c`` at the token that completes the first stop string (kept, as the other engines keep it)."""
+        if self.tokenizer is None:
+            raise ServerError(f"more than {MAX_SERVER_STOPS} stop strings need the model's tokenizer (the server "
+                              f"takes {MAX_SERVER_STOPS}; the rest are applied to the tokens afterwards)")
+        tail = max(len(s) for s in stops) + 2  # a stop string spans at most this many tokens (a byte or more each)
+        for end in range(1, len(c.token_ids) + 1):
+            text = self.tokenizer.decode(c.token_ids[max(0, end - tail):end], skip_special_tokens=True)
+            if any(s in text for s in stops):
+                ids = c.token_ids[:end]
+                return Completion(c.prompt_ids, ids, c.logprobs[:end], "stop",
+                                  self.tokenizer.decode(ids, skip_special_tokens=True), c.key)
+        return c
 
     def _completion(self, prompt: list[int], choice, key: int) -> Completion:
         token_logprobs = list(getattr(choice.logprobs, "token_logprobs", None) or [])
@@ -276,5 +298,5 @@ class OpenAIEngine:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines() or [type(exc).__name__])[0][:300]
+    """The error's message on one line, at most 300 characters."""
+    return " ".join(str(exc).split())[:300] or type(exc).__name__

@@ -189,8 +189,9 @@ def check_model(config) -> None:
     head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
     sizes = _supported_head_sizes()
     if head_dim and sizes and head_dim not in sizes:
+        where = "CPU" if platform_name() == "cpu" else platform_name()
         raise UnsupportedModelError(
-            f"vLLM's {platform_name().upper() if platform_name() == 'cpu' else platform_name()} attention supports head sizes {', '.join(map(str, sizes))}; this model's is "
+            f"vLLM's {where} attention supports head sizes {', '.join(map(str, sizes))}; this model's is "
             f"{head_dim} (hidden_size {config.hidden_size} / {heads} heads): use the hf engine, or a model "
             f"with another head size (e.g. TinyModelConfig(num_heads=...) so hidden_size / num_heads is 32 or 64)")
 
