@@ -807,6 +807,7 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
     else:
         if importlib.util.find_spec("vllm") is None:
             raise UsageError(f"--engine vllm needs vLLM, not installed here: {VLLM_HINT}")
+        _quiet_vllm()
         if lora:
             raise UsageError("--engine vllm cannot take LoRA-injected weights (--lora-r); train LoRA with --engine hf")
     try:
@@ -830,6 +831,16 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
         except UnsupportedModelError as exc:
             raise UsageError(f"--engine vllm: {exc}") from None
     return kind
+
+
+def _quiet_vllm() -> None:
+    """vLLM logs every engine start at INFO (dozens of lines) and its imports raise FutureWarnings: keep
+    warnings and errors only, unless the user set ``VLLM_LOGGING_LEVEL``. Before vLLM is imported."""
+    import os
+    import warnings
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
 
 def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer):
