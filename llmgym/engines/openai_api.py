@@ -39,7 +39,7 @@ Example:
     >>> try:
     ...     OpenAIEngine("http://127.0.0.1:9/v1", "tiny", max_retries=0, timeout=2)
     ... except ServerError as err:
-    ...     print(str(err)[:58])
+    ...     print(str(err)[:60])
     no OpenAI-compatible server answers at http://127.0.0.1:9/v1
 """
 
