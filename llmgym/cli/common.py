@@ -771,7 +771,7 @@ def _engine_parameters(kind: str) -> set[str]:
 
     own = set(inspect.signature(vllm_engine.VLLMEngine.__init__).parameters) - {"self", "model", "tokenizer",
                                                                                 "llm_kwargs"}
-    return own | vllm_engine._engine_arg_names()
+    return own | vllm_engine.vllm_engine_arguments()
 
 
 def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str, *, level: str = "sequence",

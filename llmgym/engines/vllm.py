@@ -88,7 +88,7 @@ from llmgym.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
 __all__ = ["CPU_KV_CACHE_BYTES", "MIN_VLLM_VERSION", "UnsupportedModelError", "VLLMEngine", "check_model",
-           "platform_name", "sleep_mode_available"]
+           "platform_name", "sleep_mode_available", "vllm_engine_arguments"]
 
 MIN_VLLM_VERSION = (0, 10, 2)
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -196,7 +196,14 @@ def check_model(config) -> None:
             f"with another head size (e.g. TinyModelConfig(num_heads=...) so hidden_size / num_heads is 32 or 64)")
 
 
-def _engine_arg_names() -> set[str]:
+def vllm_engine_arguments() -> set[str]:
+    """The names ``vllm.LLM`` accepts as engine arguments (``vllm.engine.arg_utils.EngineArgs``' fields).
+
+    Example:
+        >>> from llmgym.engines.vllm import vllm_engine_arguments
+        >>> {"dtype", "max_model_len", "enforce_eager"} <= vllm_engine_arguments()
+        True
+    """
     import dataclasses
 
     from vllm.engine.arg_utils import EngineArgs
@@ -321,7 +328,7 @@ class VLLMEngine:
         # EOS, the chat template's end of turn (<|im_end|>), the generation config's list: as TokenLevel stops
         self.eos_ids = end_of_turn_ids(tokenizer, getattr(source_model, "generation_config", None))
 
-        names = _engine_arg_names()
+        names = vllm_engine_arguments()
         if kv_cache_memory_bytes is not None:
             llm_kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
         if gpu_memory_utilization is not None:
