@@ -11,7 +11,7 @@ Usage (one command; CPU by default, every shape)::
 
 Shapes (random weights, built locally; a word-level tokenizer of the model's vocabulary size, so every
 id decodes): ``tiny`` = ``TinyModelConfig()`` (hidden 128, 4 layers, 4 heads, vocab 512; 1.1M
-parameters), ``10m`` = Llama hidden 256, 4 layers, 4 heads, FFN 2816, vocab 1000 (10.7M), and
+parameters), ``10m`` = Llama hidden 256, 4 layers, 4 heads, FFN 2816, vocab 1000 (10.0M), and
 ``qwen2-0.5b`` = Qwen2-0.5B's shape (494M; hidden 896, 24 layers, 14 heads / 2 KV heads, vocab 151,936).
 Every row runs the full token budget (EOS ignored), so tokens/s compares equal work. The rows of a
 shape are timed round-robin (each repeat runs every variant once), so a load change on a shared
