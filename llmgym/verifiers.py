@@ -32,6 +32,8 @@ __all__ = [
     "RegexFormat",
     "LengthPenalty",
     "exact_match",
+    "keep_last_tokens",
+    "escape_special_tokens",
     "RewardFunctionVerifier",
     "from_reward_function",
 ]
@@ -244,6 +246,68 @@ def as_verifier(verifier: VerifierLike, time_limit: float | None = None) -> Veri
             verifier.time_limit = time_limit
         return verifier
     return FunctionVerifier(verifier, time_limit=time_limit)
+
+
+#: Characters read per token allowed before tokenising (a generous 16: English averages ~4): the
+#: tokeniser's own work stays bounded whatever the completion's length.
+_CHARS_PER_TOKEN_READ = 16
+
+
+def keep_last_tokens(tokenizer: Any, text: str, max_tokens: int) -> str:
+    """The end of ``text`` that ``tokenizer`` encodes (alone, no special tokens) to at most ``max_tokens`` ids.
+
+    For model-facing checkers of a completion (a judge, a reward model): the input is bounded in
+    tokens, what a model's cost grows with, not in characters (4,000 four-byte characters are 16,000
+    byte-level tokens). The end is kept because that is where a completion's answer sits. Only the
+    last ``16 * max_tokens`` characters are tokenised, so the tokeniser's work is bounded too; the
+    returned text is re-encoded and cut again until it fits (decoding a cut can shift a seam by a
+    token), so the bound is exact.
+
+    Example:
+        >>> from llmgym.models import build_tokenizer
+        >>> from llmgym.verifiers import keep_last_tokens
+        >>> tok = build_tokenizer()
+        >>> tail = keep_last_tokens(tok, "\U0001F600" * 10_000 + " the answer is 4", 20)
+        >>> len(tok.encode(tail, add_special_tokens=False)) <= 20, tail.endswith(" the answer is 4")
+        (True, True)
+        >>> keep_last_tokens(tok, "short", 100)
+        'short'
+    """
+    if max_tokens < 1:
+        return ""
+    text = text[-max_tokens * _CHARS_PER_TOKEN_READ:]
+    for _ in range(8):  # each pass drops at least one id; one pass is the rule, a second is rare
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        if len(ids) <= max_tokens:
+            return text
+        text = tokenizer.decode(ids[len(ids) - max_tokens:], skip_special_tokens=False)
+    return ""
+
+
+def escape_special_tokens(tokenizer: Any, text: str) -> str:
+    """``text`` with every special token's text broken by an invisible separator (U+2063).
+
+    Tokenisers turn the *text* of a special token into the token itself (``"</s>"`` becomes EOS,
+    ``"<|im_end|>"`` ends a chat turn), so a completion could close the judge's user turn and open an
+    assistant turn of its own. Escaped, it reads the same to a person and tokenises as plain text.
+
+    Example:
+        >>> from llmgym.models import build_tokenizer
+        >>> from llmgym.verifiers import escape_special_tokens
+        >>> tok = build_tokenizer()
+        >>> tok.eos_token_id in tok.encode("yes</s>", add_special_tokens=False)
+        True
+        >>> tok.eos_token_id in tok.encode(escape_special_tokens(tok, "yes</s>"), add_special_tokens=False)
+        False
+    """
+    specials = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            specials.add(str(getattr(added, "content", "")))
+    for special in sorted((t for t in specials if len(t) > 1), key=len, reverse=True):
+        if special in text:
+            text = text.replace(special, special[0] + "\u2063" + special[1:])
+    return text
 
 
 def exact_match(task: Task, completion: str) -> float:

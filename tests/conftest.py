@@ -77,3 +77,14 @@ def tiny_model(tokenizer, tiny_config):
     from llmgym.models import build_tiny_model
 
     return build_tiny_model(tokenizer, tiny_config)
+
+
+@pytest.fixture(scope="session")
+def saved_tiny_model_dir(tmp_path_factory) -> str:
+    """A 1-layer random-init model saved with ``save_pretrained``: what ``--model PATH`` takes."""
+    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
+    return str(save_pretrained(model, tok, tmp_path_factory.mktemp("model") / "tiny-1layer"))

@@ -596,12 +596,14 @@ def test_reasoning_gym_verifier_reward_equals_reasoning_gyms_pipeline(dataset):
     meta = task.metadata
     ds = _scorer(dataset, {}, meta["seed"])
     gold = str(task.answer)
+    parity = ReasoningGymVerifier(scoring="upstream")  # evaluation parity; the RL default is binary
     for text in (gold, f"<answer>{gold}</answer>", f"<answer>{gold}", "<answer>nope</answer>", ""):
         expected = float(ds.score_answer(rg_extract(text), meta["entry"]) or 0.0)
-        assert ReasoningGymVerifier()(task, text).reward == expected, text
+        assert parity(task, text).reward == expected, text
+        assert ReasoningGymVerifier()(task, text).reward == float(expected == 1.0), text
     # countdown gives 0.01 to a missing answer; llmgym passes the None through, as reasoning-gym does
     if dataset == "countdown":
-        assert ReasoningGymVerifier()(task, gold).reward == 0.01
+        assert parity(task, gold).reward == 0.01
 
 
 def test_arithmetic_refuses_an_echo_of_the_question_and_false_equations():

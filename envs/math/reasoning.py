@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from llmgym import Score, SequenceEnv, Task, Verifier
+from llmgym.envs.math import rg_guards
 
 __all__ = [
     "ANSWER_INSTRUCTION",
@@ -254,12 +255,16 @@ def reasoning_gym_task(
 
 
 class ReasoningGymVerifier(Verifier):
-    """Score with the dataset's own ``score_answer(answer, entry)`` (a float in ``[0, 1]``).
+    """Score with the dataset's own ``score_answer(answer, entry)``, made binary by default.
+
+    ``scoring="binary"`` (default) pays 1.0 for a right answer and 0.0 otherwise
+    (:func:`llmgym.envs.math.rg_guards.guard`: several upstream scores pay content-free or wrong
+    answers); ``scoring="upstream"`` returns reasoning-gym's score as it is (evaluation parity).
 
     The answer is :func:`extract_tagged_answer` of the completion — reasoning-gym's own extraction,
     and the dataset scores exactly what reasoning-gym's pipeline scores: a completion without a closed
-    ``<answer>…</answer>`` block is scored as ``score_answer(None, entry)`` — 0, or 0.01 for
-    ``countdown``, ``fraction_simplification`` and ``puzzle24`` (reasoning-gym 0.1.25).
+    ``<answer>…</answer>`` block is scored as ``score_answer(None, entry)`` — 0 (with ``"upstream"``
+    scoring, 0.01 for ``countdown``, ``fraction_simplification`` and ``puzzle24``, reasoning-gym 0.1.25).
     ``lenient=True`` opts into llmgym's extra leniency (see :func:`extract_tagged_answer`).
     ``info["extracted"]`` holds the answer.
 
@@ -273,10 +278,14 @@ class ReasoningGymVerifier(Verifier):
 
     time_limit = 5.0
 
-    def __init__(self, time_limit: float | None = 5.0, lenient: bool = False):
+    def __init__(self, time_limit: float | None = 5.0, lenient: bool = False, scoring: str = "binary"):
         super().__init__()
+        if scoring not in rg_guards.SCORINGS:
+            raise ValueError(f"scoring must be one of {rg_guards.SCORINGS} ('binary': 1.0 for a right answer, the RL "
+                             f"default; 'upstream': reasoning-gym's own score), got {scoring!r}")
         self.time_limit = time_limit
         self.lenient = lenient
+        self.scoring = scoring
 
     def verify(self, task: Task, completion: str) -> Score:
         meta = task.metadata
@@ -288,7 +297,8 @@ class ReasoningGymVerifier(Verifier):
         ds = _scorer(meta["dataset"], dict(meta.get("config", {})), int(meta.get("seed", 0)))
         answer = extract_tagged_answer(completion, lenient=self.lenient)
         reward = ds.score_answer(answer, meta["entry"])
-        return Score(float(reward or 0.0), {"extracted": answer})
+        reward, info = rg_guards.guard(meta["dataset"], answer, meta["entry"], reward, self.scoring)
+        return Score(reward, {"extracted": answer, **info})
 
 
 def _draw_task(rng: np.random.Generator, *, dataset: str, config: dict[str, Any], instruction: str | None) -> Task:
@@ -303,6 +313,7 @@ def make_env(
     instruction: str | None = ANSWER_INSTRUCTION,
     time_limit: float | None = 5.0,
     lenient: bool = False,
+    scoring: str = "binary",
     **config: Any,
 ) -> SequenceEnv:
     """``llmgym/RG-<dataset>-v0``: one lazily generated item per reset, scored by the dataset itself.
@@ -311,7 +322,9 @@ def make_env(
     e.g. ``min_terms=2`` for ``chain_sum``). ``size`` and ``seed`` are not: items come from the env's
     seeded generator, so use ``env.reset(seed=...)``. ``instruction`` is appended to each question
     (``None`` for none). ``lenient=True`` turns on llmgym's extra answer-extraction leniency (off by
-    default: extraction is reasoning-gym's own; see :func:`extract_tagged_answer`).
+    default: extraction is reasoning-gym's own; see :func:`extract_tagged_answer`). ``scoring`` is
+    ``"binary"`` (1.0 for a right answer, else 0.0: the RL default) or ``"upstream"`` (reasoning-gym's
+    own score, partial credit and all, for evaluation parity); see :mod:`llmgym.envs.math.rg_guards`.
 
     Example:
         >>> import gymnasium, llmgym
@@ -342,4 +355,4 @@ def make_env(
 
     # a partial of a module-level function, not a closure: the env must pickle (AsyncVectorEnv, multiprocessing)
     draw = functools.partial(_draw_task, dataset=dataset, config=config, instruction=instruction)
-    return SequenceEnv(draw, ReasoningGymVerifier(time_limit, lenient=lenient), tokenizer, render_mode=render_mode)
+    return SequenceEnv(draw, ReasoningGymVerifier(time_limit, lenient=lenient, scoring=scoring), tokenizer, render_mode=render_mode)

@@ -29,6 +29,7 @@ from llmgym.cli.common import (
     build_agent_config,
     check_device,
     check_engine,
+    check_env_makes,
     check_out_dir,
     engine_options,
     parse_overrides,
@@ -138,6 +139,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"{str(out)!r} already holds a comparison ({earlier[0]}): choose another --out or add "
                          f"--overwrite")
     _check_model(args.model)
+    check_env_makes(args.env, args.model, env_args, max_new_tokens=build_agent_config(plans[0], overrides).max_new_tokens)
     engine_args = parse_overrides(args.engine_arg or [], "--engine-arg")
     engine = check_engine(args.engine, engine_args, args.model, lora=int(overrides.get("lora_r") or 0) > 0)
     if args.overwrite:

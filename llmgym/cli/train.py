@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 from llmgym.cli.common import (
     EXIT_INTERRUPTED,
+    RUN_FILES,
     UsageError,
     _console,
     _files_table,
@@ -36,6 +36,7 @@ from llmgym.cli.common import (
     check_engine,
     check_out_dir,
     engine_options,
+    existing_files,
     parse_overrides,
     scale_options,
 )
@@ -152,17 +153,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         fields = apply_scale_options(args, fields, args.steps if args.steps is not None else 100, device)
         config = build_agent_config(agent_cls, fields)  # validated before any model is loaded
         env_args = parse_overrides(args.env_arg or [], "--env-arg")
-        if (out / "metrics.jsonl").exists() and not args.overwrite:
-            raise UsageError(f"{str(out)!r} already holds a run: continue it with --resume {out}, "
+        earlier = existing_files(out, RUN_FILES)
+        if earlier and not args.overwrite:
+            raise UsageError(f"{str(out)!r} already holds a run ({earlier[0].name}): continue it with --resume {out}, "
                              f"choose another --out, or add --overwrite")
         _check_model(args.model or "tiny")
         engine_args = parse_overrides(args.engine_arg or [], "--engine-arg")
         engine = check_engine(args.engine, engine_args, args.model or "tiny", level=args.level or "sequence",
                               lora=config.lora_r > 0)
-        if args.overwrite:
-            for name in ("metrics.jsonl", "curves.png", "config.json", "checkpoints", "tensorboard"):
-                path = out / name
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         spec = RunSpec(env=args.env, agent=agent_cls.name, model=args.model or "tiny",
                        steps=args.steps if args.steps is not None else 100, level=args.level or "sequence",
                        checkpoint_every=args.checkpoint_every if args.checkpoint_every is not None else 50,
@@ -189,10 +187,13 @@ def cmd_train(args: argparse.Namespace) -> int:
               if spec.agent_config.get(field) not in (None, 0, "fp32")]
     if spec.engine != "hf":
         extras.append(f"engine {spec.engine}")
-    console.print(f"[bold]{verb}[/] {spec.agent} on {spec.env} (model {spec.model}, {spec.steps} steps, "
-                  f"seed {spec.agent_config.get('seed', 0)}, device {spec.device or 'cpu'}"
-                  f"{''.join(', ' + e for e in extras)}) → {out}")
-    result = train_run(spec, out, resume=bool(args.resume), console=console)
+    banner = (f"[bold]{verb}[/] {spec.agent} on {spec.env} (model {spec.model}, {spec.steps} steps, "
+              f"seed {spec.agent_config.get('seed', 0)}, device {spec.device or 'cpu'}"
+              f"{''.join(', ' + e for e in extras)}) → {out}")
+    # train_run prints the banner once the model, agent, env and evaluation tasks are made: a mistake
+    # found there (a missing --env-arg path=, a file the agent cannot read) is the only output
+    result = train_run(spec, out, resume=bool(args.resume), console=console, banner=banner,
+                       replace=bool(args.overwrite) and not args.resume)
     rows = result.rows
     if rows:
         window = _summary_window(rows)

@@ -12,7 +12,7 @@ from llmgym.engines.base import Completion, SamplingParams, expand_rows
 from llmgym.engines.batching import cache_argument, cache_of, pad_left, position_ids
 from llmgym.engines.sampling import sample_next_token
 from llmgym.engines.session import HFDecodeSession
-from llmgym.engines.static_decode import DECODE_MODES, StaticCacheDecoder
+from llmgym.engines.static_decode import DECODE_MODES, StaticCacheDecoder, last_logits_only
 
 __all__ = ["HFEngine", "sequence_logprobs", "pad_left"]  # pad_left lives in llmgym.engines.batching
 
@@ -42,6 +42,9 @@ def sequence_logprobs(
     logits = logits / t
     logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return (logprobs, logits) if return_logits else logprobs
+
+
+_DONE_CHECK_EVERY = 8  # decoding steps between host syncs on "all rows done?" (GPU); 1 on CPU
 
 
 class HFEngine:
@@ -75,6 +78,9 @@ class HFEngine:
         True
     """
 
+    done_check_every: int | None = None
+    """Decoding steps between host-side "all rows done?" checks (``None``: 1 on CPU, 8 on a GPU)."""
+
     def __init__(self, model, tokenizer, max_batch_size: int = 64, decode: str = "eager",
                  autocast_dtype: torch.dtype | None = None):
         if decode not in DECODE_MODES:
@@ -93,6 +99,7 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         # transformers >= 5.2x renamed the KV-cache argument from past_key_values to cache
         self.cache_arg = cache_argument(model)
+        self._last_only = last_logits_only(model)
 
     @property
     def device(self) -> torch.device:
@@ -145,18 +152,23 @@ class HFEngine:
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+        # asking "are all rows done?" copies a flag to the host and waits for the device; on a GPU ask
+        # every few steps so the host keeps queueing work (a finished row only samples padding)
+        check_every = self.done_check_every or (1 if device.type == "cpu" else _DONE_CHECK_EVERY)
         with self.eval_mode():
             static = self._static_decoder() if self.decode != "eager" else None
+            noise_fn = static.noise_fn if static is not None else None
             if static is not None:
                 logits = static.prefill(ids, attn, sampling.max_new_tokens)
             else:
                 positions = position_ids(attn)
-                out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True)
+                out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True,
+                                 **self._last_only)
                 cache, last_pos = cache_of(out), positions[:, -1:]
                 logits = out.logits[:, -1, :]
             for step in range(sampling.max_new_tokens):
                 step_pos = torch.full((batch,), step, dtype=torch.long, device=device)
-                tok, lp = sample_next_token(logits, key_t, step_pos, sampling.temperature, sampling.top_p)
+                tok, lp = sample_next_token(logits, key_t, step_pos, sampling.temperature, sampling.top_p, noise_fn)
                 tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
                 live = ~done
                 tokens[:, step] = tok
@@ -167,7 +179,7 @@ class HFEngine:
                     hit |= live & self._hit_stop_string(tokens, lengths, sampling.stop)
                 stopped |= hit
                 done |= hit
-                if bool(done.all()) or step == sampling.max_new_tokens - 1:
+                if step == sampling.max_new_tokens - 1 or (step % check_every == check_every - 1 and bool(done.all())):
                     break
                 if static is not None:
                     logits = static.step(tok)
@@ -177,6 +189,8 @@ class HFEngine:
                 out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=last_pos,
                                  use_cache=True, **{self.cache_arg: cache})
                 cache, logits = cache_of(out), out.logits[:, -1, :]
+            if static is not None and not static.compiled:
+                static.release()  # a KV cache held until the next rollout would sit through the update
         tokens, logps, lengths, stopped = tokens.cpu(), logps.cpu(), lengths.cpu(), stopped.cpu()
         completions = []
         for i in range(batch):
