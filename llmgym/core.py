@@ -503,6 +503,9 @@ def _respond_in_child(env: "MultiTurnEnv", text: str, limit: float) -> tuple[Tur
     receiver, sender = context.Pipe(duplex=False)
 
     def run() -> None:
+        from llmgym.verifiers import mark_time_limited_child
+
+        mark_time_limited_child()
         try:
             sender.send((env.respond(text), env.state, None))
         except BaseException as exc:  # sent to the parent (as text if it does not pickle)
@@ -685,9 +688,9 @@ class MultiTurnEnv(SequenceEnv):
             else:
                 turn, self.state = _respond_in_child(self, text, self.respond_time_limit)
         except Exception as exc:  # a game's or tool's failure is the completion's zero, never a crash
-            from llmgym.sandbox import SandboxError
+            from llmgym.verifiers import is_verifier_failure
 
-            if isinstance(exc, SandboxError):  # the machine's failure, not the completion's: never a silent zero
+            if is_verifier_failure(exc):  # the machine's failure, not the completion's: never a silent zero
                 raise
             return Turn(self._zero_score(before), None, True, {"error": f"{type(exc).__name__}: {exc}",
                                                                "traceback": traceback.format_exc(limit=5)})

@@ -62,7 +62,7 @@ if [[ -n "$extras" ]]; then
   if [[ "$(id -u)" == "0" ]]; then
     bash .ci/install-sandbox.sh
   elif ! command -v bwrap >/dev/null; then
-    echo "setup: bubblewrap is missing; code-execution tests will be skipped. Install it as root:" \
+    echo "setup: bubblewrap is missing; model code and model text for third-party scorers (math-verify, reasoning-gym) run only in the sandbox. Install it as root:" \
          "sudo bash .ci/install-sandbox.sh" >&2
   fi
 fi

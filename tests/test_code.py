@@ -293,11 +293,11 @@ def test_pass_at_k_over_samples_uses_the_unbiased_estimator():
 @pytest.fixture
 def no_bwrap(monkeypatch):
     real_which = shutil.which
-    monkeypatch.setattr(sbm.shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real_which(name, *a, **k))
-    sbm._probe.cache_clear()
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real_which(name, *a, **k))
+    check_sandbox(refresh=True)
     yield
     monkeypatch.undo()
-    sbm._probe.cache_clear()
+    check_sandbox(refresh=True)
 
 
 def test_missing_sandbox_is_raised_from_step_never_a_silent_zero(no_bwrap, monkeypatch):

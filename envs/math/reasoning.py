@@ -42,16 +42,20 @@ import numpy as np
 
 from llmgym import Score, SequenceEnv, Task, Verifier
 from llmgym.envs.math import rg_guards
+from llmgym.envs.math.answer_grammar import check_answer
+from llmgym.envs.math.sandboxed import reasoning_gym_score
 
 __all__ = [
     "ANSWER_INSTRUCTION",
     "HASH_SEED_DEPENDENT",
+    "MAX_ANSWER_CHARS",
     "REUSABLE_DATASETS",
     "extract_tagged_answer",
     "reasoning_gym_datasets",
     "reasoning_gym_task",
     "ReasoningGymVerifier",
     "make_env",
+    "upstream_score",
 ]
 
 ANSWER_INSTRUCTION = "Give your final answer inside <answer></answer> tags."
@@ -254,12 +258,59 @@ def reasoning_gym_task(
     )
 
 
+#: Longest answer (characters) handed to a dataset's scorer; a longer one scores 0 unread.
+MAX_ANSWER_CHARS = 65_536
+
+
+def upstream_score(
+    task: Task, answer: str | None, *, time_limit: float | None = 5.0
+) -> tuple[float, str | None]:
+    """``(score, error)``: the dataset's own ``score_answer(answer, entry)`` for a reasoning-gym task.
+
+    Model text never reaches reasoning-gym's code on the host. A ``None`` answer (nothing extracted)
+    is scored here -- no model text is involved. Any other answer is checked against its dataset's
+    grammar where the scorer would ``eval`` or ``sympy.parse_expr`` it
+    (:func:`llmgym.envs.math.answer_grammar.check_answer`; outside it, the answer is never read: it
+    scores what the dataset gives an empty answer -- its floor, 0.0 or 0.01 -- and the error says
+    why), then scored in the sandbox (:func:`llmgym.envs.math.sandboxed.reasoning_gym_score`), killed after
+    ``time_limit`` seconds (``None``: the sandbox worker's limit). A score that is not a finite
+    number in [0, 1], an exception or a time-out is 0.0 with the error. An answer over
+    :data:`MAX_ANSWER_CHARS` characters is not read either (the floor, with the error).
+
+    Example:
+        >>> from llmgym.envs.math.reasoning import reasoning_gym_task, upstream_score
+        >>> task = reasoning_gym_task("countdown", seed=3)
+        >>> upstream_score(task, task.metadata["entry"]["metadata"]["expression"])
+        (1.0, None)
+        >>> upstream_score(task, "__import__('os').system('touch /tmp/pwned')")  # never reaches the scorer
+        (0.01, 'not allowed in a countdown answer: a call')
+    """
+    meta = task.metadata
+    if "entry" not in meta or "dataset" not in meta:
+        raise ValueError(
+            "this task is not a reasoning-gym item (metadata lacks 'dataset'/'entry'): make it with "
+            "llmgym.envs.math.reasoning.reasoning_gym_task"
+        )
+    dataset, config, seed, entry = meta["dataset"], dict(meta.get("config", {})), int(meta.get("seed", 0)), meta["entry"]
+    if answer is None:  # no model text: the dataset's code may run here
+        return float(_scorer(dataset, config, seed).score_answer(None, entry) or 0.0), None
+    if len(answer) > MAX_ANSWER_CHARS:
+        rejected = f"the answer is {len(answer)} characters long (over {MAX_ANSWER_CHARS}): not read"
+    else:
+        rejected = check_answer(dataset, answer, entry)
+    if rejected is not None:  # scored as the dataset scores an answer it cannot parse: its floor
+        return float(_scorer(dataset, config, seed).score_answer("", entry) or 0.0), rejected
+    return reasoning_gym_score(dataset, config, seed, entry, answer, time_limit=time_limit)
+
+
 class ReasoningGymVerifier(Verifier):
-    """Score with the dataset's own ``score_answer(answer, entry)``, made binary by default.
+    """Score with the dataset's own ``score_answer(answer, entry)`` in the sandbox, made binary by default.
 
     ``scoring="binary"`` (default) pays 1.0 for a right answer and 0.0 otherwise
     (:func:`llmgym.envs.math.rg_guards.guard`: several upstream scores pay content-free or wrong
     answers); ``scoring="upstream"`` returns reasoning-gym's score as it is (evaluation parity).
+    The dataset's scorer runs only in the sandbox (:func:`upstream_score`); the guard runs on the host
+    and never evaluates the answer.
 
     The answer is :func:`extract_tagged_answer` of the completion — reasoning-gym's own extraction,
     and the dataset scores exactly what reasoning-gym's pipeline scores: a completion without a closed
@@ -267,6 +318,13 @@ class ReasoningGymVerifier(Verifier):
     scoring, 0.01 for ``countdown``, ``fraction_simplification`` and ``puzzle24``, reasoning-gym 0.1.25).
     ``lenient=True`` opts into llmgym's extra leniency (see :func:`extract_tagged_answer`).
     ``info["extracted"]`` holds the answer.
+
+    The scorer never sees model text on the host (:func:`upstream_score`): it runs in the sandbox,
+    killed after ``time_limit`` seconds, and the nine datasets whose scorers ``eval`` the answer get
+    only answers that pass a strict grammar (:mod:`llmgym.envs.math.answer_grammar`) — others score
+    the dataset's floor (what it gives an empty answer: 0.0, or 0.01) with ``info["error"]``.
+    Without the sandbox, scoring an answer raises
+    :class:`~llmgym.sandbox.SandboxUnavailableError` naming what to install.
 
     Example:
         >>> from llmgym.envs.math.reasoning import ReasoningGymVerifier, reasoning_gym_task
@@ -288,17 +346,16 @@ class ReasoningGymVerifier(Verifier):
         self.scoring = scoring
 
     def verify(self, task: Task, completion: str) -> Score:
-        meta = task.metadata
-        if "entry" not in meta or "dataset" not in meta:
-            raise ValueError(
-                "this task is not a reasoning-gym item (metadata lacks 'dataset'/'entry'): make it with "
-                "llmgym.envs.math.reasoning.reasoning_gym_task"
-            )
-        ds = _scorer(meta["dataset"], dict(meta.get("config", {})), int(meta.get("seed", 0)))
         answer = extract_tagged_answer(completion, lenient=self.lenient)
-        reward = ds.score_answer(answer, meta["entry"])
-        reward, info = rg_guards.guard(meta["dataset"], answer, meta["entry"], reward, self.scoring)
-        return Score(reward, {"extracted": answer, **info})
+        score, error = upstream_score(task, answer, time_limit=self.time_limit)
+        meta = task.metadata
+        reward, info = rg_guards.guard(meta["dataset"], answer, meta["entry"], score, self.scoring)
+        info = {"extracted": answer, **info}
+        return Score(reward, info if error is None else {**info, "error": error})
+
+    def _safe(self, task: Task, completion: str) -> Score:
+        # No forked child of the caller: the scorer runs in the sandbox, which kills it at the limit.
+        return self._guarded(task, completion)
 
 
 def _draw_task(rng: np.random.Generator, *, dataset: str, config: dict[str, Any], instruction: str | None) -> Task:
