@@ -72,3 +72,36 @@ def test_propositional_formula_parser_groups_as_reasoning_gym_does():
         mine = rg_guards._prop_table(rg_guards._prop_parse(formula), bits, full)
         assert [bool(mine >> i & 1) for i in range(8)] == table(formula, variables), formula
     assert rg_guards._prop_parse("(P") is None and rg_guards._prop_parse("P Q") is None
+
+
+def test_puzzle24_pays_only_the_puzzles_own_numbers():
+    # upstream checks that int(value) == 24 and that four numbers of the value range appear -- not that
+    # they are the puzzle's: one constant answer scored 1.0 on every puzzle, and int() let 24.5 pass
+    constants = ["6*4*1*1", "8+8+4+4", "(1+1+1)*8", "7/2*7*1"]
+    env = gymnasium.make("llmgym/RG-puzzle24-v0")
+    upstream = gymnasium.make("llmgym/RG-puzzle24-v0", scoring="upstream")
+    paid, paid_upstream = [], []
+    for seed in range(6):
+        numbers = env.reset(seed=seed)[1]["task"].metadata["entry"]["metadata"]["numbers"]
+        for answer in constants:
+            if sorted(int(n) for n in answer.replace("(", " ").replace(")", " ").replace("*", " ").replace("+", " ")
+                      .replace("/", " ").split()) == sorted(numbers):
+                continue  # these happen to be the puzzle's numbers
+            env.reset(seed=seed)
+            paid.append((env.step(f"<answer>{answer}</answer>")[1], seed, answer))
+            upstream.reset(seed=seed)
+            paid_upstream.append(upstream.step(f"<answer>{answer}</answer>")[1])
+    assert paid and max(r for r, _, _ in paid) == 0.0, [p for p in paid if p[0]]
+    assert min(paid_upstream) == 1.0  # reasoning-gym's own score pays every one (kept for evaluation parity)
+
+
+def test_puzzle24_right_answers_still_score():
+    from llmgym.envs.math.reasoning import reasoning_gym_task
+
+    for seed in range(20):
+        task = reasoning_gym_task("puzzle24", seed)
+        entry = task.metadata["entry"]
+        assert rg_guards.guard("puzzle24", task.answer, entry, 1.0)[0] == 1.0, task.answer
+        assert rg_guards.guard("puzzle24", f"({task.answer})", entry, 1.0)[0] == 1.0
+    entry = {"metadata": {"numbers": [7, 2, 7, 1]}}
+    assert rg_guards.guard("puzzle24", "7/2*7*1", entry, 1.0)[0] == 0.0  # 24.5: upstream's int() made it 24

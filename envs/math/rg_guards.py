@@ -9,6 +9,8 @@ answers that hold no solution — a policy trained on them learns the hole, not 
 * ``complex_arithmetic`` scores ``min(1, exp(-distance))``: ``NaN`` makes it ``min(1, nan) = 1.0``;
 * ``number_sorting`` accepts ``NaN`` (JSON's ``NaN`` compares as sorted and within tolerance) and any
   value off by less than 1;
+* ``puzzle24`` checks that the value truncates to 24 and that four numbers of the value range appear,
+  never that they are the puzzle's: the constant ``6*4*1*1`` scores 1.0 on every puzzle;
 * partial credit for content-free answers: an all-zero ``game_of_life`` grid (≈ 0.96), the number
   echoed for ``prime_factorization`` (0.5), the puzzle with its blanks filled with 1 for
   ``sudoku``/``mini_sudoku``/``futoshiki`` (≈ 0.5), a format example for ``knights_knaves``, ``00:00:00``
@@ -28,6 +30,7 @@ small parsers of plain numbers and lists, linear in the answer's length and refu
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from fractions import Fraction
@@ -181,6 +184,39 @@ def _knights_knaves(answer: str, entry: dict) -> bool:
     return said == {name: bool(truth) for name, truth in zip(names, meta["solution"])}
 
 
+def _exact_value(node: ast.AST) -> Fraction | None:
+    """An arithmetic expression of integers (``+ - * /``, unary signs, brackets) evaluated exactly, else ``None``."""
+    if isinstance(node, ast.Expression):
+        return _exact_value(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+        inner = _exact_value(node.operand)
+        return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+        a, b = _exact_value(node.left), _exact_value(node.right)
+        if a is None or b is None:
+            return None
+        if isinstance(node.op, ast.Div):
+            return a / b if b else None
+        return a + b if isinstance(node.op, ast.Add) else a - b if isinstance(node.op, ast.Sub) else a * b
+    return None
+
+
+def _puzzle24(answer: str, entry: dict) -> bool:
+    # upstream checks int(value) == 24 and that four numbers in the value range appear -- not that they
+    # are the puzzle's: "6*4*1*1" scored 1.0 on every puzzle, and int() made 24.5 pass ("7/2*7*1")
+    if len(answer) > 1000 or not answer.isascii():
+        return False
+    try:
+        tree = ast.parse(answer.strip(), mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    used = sorted(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant))
+    wanted = sorted(int(n) for n in entry["metadata"]["numbers"])
+    return used == wanted and _exact_value(tree) == 24
+
+
 OWN_CHECKS: dict[str, Callable[[str, dict], bool]] = {
     "game_of_life_halting": _game_of_life_halting,
     "coin_flip": _coin_flip,
@@ -188,6 +224,7 @@ OWN_CHECKS: dict[str, Callable[[str, dict], bool]] = {
     "number_sorting": _number_sorting,
     "gsm_symbolic": _gsm_symbolic,
     "knights_knaves": _knights_knaves,
+    "puzzle24": _puzzle24,
 }
 """Datasets whose upstream full score pays wrong answers: ``binary`` scoring decides these itself."""
 
