@@ -3,6 +3,8 @@ r"""Red-team pass on the math verifier (attacks not listed in issue 17), through
 * The question's own expression echoed: math-verify evaluates it, so "What is $\frac{3}{6}$ in lowest
   terms?" answered ``\frac{3}{6}`` (or ``3/6``), "Factor $x^2-1$" answered ``x^2-1``, "Compute
   $\dbinom{8}{4}$" answered ``\dbinom{8}{4}`` each scored 1.0 on MATH-format tasks.
+* ``Arithmetic`` (``literal_answer=True``) took ``20/4`` as a number written out: "Compute 20 / 4."
+  answered with the question itself scored 1.0 (every task with ``ops="/", max_ops=1``).
 * ``1\,000`` (LaTeX's thin space between thousands) parsed as ``1 \cdot 000``: it scored 0 against a
   gold of 1000 and 1.0 against a gold of 0.
 """
@@ -69,3 +71,23 @@ def test_an_answer_that_appears_in_the_question_as_a_value_still_scores(verifier
 ])
 def test_thin_space_thousands(verifier, gold, completion, reward):
     assert verifier(Task("q", answer=gold), completion).reward == reward
+
+
+def test_arithmetic_division_echoed_scores_zero():
+    import re
+
+    env = gymnasium.make("llmgym/Arithmetic-v0", ops="/", min_ops=1, max_ops=1, max_value=12)
+    divisions = 0
+    for seed in range(40):
+        obs, info = env.reset(seed=seed)
+        question = re.match(r"Compute (.*)\. Put", obs["prompt"]).group(1)
+        if " / " not in question:
+            continue  # not divisible: the generator fell back to +
+        divisions += 1
+        assert env.step(question)[1] == 0.0, question
+        for written in (rf"\boxed{{{question.replace(' / ', '/')}}}", rf"\boxed{{\frac{{{question.split(' / ')[0]}}}{{{question.split(' / ')[1]}}}}}"):
+            env.reset(seed=seed)
+            assert env.step(written)[1] == 0.0, written
+        env.reset(seed=seed)
+        assert env.step(rf"\boxed{{{info['task'].answer}}}")[1] == 1.0
+    assert divisions >= 4

@@ -305,17 +305,25 @@ _VARIABLE_PREFIX = re.compile(r"[A-Za-z]\s*=\s*")
 
 
 def _is_number_literal(text: str) -> bool:
-    r"""``-12``, ``3.5``, ``\frac{7}{2}``, ``7/2`` (after ``\text{}``/``$`` unwrapping, an optional ``x =``).
+    r"""``-12``, ``3.5``, ``\frac{7}{2}``, ``7/2`` (after ``\text{}``/``$`` unwrapping, an optional ``x =``);
+    a fraction only in lowest terms, with a denominator above 1: ``20/4`` is a division left undone
+    (the question "Compute 20 / 4." echoed), not a number written out.
 
     Example:
         >>> [_is_number_literal(t) for t in ["-12", "x = 3.5", r"\frac{7}{2}", "8 * 18", "1 = 17", "2^{3}"]]
         [True, True, True, False, False, False]
+        >>> [_is_number_literal(t) for t in ["20 / 4", r"\frac{6}{1}", "-14/4"]]
+        [False, False, False]
     """
     text = _unwrap(text).strip().strip("$").strip()
     match = _VARIABLE_PREFIX.match(text)
     if match:
         text = text[match.end():]
-    return bool(_NUMBER_LITERAL.fullmatch(text.replace(" ", "")))
+    text = text.replace(" ", "")
+    if not _NUMBER_LITERAL.fullmatch(text):
+        return False
+    value = _host_number(text)
+    return value is None or value[1] or "/" not in _canonical(text) or value[0].denominator > 1 and _is_evaluated_number(text)
 
 
 def _is_words(text: str) -> bool:
