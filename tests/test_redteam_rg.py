@@ -105,3 +105,5 @@ def test_puzzle24_right_answers_still_score():
         assert rg_guards.guard("puzzle24", f"({task.answer})", entry, 1.0)[0] == 1.0
     entry = {"metadata": {"numbers": [7, 2, 7, 1]}}
     assert rg_guards.guard("puzzle24", "7/2*7*1", entry, 1.0)[0] == 0.0  # 24.5: upstream's int() made it 24
+    for payload in ["-" * 990 + "(7*2+7+1)", "'7'*2*7*1", "(7*2+7+1)/0", "__import__('os')"]:
+        assert rg_guards.guard("puzzle24", payload, entry, 1.0)[0] == 0.0, payload

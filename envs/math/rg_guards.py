@@ -212,9 +212,14 @@ def _puzzle24(answer: str, entry: dict) -> bool:
         tree = ast.parse(answer.strip(), mode="eval")
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return False
-    used = sorted(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant))
+    constants = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+    if not all(type(c) is int for c in constants):
+        return False
     wanted = sorted(int(n) for n in entry["metadata"]["numbers"])
-    return used == wanted and _exact_value(tree) == 24
+    try:
+        return sorted(constants) == wanted and _exact_value(tree) == 24
+    except RecursionError:  # a thousand unary signs
+        return False
 
 
 OWN_CHECKS: dict[str, Callable[[str, dict], bool]] = {
