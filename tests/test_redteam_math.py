@@ -91,3 +91,15 @@ def test_arithmetic_division_echoed_scores_zero():
         env.reset(seed=seed)
         assert env.step(rf"\boxed{{{info['task'].answer}}}")[1] == 1.0
     assert divisions >= 4
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open design decision: the echo guard catches the question's expression verbatim (and cosmetic "
+    "variants: spacing, \\dfrac, 2^{3}); an equivalent rewrite of it -- operands reordered, \\times for "
+    "\\cdot, \\frac{6}{12} for \\frac{3}{6} -- still scores 1.0 because math-verify compares values, not "
+    "forms. Closing it needs a notion of 'simplest form' per problem type (or a format check per dataset)."))
+def test_a_rewritten_echo_of_the_question_scores_zero(verifier):
+    task = Task(r"What is $\frac{3}{6}$ in lowest terms?", answer=r"\frac{1}{2}")
+    assert verifier(task, r"\boxed{\frac{6}{12}}").reward == 0.0
+    task = Task(r"If $y = 2^3 \cdot 3$, what is $y$?", answer="24")
+    assert verifier(task, r"\boxed{3 \times 2^3}").reward == 0.0
