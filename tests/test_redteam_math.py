@@ -57,9 +57,20 @@ def test_question_expression_echoed_scores_zero(verifier, question, gold, echo, 
     assert MathVerifier(refuse_echo=False)(task, echo).reward == 1.0  # what the guard stops: math-verify agrees
 
 
-def test_an_answer_that_appears_in_the_question_as_a_value_still_scores(verifier):
-    task = Task(r"Which is larger, $\frac{1}{2}$ or $\frac{1}{3}$?", answer="0.5")
-    assert verifier(task, r"\boxed{\frac{1}{2}}").reward == 1.0  # a fraction in lowest terms is a value
+@pytest.mark.parametrize("question, gold, echo, right", [
+    (r"Express $\frac{3}{4}$ as a decimal.", "0.75", r"\boxed{\frac{3}{4}}", r"\boxed{0.75}"),
+    (r"Express $0.75$ as a common fraction.", r"\frac{3}{4}", r"\boxed{0.75}", r"\boxed{\frac34}"),
+])
+def test_a_conversion_question_echoed_scores_zero(verifier, question, gold, echo, right):
+    task = Task(question, answer=gold)
+    assert verifier(task, echo).reward == 0.0
+    assert verifier(task, right).reward == 1.0
+
+
+def test_an_answer_that_appears_in_the_question_still_scores(verifier):
+    task = Task(r"Which is larger, $\frac{1}{2}$ or $\frac{1}{3}$?", answer=r"\frac{1}{2}")
+    assert verifier(task, r"\boxed{\dfrac12}").reward == 1.0  # the reference, as written
+    assert verifier(Task(r"Which is larger, $7$ or $2 + 4$?", answer="7"), r"\boxed{7}").reward == 1.0
     assert verifier(Task(r"If $x = 5$, what is $x$?", answer="5"), r"\boxed{5}").reward == 1.0
 
 

@@ -401,14 +401,17 @@ def _echoes_question(task: Task, predicted: str, gold: str) -> bool:
     Example:
         >>> _echoes_question(Task(r"What is $\frac{3}{6}$ in lowest terms?"), "3/6", r"\frac{1}{2}")
         True
-        >>> _echoes_question(Task(r"Is $\frac{1}{2}$ more than $0.4$?"), r"\frac12", "0.5")  # a value, not an echo
+        >>> _echoes_question(Task(r"Express $\frac{3}{4}$ as a decimal."), r"\frac34", "0.75")
+        True
+        >>> _echoes_question(Task(r"Is $7$ more than $2 + 4$?"), "7", r"\text{yes}")  # an integer is a value
         False
     """
     prompt = task.prompt if isinstance(task.prompt, str) else "\n".join(
         str(m.get("content", "")) for m in task.prompt if isinstance(m, dict))
     mine = _canonical(predicted)
-    if not mine or mine == _canonical(gold) or _is_evaluated_number(predicted):
-        return False
+    value = _host_number(predicted)
+    if not mine or mine == _canonical(gold) or (value is not None and not value[1] and "/" not in mine):
+        return False  # an integer is a value, never a form of one; the reference as written is right
     return mine in _question_expressions(prompt[:DEFAULT_PROMPT_SCAN_CHARS])
 
 
@@ -516,8 +519,9 @@ class MathVerifier(Verifier):
             without this a policy scores 1.0 by echoing the question's ``8 * 18`` (on for Arithmetic).
         refuse_echo: an answer that is, verbatim, one of the question's own math expressions (a
             ``$…$`` span, or one side of an ``=`` in it) scores 0 unless it is the reference answer
-            as written or a plain number: math-verify evaluates it, so "What is $\frac{3}{6}$ in
-            lowest terms?" answered ``\frac{3}{6}`` (or ``3/6``) would score 1.0 (default on).
+            as written or an integer: math-verify evaluates it, so "What is $\frac{3}{6}$ in
+            lowest terms?" answered ``\frac{3}{6}`` (or ``3/6``), or "Express $0.75$ as a common
+            fraction." answered ``0.75``, would score 1.0 (default on).
 
     Raises:
         ModuleNotFoundError: math-verify is not installed (at construction: an env fails at ``make``).
