@@ -133,17 +133,13 @@ def test_a_reward_model_that_fails_raises():
         verifier.verify_batch([Task("q")] * 2, ["a", "b"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open design decision: a math task whose reference answer the checker cannot parse (empty, or "
-    "math-verify finds nothing in it), or whose gold parse times out on a loaded machine, scores every "
-    "completion 0 with info['error'] -- the right answer included. Raising would stop a training run "
-    "on one bad dataset row; scoring 0 trains on a lie. The lead should choose (raise at reset, skip the "
-    "task, or retry the gold parse with a longer limit)."))
 def test_a_math_task_whose_gold_cannot_be_parsed_raises():
     pytest.importorskip("math_verify")
     from llmgym.envs.math import MathVerifier
 
-    env = SequenceEnv([Task("What is 1 + 1?", answer="")], MathVerifier())
-    env.reset(seed=0)
-    with pytest.raises(VerifierUnavailableError):
-        env.step(r"\boxed{2}")
+    # Scoring 0 would train on a lie (the right answer punished); the row is the dataset's fault.
+    for gold, message in [("", "no reference answer"), (r"\text{}", "could not be parsed")]:
+        env = SequenceEnv([Task("What is 1 + 1?", answer=gold)], MathVerifier())
+        env.reset(seed=0)
+        with pytest.raises(VerifierUnavailableError, match=message):
+            env.step(r"\boxed{2}")

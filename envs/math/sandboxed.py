@@ -54,12 +54,17 @@ _INSTALL = {
 #: any real answer and still quick to handle.
 MATH_VERIFY_MAX_NUMBER_BITS = 1 << 20
 
+#: A gold answer gets at least this long to parse (it is trusted, and one that fails makes the step
+#: raise: a check's short time limit on a loaded machine must not stop a run).
+MATH_VERIFY_GOLD_PARSE_SECONDS = 20.0
+
 #: Worker source (runs in the sandbox): math-verify's parse and comparison, without its signal-based
 #: time-out (the sandbox kills the check).
 MATH_VERIFY_WORKER = r'''
 import logging, math
 
 MAX_NUMBER_BITS = __MAX_NUMBER_BITS__
+GOLD_PARSE_SECONDS = __GOLD_PARSE_SECONDS__
 mv = None
 _golds = {}
 
@@ -152,9 +157,10 @@ def _parse_gold(gold, limit):
 def prepare(context):  # in the zygote, on trusted data: the gold answer, parsed once
     gold, settings, limit = context
     if gold not in _golds:
-        parsed = _parse_gold(gold, limit)
+        # trusted data, and a gold that fails makes the step raise: a loaded machine gets time
+        parsed = _parse_gold(gold, max(limit, GOLD_PARSE_SECONDS))
         if parsed is None:  # not cached: a loaded machine may do it next time
-            return [], "timeout: parsing the gold answer took longer than %s s" % limit, settings
+            return [], "timeout: parsing the gold answer took longer than %s s" % max(limit, GOLD_PARSE_SECONDS), settings
         if len(_golds) >= 4096:
             _golds.clear()
         _golds[gold] = parsed
@@ -163,8 +169,8 @@ def prepare(context):  # in the zygote, on trusted data: the gold answer, parsed
 
 def handle(state, predicted):  # in the check's child: model text
     gold_parsed, error, (float_rounding, numeric_precision, strict) = state
-    if error is not None:
-        return [0.0, error]
+    if error is not None:  # the reference, not the completion: the host raises
+        return [None, error]
     parsed = _parse(predicted)
     if not parsed:
         return [0.0, None]
@@ -203,7 +209,9 @@ def handle(dataset, request):  # in the check's child: model text
     return float(dataset.score_answer(answer, entry) or 0.0)
 '''
 
-MATH_VERIFY_WORKER = MATH_VERIFY_WORKER.replace("__MAX_NUMBER_BITS__", str(MATH_VERIFY_MAX_NUMBER_BITS))
+MATH_VERIFY_WORKER = MATH_VERIFY_WORKER.replace("__MAX_NUMBER_BITS__", str(MATH_VERIFY_MAX_NUMBER_BITS)).replace(
+    "__GOLD_PARSE_SECONDS__", repr(MATH_VERIFY_GOLD_PARSE_SECONDS))
+
 #: Workers of one kind that concurrent single checks may use (a slow check then holds up only its own).
 DEFAULT_CONCURRENCY = max(1, min(4, os.cpu_count() or 1))
 
@@ -332,6 +340,11 @@ def math_verify_equal(
     status, value = _outcome(status, value, time_limit)
     if status != "ok":
         return 0.0, value
+    if isinstance(value, list) and len(value) == 2 and value[0] is None and isinstance(value[1], str):
+        raise VerifierUnavailableError(
+            f"{value[1]}: the task's reference answer cannot be checked, so no completion can be scored "
+            "against it (not even the right one). Fix or drop this row of the dataset; a gold that timed out "
+            "parses with a larger time limit (MathVerifier(time_limit=...))")
     if (not isinstance(value, list) or len(value) != 2 or value[0] not in (0.0, 1.0)
             or not (value[1] is None or isinstance(value[1], str))):
         return 0.0, "malformed verdict from the sandbox"

@@ -49,7 +49,7 @@ from typing import Any
 
 from llmgym import Score, Task, Verifier
 from llmgym.envs.math.sandboxed import MATH_VERIFY_MAX_NUMBER_BITS, close_workers, math_verify_equal
-from llmgym.verifiers import RegexFormat, WeightedSum
+from llmgym.verifiers import RegexFormat, VerifierUnavailableError, WeightedSum
 
 __all__ = [
     "MAX_ANSWER_CHARS",
@@ -525,6 +525,8 @@ class MathVerifier(Verifier):
 
     Raises:
         ModuleNotFoundError: math-verify is not installed (at construction: an env fails at ``make``).
+        VerifierUnavailableError: at a check, the task's reference answer is empty or math-verify
+            cannot parse it (in time): no completion could be scored against it, the right one included.
 
     ``info`` holds ``extracted`` (the prediction's answer), ``extracted_by`` (the rule) and ``gold``.
     A check that cannot run at all (no sandbox, a worker that does not start) raises; a completion
@@ -566,6 +568,10 @@ class MathVerifier(Verifier):
 
     def verify(self, task: Task, completion: str) -> Score:
         gold = normalize_gold(task.answer)
+        if not gold.strip():  # the dataset's fault, not the completion's: never a silent 0 for everyone
+            raise VerifierUnavailableError(
+                f"the task has no reference answer (answer={task.answer!r}): nothing can be scored against it; "
+                "give the task its answer or drop it from the dataset")
         predicted, rule = _extract(completion)
         info = {"extracted": predicted, "extracted_by": rule, "gold": gold}
         if predicted is None:
