@@ -22,7 +22,8 @@ SKIP = {"llmgym.engines.vllm", "llmgym.__main__"}
 # the interop adapters' examples run the adapted package itself (an optional extra; verifiers needs Python >= 3.11)
 NEEDS = {"llmgym.interop.verifiers_in": "verifiers", "llmgym.interop.verifiers_out": "verifiers",
          "llmgym.interop.verifiers_taskset": "verifiers", "llmgym.interop.textarena_in": "textarena",
-         "llmgym.interop.adapters": "textarena", "llmgym.interop.trl_out": "datasets"}
+         "llmgym.interop.adapters": "textarena", "llmgym.interop.trl_out": "datasets",
+         "llmgym.interop.sandboxed": "textarena"}
 # llmgym.agents and llmgym.envs live in other folders (package-dir), so each package is walked itself
 PACKAGES = (llmgym, llmgym.agents, llmgym.envs)
 MODULES = sorted(

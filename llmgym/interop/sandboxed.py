@@ -38,6 +38,7 @@ import io
 import os
 import pickle
 import sys
+import threading
 import types
 from typing import Any
 
@@ -192,6 +193,8 @@ def make_payload(kind: str, spec: dict[str, Any]) -> Payload:
 # workers
 
 _pools = WorkerPools()
+_keys: set[tuple[str, tuple[str, ...]]] = set()
+_keys_lock = threading.Lock()
 
 
 @functools.cache
@@ -218,6 +221,9 @@ def _worker(kind: str, user_paths: tuple[str, ...]) -> SandboxWorker:
 
 def _pool(payload: Payload) -> WorkerPool:
     key = (payload.kind, payload.paths)
+    with _keys_lock:  # a worker that binds every directory the payload needs will do (each start costs seconds)
+        key = next((k for k in _keys if k[0] == payload.kind and set(payload.paths) <= set(k[1])), key)
+        _keys.add(key)
     if in_time_limited_child() and key not in _pools:
         # the worker's start-up (seconds) would be counted in the wrapper's time limit: every check would time
         # out, a silent 0 -- refuse, saying how to set the limit instead

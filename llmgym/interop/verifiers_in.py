@@ -281,11 +281,12 @@ class VerifiersScorer(Verifier):
 
     def prefetch(self, tasks: Sequence[Task], completions: Sequence[str]) -> None:
         """Score a rollout turn's completions ahead of the envs' calls, each in its own sandboxed child, on
-        up to :data:`~llmgym.sandbox.pool.DEFAULT_POOL_SIZE` workers at once; the envs' calls read them."""
+        up to :data:`~llmgym.sandbox.pool.DEFAULT_POOL_SIZE` workers at once (one per 8 completions: a
+        worker's start costs seconds, a check tens of milliseconds); the envs' calls read them."""
         self._prefetched = {}
         if not tasks:
             return
-        with concurrent.futures.ThreadPoolExecutor(min(DEFAULT_POOL_SIZE, len(tasks))) as pool:
+        with concurrent.futures.ThreadPoolExecutor(min(DEFAULT_POOL_SIZE, max(1, len(tasks) // 8))) as pool:
             scores = list(pool.map(self._guarded, tasks, completions))
         for task, completion, score in zip(tasks, completions, scores):
             self._prefetched.setdefault((id(task), completion), []).append(score)
