@@ -24,24 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "data", "verifiers_envs"))  # the test environments
-
-
-def timed(fn, n: int, repeats: int) -> float:
-    """Median over ``repeats`` rounds of the mean seconds of ``fn(k)``, k running on across rounds."""
-    rounds, k = [], 0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn(k)
-            k += 1
-        rounds.append((time.perf_counter() - t0) / n)
-    return statistics.median(rounds)
+sys.path.insert(0, HERE)
+from scoring_cost import timed  # noqa: E402  (the same medians as the math scorers' costs)
 
 
 def main() -> None:

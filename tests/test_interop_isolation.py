@@ -17,13 +17,11 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 
 import pytest
 
-from host_traces import cmdline_pids  # noqa: E402  (tests/ is on sys.path)
+from host_traces import host_is_clean  # noqa: E402  (tests/ is on sys.path)
 from llmgym.interop import from_textarena, from_verifiers
-from llmgym.interop.sandboxed import close_workers
 from llmgym.sandbox import SandboxError, SandboxUnavailableError, SandboxWarning, check_sandbox
 from llmgym.verifiers import VerifierUnavailableError
 
@@ -35,22 +33,6 @@ pytestmark = pytest.mark.skipif(
     bool(set(INFO["missing"]) - {"cgroup"}),
     reason=f"sandbox mechanisms missing: {INFO['missing']} -- run `sudo bash .ci/install-sandbox.sh`",
 )
-
-
-@pytest.fixture
-def target(tmp_path):
-    """A host file a payload would create and a sleep a payload would leave running (both unique)."""
-    marker = f"{time.time() % 1000 + 5000:.6f}"
-    path = tmp_path / f"pwned-{uuid.uuid4().hex[:8]}"
-    yield path, marker
-    for pid in cmdline_pids(marker):  # a failed test must not leave it running
-        os.kill(pid, 9)
-
-
-def host_is_clean(path, marker) -> None:
-    assert not path.exists(), f"{path} was written on the host"
-    time.sleep(0.05)  # a `&` started just before the check ended would be visible by now
-    assert cmdline_pids(marker) == [], "a process started by the completion outlived the step"
 
 
 def payloads(path, marker) -> dict[str, str]:
@@ -243,21 +225,6 @@ def test_payloads_reaching_a_textarena_opponent_do_nothing_on_the_host(target):
         _, reward, terminated, _, info = env.step(f"[4] {payload}")  # a legal move, then the payload
         assert "[Player 1] [8]" in (info["reply"] or "") or "error" in info, (name, info)  # the opponent ran ...
         host_is_clean(path, marker)  # ... in the sandbox
-
-
-@pytest.fixture
-def no_bwrap(monkeypatch):
-    import shutil
-
-    real = shutil.which
-    close_workers()
-    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real(name, *a, **k))
-    monkeypatch.delenv("LLMGYM_ALLOW_UNSANDBOXED", raising=False)
-    check_sandbox(refresh=True)
-    yield monkeypatch
-    monkeypatch.undo()
-    close_workers()
-    check_sandbox(refresh=True)
 
 
 def test_without_the_sandbox_the_adapters_refuse_at_construction(no_bwrap):
