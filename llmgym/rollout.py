@@ -324,7 +324,7 @@ def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_t
 
 def _run_token_rows(live, envs, episodes, observations, engine, sampling, seed, max_turns, clock) -> None:
     """Step episodes ``live`` one token at a time; the model sees each context token once (a session)."""
-    from llmgym.engines.base import open_decode_session
+    from llmgym.engines.session import open_decode_session
 
     with clock.generating():
         session = open_decode_session(engine, [observations[i]["prompt_ids"] for i in live])

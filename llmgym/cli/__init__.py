@@ -21,9 +21,13 @@ model checks) and :mod:`llmgym.cli.training` (the training loop :func:`train_run
 module with an ``add_parser(subparsers, common)`` function that sets ``handler``, listed in
 ``COMMANDS`` below.
 
+``train``, ``compare`` and ``bench`` take ``--engine hf|vllm`` (``bench`` also ``openai --base-url URL``)
+and ``--engine-arg key=value``: who samples the rollouts (:func:`llmgym.cli.common.check_engine`,
+:func:`llmgym.cli.common.build_engine`).
+
 Mistakes a user can make (unknown env or agent, missing model, missing optional package, bad or
-out-of-range ``--set``/``--seed``/sampling setting, an env that cannot be made) print one line on
-stderr and exit with code 2. The command line is the one part of the package that may import
+out-of-range ``--set``/``--seed``/sampling setting, an env that cannot be made, an engine that is not
+installed or cannot run the model) print one line on stderr and exit with code 2. The command line is the one part of the package that may import
 ``llmgym.agents`` and ``llmgym.envs``; it does so inside functions, so ``import llmgym`` stays light.
 
 Example:

@@ -3,6 +3,10 @@
 The interval respects the reward's range: the Wilson score interval when every reward is 0 or 1,
 a percentile bootstrap over tasks otherwise (:func:`llmgym.metrics.reward_interval`).
 
+``--engine hf`` (default) samples with ``transformers`` in process, ``--engine vllm`` with vLLM in
+process, ``--engine openai --base-url URL`` from an OpenAI-compatible server (``--model`` then names the
+served model's tokenizer).
+
 Example:
     >>> from llmgym.cli import main
     >>> main(["bench", "--env", "llmgym/Copy-v0", "--samples", "0"])
@@ -26,9 +30,13 @@ from llmgym.cli.common import (
     _make_env,
     _require_env,
     atomic_write_text,
+    build_engine,
     check_device,
+    check_engine,
     check_out_file,
+    engine_options,
     parse_overrides,
+    resolve_model,
 )
 
 __all__ = ["PROCEDURAL_DEFAULT_TASKS", "add_parser", "cmd_bench", "parse_task_count", "sample_records", "samples_path"]
@@ -40,13 +48,14 @@ PROCEDURAL_DEFAULT_TASKS = 64
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``bench`` sub-command to ``subparsers``."""
     p = subparsers.add_parser(
-        "bench", parents=[common], help="pass@1, pass@k, mean reward with a 95%% CI, tokens/s",
+        "bench", parents=[common, engine_options(served=True)], help="pass@1, pass@k, mean reward with a 95%% CI, tokens/s",
         description="Sample K completions per task and report pass@1 and pass@k (unbiased estimator of "
                     "Chen et al. 2021; a reward >= --threshold passes), mean reward with a 95%% "
                     "confidence interval over tasks (Wilson for 0/1 rewards, else a bootstrap), sampling "
                     "tokens/s and verification time; --out also writes one JSONL record per sample.")
     p.add_argument("--env", required=True, help="env id")
-    p.add_argument("--model", default="tiny", help="'tiny', a saved directory (e.g. RUN/checkpoints/last), or a hub id")
+    p.add_argument("--model", default="tiny", help="'tiny', a saved directory (e.g. RUN/checkpoints/last), or a hub id "
+                                                   "(with --engine openai: the served model's tokenizer)")
     p.add_argument("--samples", type=int, default=8, metavar="K", help="completions per task (default 8)")
     p.add_argument("--tasks", metavar="N|all",
                    help="distinct tasks to evaluate: 'all' (the default for a finite task list, e.g. HumanEval's "
@@ -125,13 +134,7 @@ def sample_records(episodes, tasks, n: int, threshold: float, tokenizer, multi_t
 def cmd_bench(args: argparse.Namespace) -> int:
     """``llmgym bench``: each task at most once per sample index; pass@1, pass@k, mean reward with a 95%
     interval over distinct tasks, sampling speed; a summary JSON and per-sample JSONL."""
-    from rich.table import Table
-
-    from llmgym.core import MultiTurnEnv
-    from llmgym.display import make_progress
     from llmgym.engines import HFEngine, SamplingParams
-    from llmgym.metrics import pass_at_k, reward_interval
-    from llmgym.rollout import collect_episodes, distinct_tasks
 
     console = _console()
     counts = (("--samples", args.samples), ("--max-new-tokens", args.max_new_tokens))
@@ -158,9 +161,60 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              f"add --overwrite")
     info = _require_env(args.env)
     device = check_device(args.device)
-    model, tokenizer = _load_model(args.model, device=device)
-    _apply_threads(args.threads, model)
-    env = _make_env(args.env, tokenizer, args.level, args.max_new_tokens, env_args)
+    engine_args = parse_overrides(args.engine_arg or [], "--engine-arg")
+    kind = check_engine(args.engine, engine_args, args.model, level=args.level, allowed=("hf", "vllm", "openai"))
+    served: dict[str, Any] = {}
+    if kind == "openai":
+        engine, tokenizer, served = _served_engine(args, engine_args)
+    else:
+        if args.base_url or args.served_model:
+            raise UsageError("--base-url and --served-model are for --engine openai")
+        model, tokenizer = _load_model(args.model, device=device)
+        _apply_threads(args.threads, model)
+        engine = HFEngine(model, tokenizer) if kind == "hf" else None
+    try:
+        env = _make_env(args.env, tokenizer, args.level, args.max_new_tokens, env_args)
+        if engine is None:  # vLLM starts after the cheap checks
+            engine = build_engine(kind, engine_args, model, tokenizer)
+        return _bench(args, console, info, env, engine, tokenizer, sampling, requested, env_args, out, device,
+                      {"engine": kind, "engine_args": engine_args, **served})
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
+
+
+def _served_engine(args, engine_args):
+    """``(OpenAIEngine, tokenizer, what to report)`` for ``--engine openai``; a dead server or a model it does
+    not serve is a :class:`UsageError` (the engine asks the server at once)."""
+    from llmgym.engines.openai_api import ModelNotServedError, OpenAIEngine, ServerError
+    from llmgym.models import load_tokenizer, tiny_model_path
+
+    if not args.base_url:
+        raise UsageError("--engine openai needs --base-url (the server's API root, e.g. http://127.0.0.1:8000/v1)")
+    if args.device not in (None, "auto", "cpu"):
+        raise UsageError("--device is where a local model runs; --engine openai samples on the server")
+    path = str(tiny_model_path()) if args.model == "tiny" else resolve_model(args.model)
+    try:
+        tokenizer = load_tokenizer(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"could not load the tokenizer of --model {args.model!r} ({str(exc).splitlines()[0][:200]})"
+                         ) from None
+    try:
+        engine = OpenAIEngine(args.base_url, args.served_model, tokenizer, **engine_args)
+    except (ServerError, ModelNotServedError, ValueError, TypeError) as exc:
+        raise UsageError(f"--engine openai: {exc}") from None
+    return engine, tokenizer, {"base_url": engine.base_url, "served_model": engine.model}
+
+
+def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env_args, out, device,
+           engine_report) -> int:
+    from rich.table import Table
+
+    from llmgym.core import MultiTurnEnv
+    from llmgym.display import make_progress
+    from llmgym.metrics import pass_at_k, reward_interval
+    from llmgym.rollout import collect_episodes, distinct_tasks
+
     try:
         tasks, how = distinct_tasks(env, requested, seed=args.seed)
     except ValueError as exc:
@@ -178,7 +232,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     progress = make_progress(console, unit)
     with progress:
         job = progress.add_task(f"bench {args.env}", total=len(tasks) * n)
-        episodes, stats = collect_episodes(env, HFEngine(model, tokenizer), num_tasks=len(tasks), tasks=tasks,
+        episodes, stats = collect_episodes(env, engine, num_tasks=len(tasks), tasks=tasks,
                                            group_size=n, sampling=sampling, seed=args.seed,
                                            on_episodes_done=lambda k: progress.update(job, advance=k))
     wall = time.perf_counter() - started
@@ -199,7 +253,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     ci_method = (f"Wilson score interval over {len(tasks)} tasks (every reward 0 or 1)" if method == "wilson" else
                  f"percentile bootstrap over {len(tasks)} tasks (10,000 resamples; inside the rewards' range)")
     report = {
-        "env": args.env, "env_args": env_args, "model": args.model, "device": device, "tasks": len(tasks), "task_selection": how,
+        "env": args.env, "env_args": env_args, "model": args.model, "device": device, **engine_report,
+        "tasks": len(tasks), "task_selection": how,
         "task_ids": [t.id for t in tasks], "samples": n, "threshold": args.threshold,
         "temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
         "pass@1": pass_k["1"], f"pass@{n}": pass_k[str(n)], "pass_at_k": pass_k,
@@ -210,7 +265,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "wall_s": wall, "samples_file": str(samples_path(out)) if out is not None else None,
         "per_task": per_task,
     }
-    console.print(f"[bold]bench[/] {args.env} · model {args.model} · {how} × {n} samples "
+    if engine_report["engine"] == "openai":
+        report["prompts_sent_as"] = engine.prompts_sent_as  # token ids, or text where the server refused ids
+        report["token_ids_from"] = engine.token_ids_from
+    where = (f"served model {engine.model} at {engine.base_url}" if engine_report["engine"] == "openai"
+             else f"model {args.model}" + (f" on {engine_report['engine']}" if engine_report["engine"] != "hf" else ""))
+    console.print(f"[bold]bench[/] {args.env} · {where} · {how} × {n} samples "
                   f"(temperature {args.temperature:g}, seed {args.seed})")
     table = Table()
     table.add_column("metric")

