@@ -10,7 +10,8 @@ back, checked here.
 **Payloads.** The user's objects (the verifiers task or env, the opponent) are trusted data: they are
 pickled here with ``cloudpickle`` -- by reference where their module is a file the sandbox can import (its
 directory is then bound read-only), by value where it is not (a class defined in ``__main__``, in a notebook,
-in a function) -- and unpickled once per worker, in its zygote. Nothing re-imports the user's ``__main__``.
+in a function, in a module made in memory, or in one that imports llmgym, which the sandbox does not have) --
+and unpickled once per worker, in its zygote. Nothing re-imports the user's ``__main__``.
 A module directory the sandbox's uid cannot read (under ``/root``, mode 700) is refused here, naming the fix.
 
 **Failures.** A call that times out, crashes or answers malformed is the completion's: 0 with the error.
@@ -49,7 +50,8 @@ from llmgym.sandbox.pool import DEFAULT_POOL_SIZE, WorkerPool, WorkerPools
 from llmgym.sandbox.worker import WORKER_LIMITS, SandboxWorker, site_packages
 from llmgym.verifiers import VerifierUnavailableError, in_time_limited_child
 
-__all__ = ["INTEROP_LIMITS", "EpisodeError", "Payload", "close_workers", "make_payload", "reference_check", "run"]
+__all__ = ["INTEROP_LIMITS", "EpisodeError", "Payload", "check_available", "close_workers", "failure", "make_payload",
+           "reference_check", "run"]
 
 INTEROP_LIMITS = dataclasses.replace(WORKER_LIMITS, max_output_kb=2048)
 """Limits of each call: :data:`~llmgym.sandbox.worker.WORKER_LIMITS`, with room for an episode's reply."""
