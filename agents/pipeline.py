@@ -185,6 +185,26 @@ class WeightChannel:
 
     Counters: ``loads`` (versions copied into the engine), ``snapshots`` (copies kept because the
     engine was busy), ``load_s`` (seconds spent copying into the engine).
+
+    Example:
+        >>> import torch
+        >>> from llmgym.engines import HFEngine
+        >>> from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+        >>> from llmgym.agents.pipeline import WeightChannel
+        >>> tok = build_tokenizer()
+        >>> learner = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1))
+        >>> sampler = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1))
+        >>> with torch.no_grad():
+        ...     _ = sampler.lm_head.weight.zero_()
+        >>> channel = WeightChannel(HFEngine(sampler, tok), versions=[0, 1])
+        >>> channel.publish(0, learner)
+        >>> channel.acquire(0)  # the engine now samples version 0
+        >>> torch.equal(sampler.lm_head.weight, learner.lm_head.weight), channel.loads
+        (True, 1)
+        >>> channel.publish(1, learner)
+        >>> channel.freeze()  # the learner will change its weights: version 1 is kept for a rollout
+        >>> channel.snapshots
+        1
     """
 
     def __init__(self, engine: Any, versions: Iterable[int], loaded: int | None = None):
@@ -349,6 +369,20 @@ class Pipeline:
     ``verify_busy_s``/``_idle_s``, ``learn_busy_s``/``_idle_s`` (busy: wall seconds of the step
     during which the stage had work; idle: the rest of the step's ``wall_s``); ``weight_sync_s``
     (seconds copying weights into the engine) and ``weight_snapshots`` (copies kept, cumulative).
+
+    Example:
+        >>> import gymnasium, llmgym
+        >>> from llmgym.models import load_model
+        >>> from llmgym.agents import REINFORCE
+        >>> from llmgym.agents.pipeline import Pipeline
+        >>> model, tok = load_model("tiny")
+        >>> agent = REINFORCE(model, tok, tasks_per_step=4, max_new_tokens=4)
+        >>> pipeline = Pipeline(agent, gymnasium.make("llmgym/Copy-v0", tokenizer=tok), max_staleness=2)
+        >>> pipeline.engine is not agent.engine  # its own copy of the weights
+        True
+        >>> rows = pipeline.run(4)
+        >>> [row["staleness_max"] for row in rows], sorted(k for k in rows[-1] if k.startswith("staleness_"))
+        ([0.0, 1.0, 2.0, 2.0], ['staleness_0', 'staleness_1', 'staleness_2', 'staleness_max', 'staleness_mean'])
     """
 
     def __init__(self, agent, env: gym.Env, *, max_staleness: int = 1, verify_workers: int | None = None,
