@@ -154,7 +154,21 @@ def curves(args, tokenizer) -> dict:
             out["arms"][name].append(run)
             print(json.dumps({"curve": name, "seed": seed, "gain": round(after - before, 4), "load": run["load"]}),
                   flush=True)
+    out["summary"] = curve_summary(out)
     return out
+
+
+def curve_summary(data: dict, last: int = 5) -> list[dict]:
+    """Per arm, over seeds: the held-out gain and the training reward of the last ``last`` steps
+    (min, max, mean), to read whether the pipelined curves stay within the synchronous seeds' spread."""
+    rows = []
+    for name, runs in data["arms"].items():
+        gains = [r["gain"] for r in runs]
+        finals = [statistics.mean(r["reward"][-last:]) for r in runs]
+        rows.append({"arm": name, "gain_min": min(gains), "gain_max": max(gains), "gain_mean": statistics.mean(gains),
+                     "final_reward_min": min(finals), "final_reward_max": max(finals),
+                     "final_reward_mean": statistics.mean(finals)})
+    return rows
 
 
 def plot(data: dict, path: Path) -> None:
@@ -239,6 +253,13 @@ def main(argv=None) -> None:
     for row in report["speed"]:
         print(f"{row['env']:6} {row['engine']:6} {row['arm']:5} {row['step_s']:8.3f} {row['vs_K0']:7.2f} "
               f"{row['vs_sync']:8.2f}  {' | '.join(row['loads'])}")
+    if "curves" in report:
+        seeds = report["curves"]["seeds"]
+        print(f"\nlearning curves, toy, {report['curves']['steps']} steps, seeds {seeds}: held-out gain and training "
+              f"reward of the last 5 steps, min..max (mean) over seeds")
+        for row in report["curves"]["summary"]:
+            print(f"{row['arm']:5} gain {row['gain_min']:+.3f}..{row['gain_max']:+.3f} ({row['gain_mean']:+.3f})   "
+                  f"reward {row['final_reward_min']:.3f}..{row['final_reward_max']:.3f} ({row['final_reward_mean']:.3f})")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     print(f"\nwrote {args.json}" + ("" if args.no_curves else f" and {args.plot}"))
