@@ -1,9 +1,9 @@
 """The pipelined learner (``llmgym.agents.pipeline``): its schedule, weight sync by version, the
 staleness correction, the overlap of its stages, exact resume, and its errors.
 
-Its learning test (``max_staleness`` 1 and 2) is in ``tests/test_learning.py``; on vLLM in
-``tests/test_vllm.py``; the command line's ``--async`` in ``tests/test_cli_scale.py``. Runs here are a
-few steps of a tiny model: seconds each.
+Its learning tests (``max_staleness`` 1 and 2, and the correction's effect over a whole run) are in
+``tests/test_learning.py``; on vLLM in ``tests/test_vllm.py``; the command line's ``--async`` in
+``tests/test_cli_scale.py``. Runs here are a few steps of a tiny model: seconds each.
 """
 
 from __future__ import annotations
