@@ -46,7 +46,7 @@ AGENTS = [
     # PPO's default minibatches of 8 make 32 noisy optimiser steps per batch of 128: same seed, 1 vs 2
     # threads ended 0.022 vs 0.108 after 40 steps. Minibatches of 32 (8 steps per batch) are steady.
     (PPO, dict(lr=5e-4, minibatch_size=32)),  # +0.133..+0.162 (0.148); threads: ≤ 0.028 apart
-    (GRPO, dict(lr=1e-3, kl_coef=0.0)),  # +0.091..+0.121 (0.108); threads: identical
+    (GRPO, dict(lr=1e-3, kl_coef=0.0)),  # +0.091..+0.121 (0.108); threads: identical (re-measured on the merged learner, 2026-11-26, threads 1: +0.078..+0.138)
     (DAPO, dict(lr=1e-3)),  # +0.096..+0.115 (0.103); threads: identical
 ]
 
