@@ -86,7 +86,9 @@ def test_a_code_sandbox_killed_mid_run_raises():
     env = gymnasium.make("llmgym/MBPP-v0")
     env.reset(options={"task_id": "builtin/sum_of_squares"})
     code = "import time\ndef sum_of_squares(n):\n    time.sleep(3)\n    return sum(i * i for i in range(n + 1))\n"
-    killer = _kill_when(lambda: _children_named("bwrap"), after=0.8)
+    # only the bwrap this step starts: earlier tests' scorer workers (also under bwrap) may be alive
+    before = set(_children_named("bwrap"))
+    killer = _kill_when(lambda: [p for p in _children_named("bwrap") if p not in before], after=0.8)
     with pytest.raises(SandboxError, match="killed from outside"):
         env.step(code)
     killer.join()
