@@ -285,6 +285,10 @@ def flush_denormals() -> None:
         >>> from llmgym.models import flush_denormals
         >>> flush_denormals()
     """
+    import numpy as np
+
+    for dtype in (np.float16, np.float32, np.float64):  # numpy caches its float limits on first use:
+        np.finfo(dtype).smallest_subnormal  # computed after the flag they read as 0, with a UserWarning
     torch.set_flush_denormal(True)
 
 

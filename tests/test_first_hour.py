@@ -86,6 +86,15 @@ def test_torch_threads_follow_the_request_then_omp_num_threads_then_model_size(t
         torch.set_num_threads(before)
 
 
+def test_flushing_denormals_leaves_numpy_without_subnormal_warnings():
+    # the quickstart's output showed four of numpy's "smallest subnormal ... is zero" UserWarnings
+    code = ("from llmgym.models import flush_denormals; flush_denormals(); import numpy as np; "
+            "[np.finfo(t).smallest_subnormal for t in (np.float16, np.float32, np.float64)]")
+    out = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert out.returncode == 0 and not out.stderr, out.stderr[-2000:]
+
+
 def test_every_example_that_runs_a_model_sets_its_threads():
     for path in sorted((ROOT / "examples").glob("*.py")):
         code = path.read_text()
