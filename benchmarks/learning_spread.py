@@ -7,6 +7,7 @@ learning check under 1 and 2 threads and several seeds shows how much the held-o
 
     python benchmarks/learning_spread.py --threads 1 --seeds 0 1 2 3
     python benchmarks/learning_spread.py --threads 2 --seeds 0 1 2 3
+    python benchmarks/learning_spread.py --recipe test_learning_tools --threads 1 --seeds 0 1 2   # the tool task
 
 One JSON line per (agent, seed, step checkpoint): held-out reward before/after, improvement, and the
 process CPU seconds the training took (wall time is meaningless on a shared machine).
@@ -28,6 +29,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="test_learning",
+                        help="the learning test whose recipe to run (a module in tests/; default test_learning)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--agents", nargs="+", default=None, help="agent names (default: all in the test)")
@@ -42,7 +45,10 @@ def main() -> None:
 
     import gymnasium as gym
 
-    import test_learning as recipe  # the learning test's own recipe (agents, steps, held-out set)
+    import importlib
+
+    recipe = importlib.import_module(args.recipe)  # the learning test's own recipe (agents, steps, held-out set)
+    make_env = getattr(recipe, "make_env", lambda tok: gym.make("llmgym/Copy-v0", tokenizer=tok))
     from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer()
@@ -60,7 +66,7 @@ def main() -> None:
             model = copy.deepcopy(base)
             before = recipe.held_out_reward(model, tokenizer, seed)
             agent = cls(model, tokenizer, max_new_tokens=recipe.MAX_NEW_TOKENS, seed=seed, **config)
-            env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+            env = make_env(tokenizer)
             cpu, done = 0.0, 0
             for target in checkpoints:
                 started = time.process_time()

@@ -197,10 +197,8 @@ def test_plain_text_episode_without_a_tokenizer():
     assert (reward, terminated, info["tool_calls_total"]) == (1.0, True, 1)
 
 
-def _expert_completion(tok, kind, calls):
+def _expert_completion(tok, calls):
     """What a model trained on the template writes: the template's own rendering of the calls, then its end of turn."""
-    from llmgym.tools.env import tool_turn_text  # noqa: F401  (the renderer under test is used by the env, not here)
-
     history = [{"role": "user", "content": "?"}]
     assistant = {"role": "assistant", "content": "", "tool_calls": calls}
     before = tok.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
@@ -222,7 +220,7 @@ def test_tool_turns_are_the_templates_and_ids_in_are_ids_out(kind):
                                                     tokenize=False)
     context = obs["prompt_ids"].tolist()
     calls = [{"id": "a1b2c3d4e", "type": "function", "function": {"name": "add", "arguments": {"a": 1234, "b": 4321}}}]
-    completion = _expert_completion(tok, kind, calls)
+    completion = _expert_completion(tok, calls)
     obs, reward, terminated, truncated, info = env.step(completion)
     assert (reward, terminated, info["tool_errors"], info["reply"][0]["content"]) == (0.0, False, {}, "5555")
     ids = obs["prompt_ids"].tolist()
@@ -241,7 +239,7 @@ def test_tool_turns_are_the_templates_and_ids_in_are_ids_out(kind):
 def test_same_tokens_same_tool_episode_at_both_levels(kind):
     tok = tool_tokenizer(kind)
     call = [{"id": "a1b2c3d4e", "type": "function", "function": {"name": "add", "arguments": {"a": 1234, "b": 4321}}}]
-    script = [_expert_completion(tok, kind, call), _encode(tok, "5555") + [ChatEnd(tok)]]
+    script = [_expert_completion(tok, call), _encode(tok, "5555") + [_end_of_turn(tok)]]
     seq, level = _env(tok), TokenLevel(_env(tok), tok, max_new_tokens=200)
     seq.reset(seed=0)
     level.reset(seed=0)
@@ -254,7 +252,7 @@ def test_same_tokens_same_tool_episode_at_both_levels(kind):
     assert rest_s[:2] == [1.0, True]
 
 
-def ChatEnd(tok):  # noqa: N802 (reads as a token)
+def _end_of_turn(tok):
     from llmgym.core import ChatTurns
 
     end = ChatTurns.of(tok).end_of_turn_id
@@ -343,3 +341,43 @@ def _refuse():
 
 def _unloadable_add():
     return _FailsToUnpickle()
+
+
+class Counter:
+    """A TRL-style environment_factory class: public methods are tools, reset() starts an episode."""
+
+    def __init__(self):
+        self.count = 0
+
+    def reset(self):
+        self.count = 0
+        return " Start from 0."
+
+    def increment(self, by: int) -> int:
+        """Add to the counter and return it.
+
+        Args:
+            by: how much to add
+        """
+        self.count += by
+        return self.count
+
+
+def test_trl_environment_factory_classes_get_one_instance_per_episode():
+    from llmgym.vector import clone_env
+
+    env = ToolEnv([Task("Count to 5.", answer="5")], exact, environment_factory=Counter)
+    assert list(env.tools) == ["increment"]
+    obs, _ = env.reset(seed=0)
+    assert "user: Count to 5. Start from 0.\n" in obs["prompt"]  # reset()'s text joins the last user message
+    twin = clone_env(env)
+    twin.reset(seed=0)
+    results = [env.step(CALL_INCREMENT % by)[4]["reply"][0]["content"] for by in (2, 3)]
+    assert results == ["2", "5"]  # state kept across this episode's calls
+    assert twin.step(CALL_INCREMENT % 1)[4]["reply"][0]["content"] == "1"  # the twin's own instance
+    assert env.step("5")[1:3] == (1.0, True)
+    env.reset(seed=0)
+    assert env.step(CALL_INCREMENT % 1)[4]["reply"][0]["content"] == "1"  # a new episode, a new instance
+
+
+CALL_INCREMENT = '<tool_call>{"name": "increment", "arguments": {"by": %d}}</tool_call>'

@@ -64,6 +64,25 @@ def tool_turn_text(tokenizer: Any, assistant_message: Mapping[str, Any], tool_me
     return after[len(before):]
 
 
+def _episode_tools(factory: Callable[[], Any]) -> list[Tool]:
+    """The public methods of one ``factory()`` instance as tools (schemas from a probe instance); each call
+    goes to the current episode's own instance, in the env's process (the instance keeps state)."""
+    import inspect
+
+    probe = factory()
+    found = []
+    for name, method in inspect.getmembers(probe, predicate=inspect.ismethod):
+        if name.startswith("_") or name in ("reset", "get_reward"):
+            continue
+        tool = Tool(method, isolated=False)
+        tool.episode_method = True
+        found.append(tool)
+    if not found:
+        raise ValueError(f"environment_factory {getattr(factory, '__name__', factory)!r} made an object with no public "
+                         f"methods to offer as tools")
+    return found
+
+
 class ToolEnv(MultiTurnEnv):
     """Tasks solved with function calls: the policy calls tools, reads their results, then answers.
 
@@ -73,6 +92,10 @@ class ToolEnv(MultiTurnEnv):
         verifier: scores the final answer only (the completion without a call), as in any env.
         tokenizer: optional; with a chat template, tools, calls and results are rendered by it.
         tools: callables with type hints and a docstring (``Args:``), or :class:`~llmgym.tools.Tool` objects.
+        environment_factory: TRL's ``environment_factory``: a class (or zero-argument callable) whose public
+            methods are tools. Each episode gets its own instance (in ``self.state["environment"]``); its
+            ``reset()``, if any, starts the episode, and a string it returns is appended to the last user
+            message. Its methods keep state, so they run in the env's process, without a killable time limit.
         max_turns: completions per episode at most (calls and the answer together); an episode still
             calling tools at the last turn is truncated with nothing scored.
         call_format: ``"auto"`` (read off the chat template), ``"hermes"``, ``"llama3"`` or ``"mistral"``.
@@ -127,7 +150,8 @@ class ToolEnv(MultiTurnEnv):
         verifier: VerifierLike | None,
         tokenizer: Any = None,
         *,
-        tools: Iterable[Tool | Callable[..., Any]],
+        tools: Iterable[Tool | Callable[..., Any]] = (),
+        environment_factory: Callable[[], Any] | None = None,
         max_turns: int = 4,
         call_format: str = "auto",
         max_calls_per_turn: int = 4,
@@ -138,8 +162,11 @@ class ToolEnv(MultiTurnEnv):
         **kwargs: Any,
     ):
         tool_list = [as_tool(t) for t in tools]
+        self.environment_factory = environment_factory
+        if environment_factory is not None:
+            tool_list += _episode_tools(environment_factory)
         if not tool_list:
-            raise ValueError("a ToolEnv needs at least one tool: tools=[fn, ...]")
+            raise ValueError("a ToolEnv needs at least one tool: tools=[fn, ...] or environment_factory=Class")
         names = [t.name for t in tool_list]
         if len(set(names)) != len(names):
             raise ValueError(f"tool names must be unique, got {names}")
@@ -219,6 +246,16 @@ class ToolEnv(MultiTurnEnv):
     # -- rendering ----------------------------------------------------------------------------------
     def _conversation(self, task: Task) -> list[dict[str, Any]]:
         messages = [dict(m) for m in task.prompt] if task.is_chat else [{"role": "user", "content": task.prompt}]
+        if self.environment_factory is not None:  # this episode's own instance, as TRL's environment_factory
+            instance = self.environment_factory()
+            self.state["environment"] = instance
+            opening = instance.reset() if callable(getattr(instance, "reset", None)) else None
+            if isinstance(opening, str) and opening:
+                last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+                if last_user is None:
+                    messages.append({"role": "user", "content": opening})
+                else:
+                    messages[last_user] = {**messages[last_user], "content": f"{messages[last_user].get('content', '')}{opening}"}
         system = [self.system_prompt] if self.system_prompt else []
         if not (self._has_template() and self._template_renders_tools()):
             system.append(self.tool_guide())
@@ -309,6 +346,9 @@ class ToolEnv(MultiTurnEnv):
             return self._final(completion)
         return self._run_calls(parsed)
 
+    def _episode_tool_names(self) -> set[str]:
+        return {t.name for t in self.tools.values() if getattr(t, "episode_method", False)}
+
     def _totals(self) -> tuple[int, collections.Counter]:
         """The episode's calls and errors so far, kept in ``self.state`` (so a subclass's ``start`` need not)."""
         return self.state.setdefault("tool_calls", 0), self.state.setdefault("tool_errors", collections.Counter())
@@ -358,7 +398,9 @@ class ToolEnv(MultiTurnEnv):
             if why is not None:
                 result = ToolResult.failure("bad_arguments", f"bad arguments for {call.name}: {why}")
             else:
-                result = tool.run(call.arguments, self.max_result_chars)
+                instance = self.state.get("environment")
+                method = getattr(instance, call.name) if tool.name in self._episode_tool_names() else None
+                result = tool.run(call.arguments, self.max_result_chars, function=method)
         content, cut = result.content, result.truncated
         if len(content) > self.max_result_chars:
             content, cut = content[: self.max_result_chars], cut + len(content) - self.max_result_chars

@@ -179,10 +179,18 @@ class Tool:
         message = error.message if len(error.message) <= 200 else error.message[:200] + "..."
         return f"argument {where!r}: {message}" if where else message
 
-    def run(self, arguments: dict[str, Any], max_chars: int = 10_000) -> ToolResult:
-        """Call the tool on validated ``arguments``: its result as text, or a :class:`ToolResult` error."""
+    episode_method = False  # True for a method of ToolEnv's per-episode environment_factory instance
+
+    def run(self, arguments: dict[str, Any], max_chars: int = 10_000, *, function: Callable[..., Any] | None = None) -> ToolResult:
+        """Call the tool on validated ``arguments``: its result as text, or a :class:`ToolResult` error.
+
+        ``function`` replaces the tool's own callable for this call (an in-process tool only): the same
+        method of this episode's object, for a ``ToolEnv(environment_factory=...)``.
+        """
+        if function is not None and self.isolated:
+            raise ValueError(f"tool {self.name!r} runs isolated; a per-call function needs Tool(..., isolated=False)")
         if not self.isolated:
-            return self._run_here(arguments, max_chars)
+            return self._run_here(function or self.function, arguments, max_chars)
         from llmgym.tools.runner import tool_worker
 
         outcome = tool_worker().call(self.key, self._pickled(), arguments, time_limit=self.time_limit, max_chars=max_chars)
@@ -198,12 +206,13 @@ class Tool:
                                  f"define it in an importable module, or pass isolated=False to run it in the env's process")
         return ToolResult.failure("crashed", f"the tool's process died ({outcome[1] if len(outcome) > 1 else status})")
 
-    def _run_here(self, arguments: dict[str, Any], max_chars: int) -> ToolResult:
+    @staticmethod
+    def _run_here(function: Callable[..., Any], arguments: dict[str, Any], max_chars: int) -> ToolResult:
         from llmgym.sandbox import SandboxError
         from llmgym.tools._worker import _as_text
 
         try:
-            text = _as_text(self.function(**arguments))
+            text = _as_text(function(**arguments))
         except SandboxError:
             raise
         except Exception as exc:

@@ -31,10 +31,12 @@ from typing import Any
 
 from llmgym.tools import _worker
 
-__all__ = ["ToolWorker", "tool_worker", "WORKER_GRACE_S"]
+__all__ = ["ToolWorker", "tool_worker", "WORKER_GRACE_S", "LOAD_TIMEOUT_S"]
 
-WORKER_GRACE_S = 10.0
-"""Seconds the helper may take beyond a call's own limit (start-up, loading the tool) before it is killed."""
+WORKER_GRACE_S = 5.0
+"""Seconds the helper may take beyond a call's own limit (forking, passing the result) before it is killed."""
+LOAD_TIMEOUT_S = 300.0
+"""Seconds the helper may take to load a tool the first time (importing its module, which may import torch)."""
 
 
 class ToolWorker:
@@ -105,28 +107,37 @@ class ToolWorker:
             if self._proc is None or self._proc.poll() is not None:
                 self._proc = self._start()
             proc = self._proc
-            deadline = time.monotonic() + time_limit + WORKER_GRACE_S
             try:
-                if key not in self._loaded:
+                if key not in self._loaded:  # the tool's own module import is no part of a call's time
                     _worker.write_message(proc.stdin, ("load", key, blob))
-                    answer = self._recv(proc, deadline)
+                    answer = self._recv(proc, time.monotonic() + LOAD_TIMEOUT_S)
                     if answer is None:
-                        raise TimeoutError
+                        self._stop(proc)
+                        return ("load_error", f"loading it took longer than {LOAD_TIMEOUT_S:g} s, or the worker died")
                     if answer[0] != "loaded":
                         return answer
                     self._loaded.add(key)
+                deadline = time.monotonic() + time_limit + WORKER_GRACE_S
                 _worker.write_message(proc.stdin, ("call", key, arguments, float(time_limit), int(max_chars)))
                 answer = self._recv(proc, deadline)
                 if answer is None:
                     raise TimeoutError
                 return answer
             except (TimeoutError, BrokenPipeError, OSError):  # a helper that hangs or died: start afresh next call
-                proc.kill()
-                proc.wait()
-                self._proc = None
-                if proc.returncode not in (None, -9) and time.monotonic() < deadline:
+                try:  # a helper that died closed its pipe just before it was reaped: give that an instant
+                    proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+                died_by_itself = proc.returncode is not None
+                self._stop(proc)
+                if died_by_itself:
                     return ("crashed", f"the tool worker process exited with status {proc.returncode}")
                 return ("timeout",)
+
+    def _stop(self, proc: subprocess.Popen) -> None:
+        proc.kill()
+        proc.wait()
+        self._proc = None
 
 
 _worker_instance: ToolWorker | None = None
