@@ -349,9 +349,9 @@ class Counter:
     def __init__(self):
         self.count = 0
 
-    def reset(self):
-        self.count = 0
-        return " Start from 0."
+    def reset(self, start=0, **row):
+        self.count = start  # the task's metadata arrive as keywords, as TRL passes a dataset row's columns
+        return f" Start from {start}."
 
     def increment(self, by: int) -> int:
         """Add to the counter and return it.
@@ -378,6 +378,8 @@ def test_trl_environment_factory_classes_get_one_instance_per_episode():
     assert env.step("5")[1:3] == (1.0, True)
     env.reset(seed=0)
     assert env.step(CALL_INCREMENT % 1)[4]["reply"][0]["content"] == "1"  # a new episode, a new instance
+    env.reset(options={"task": Task("Count to 12.", answer="12", metadata={"start": 10})})
+    assert env.step(CALL_INCREMENT % 2)[4]["reply"][0]["content"] == "12"
 
 
 CALL_INCREMENT = '<tool_call>{"name": "increment", "arguments": {"by": %d}}</tool_call>'

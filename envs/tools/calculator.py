@@ -22,7 +22,7 @@ from llmgym.tools import Tool, ToolEnv
 
 __all__ = ["calculator", "calculator_tool", "integer_answer", "multiplication_task", "calculator_env", "CALCULATOR_PROMPT"]
 
-CALCULATOR_PROMPT = "What is {a} * {b}? Use the calculator, then reply with the number alone."
+CALCULATOR_PROMPT = "Use the calculator, then reply with the number alone. What is {a} * {b}?"
 _MAX_EXPRESSION_CHARS = 200
 _MAX_RESULT_DIGITS = 100
 _MAX_EXPONENT = 64

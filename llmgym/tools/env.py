@@ -83,6 +83,24 @@ def _episode_tools(factory: Callable[[], Any]) -> list[Tool]:
     return found
 
 
+def _reset_instance(instance: Any, task: Task) -> Any:
+    """``instance.reset(...)`` with the task's fields as keywords, as TRL passes a dataset row's columns:
+    ``prompt``, ``answer``, ``id`` and every ``Task.metadata`` key, each only where ``reset`` takes it."""
+    import inspect
+
+    reset = getattr(instance, "reset", None)
+    if not callable(reset):
+        return None
+    fields = {"prompt": task.prompt, "answer": task.answer, "id": task.id, **dict(task.metadata)}
+    try:
+        params = inspect.signature(reset).parameters
+    except (TypeError, ValueError):
+        return reset()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return reset(**fields)
+    return reset(**{k: v for k, v in fields.items() if k in params})
+
+
 class ToolEnv(MultiTurnEnv):
     """Tasks solved with function calls: the policy calls tools, reads their results, then answers.
 
@@ -94,8 +112,9 @@ class ToolEnv(MultiTurnEnv):
         tools: callables with type hints and a docstring (``Args:``), or :class:`~llmgym.tools.Tool` objects.
         environment_factory: TRL's ``environment_factory``: a class (or zero-argument callable) whose public
             methods are tools. Each episode gets its own instance (in ``self.state["environment"]``); its
-            ``reset()``, if any, starts the episode, and a string it returns is appended to the last user
-            message. Its methods keep state, so they run in the env's process, without a killable time limit.
+            ``reset(**fields)``, if any, starts the episode with the task's ``prompt``, ``answer``, ``id`` and
+            metadata as keywords (as TRL passes a dataset row), and a string it returns is appended to the last
+            user message. Its methods keep state, so they run in the env's process, without a killable time limit.
         max_turns: completions per episode at most (calls and the answer together); an episode still
             calling tools at the last turn is truncated with nothing scored.
         call_format: ``"auto"`` (read off the chat template), ``"hermes"``, ``"llama3"`` or ``"mistral"``.
@@ -249,7 +268,7 @@ class ToolEnv(MultiTurnEnv):
         if self.environment_factory is not None:  # this episode's own instance, as TRL's environment_factory
             instance = self.environment_factory()
             self.state["environment"] = instance
-            opening = instance.reset() if callable(getattr(instance, "reset", None)) else None
+            opening = _reset_instance(instance, task)
             if isinstance(opening, str) and opening:
                 last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
                 if last_user is None:
