@@ -1,7 +1,7 @@
 """Tool use (llmgym.tools): the wire formats, tools and their schemas, and ToolEnv's token-exact episodes.
 
 Chat templates with tool roles in the Hermes/Qwen, Llama 3.1 and Mistral styles are built locally
-(tests/tool_templates.py); the attacks on the tool path are in tests/test_tools_attacks.py.
+(tests/tool_fixtures.py); the attacks on the tool path are in tests/test_tools_attacks.py.
 """
 
 from __future__ import annotations
@@ -18,19 +18,9 @@ from llmgym.models import build_tokenizer
 from llmgym.tools import (
     CALL_FORMATS, Tool, ToolCall, ToolEnv, ToolSetupError, detect_call_format, parse_tool_calls, write_tool_calls,
 )
-from tool_templates import TEMPLATES, tool_tokenizer
+from tool_fixtures import TEMPLATES, add, exact, tool_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: the first number
-        b: the second number
-    """
-    return a + b
 
 
 def shout(text: str) -> str:
@@ -40,10 +30,6 @@ def shout(text: str) -> str:
         text: what to shout
     """
     return text.upper()
-
-
-def exact(task, completion):
-    return float(completion.strip() == str(task.answer))
 
 
 TASK = Task([{"role": "user", "content": "What is 1234 + 4321?"}], answer="5555", id="add")

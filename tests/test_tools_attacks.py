@@ -24,7 +24,7 @@ import llmgym
 from llmgym import Task
 from llmgym.sandbox import DEFAULT_REQUIRED, check_sandbox
 from llmgym.tools import ERROR_KINDS, Tool, ToolEnv, python_tool
-from tool_templates import tool_tokenizer
+from tool_fixtures import add, exact, tool_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 INFO = check_sandbox()
@@ -33,16 +33,6 @@ needs_sandbox = pytest.mark.skipif(
     reason=f"sandbox mechanisms missing: {INFO['missing']} -- run `sudo bash .ci/install-sandbox.sh`",
 )
 MARKERS = Path(os.environ.get("TMPDIR", "/tmp"))
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: the first number
-        b: the second number
-    """
-    return a + b
 
 
 def boom(x: int) -> int:
@@ -110,10 +100,6 @@ def mark(name: str) -> str:
     """
     (MARKERS / name).write_text("ran")
     return "marked"
-
-
-def exact(task, completion):
-    return float(completion.strip() == str(task.answer))
 
 
 TASK = Task([{"role": "user", "content": "What is 1234 + 4321?"}], answer="5555", id="add")

@@ -1,4 +1,5 @@
-"""Chat templates with tool roles, in the three wire formats, on the tiny byte-level tokenizer (no hub access).
+"""Shared by the tool tests: chat templates with tool roles in the three wire formats, on the tiny
+byte-level tokenizer (no hub access), a tool and a verifier.
 
 Each is written for these tests after the structure of a model family's template (not copied): how it lists
 the tools, writes an assistant's calls and shows a tool's result.
@@ -86,3 +87,18 @@ def tool_tokenizer(kind: str):
         tok.add_tokens(ADDED[kind], special_tokens=False)
     tok.chat_template = TEMPLATES[kind]
     return tok
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    return a + b
+
+
+def exact(task, completion):
+    """1.0 for exactly the task's answer (the verifier of the tool tests' tasks)."""
+    return float(completion.strip() == str(task.answer))
