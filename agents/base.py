@@ -61,16 +61,18 @@ class AgentConfig:
         tis_cap: the truncation C of the TIS weight ``min(ratio, C)``.
 
     Learner settings (see :mod:`llmgym.agents.learner`; none changes what is optimised):
-        micro_batch_size: rows per forward/backward (gradients accumulate over a minibatch's
-            micro-batches; per process under data parallel); ``None`` = the whole minibatch.
+        micro_batch_size: examples per forward/backward — completions, or preference pairs for DPO
+            (gradients accumulate over a minibatch's micro-batches; per process under data
+            parallel); ``None`` = the whole minibatch.
         logits_chunk_size: tokens per LM-head chunk when computing log-probs and entropy (the
             ``[N, L, V]`` logits never exist); ``None`` = 2^25 / vocabulary size; 0 = full logits.
         precision: ``"fp32"``, ``"bf16-mixed"`` (bf16 autocast over float32 weights and optimiser
             state) or ``"bf16"`` (bf16 weights). ``resolve_device_defaults`` picks bf16-mixed on a GPU.
         gradient_checkpointing: recompute each layer's activations in backward (``transformers``').
         lora_r: LoRA rank through ``peft`` (0 = train all weights); the KL reference is then the base
-            model with the adapters disabled. lora_alpha (default 2·r), lora_dropout,
-            lora_target_modules (default ``"all-linear"``).
+            model with the adapters disabled. lora_alpha (default 2·r), lora_dropout (applied to
+            the adapters' input in training forwards, as ``peft`` does; the engine samples without
+            it), lora_target_modules (default ``"all-linear"``).
         lr_schedule: ``"constant"``, ``"linear"`` or ``"cosine"`` after ``lr_warmup_steps`` of linear
             warm-up; decays reach 0 at ``lr_total_steps``. Counted in updates (agent steps).
         engine_decode: the default ``HFEngine``'s decoding: ``"eager"`` (dynamic KV cache),
@@ -150,6 +152,9 @@ class Agent(abc.ABC):
 
     config_class: type[AgentConfig] = AgentConfig
     name = "agent"
+    rows_per_example = 1
+    """Consecutive batch rows one loss term reads together (DPO: 2, a chosen and a rejected
+    completion); micro-batches never split them."""
 
     def __init__(self, model, tokenizer, config: AgentConfig | None = None, *, engine=None, **overrides: Any):
         config = config if config is not None else self.config_class()
@@ -166,10 +171,12 @@ class Agent(abc.ABC):
         self.device = next(model.parameters()).device
         if self.device.type == "cpu":
             flush_denormals()  # Adam on a small model slows 10x+ on denormal floats otherwise
+        # the engine samples without dropout: π_old and π must be the same function. Before LoRA, so
+        # that the adapters' own dropout (lora_dropout) is the one the user asked for
+        _disable_dropout(model)
         # precision, gradient checkpointing and LoRA are applied to `model` in place
-        self.learner = Learner(model, config)
+        self.learner = Learner(model, config, rows_per_example=self.rows_per_example)
         self.model = model
-        _disable_dropout(model)  # the engine samples without dropout: π_old and π must be the same function
         self.ref_model = self.learner.ref_model  # a frozen copy only when KL is on and there is no LoRA
         if engine is None:
             autocast = torch.bfloat16 if config.precision == "bf16-mixed" else None
@@ -256,7 +263,7 @@ class Agent(abc.ABC):
         size = self.config.micro_batch_size
         with self.learner.reference_policy() as ref:
             return torch.cat([self.learner.forward(part, model=ref).logprobs
-                              for part in micro_batches(batch, size)], dim=0)
+                              for part in micro_batches(batch, size, self.rows_per_example)], dim=0)
 
     def batch_mean(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Masked mean of ``x`` over the whole batch — across all ranks under data parallel."""
@@ -385,17 +392,17 @@ class Agent(abc.ABC):
 
         Every entry has ``step``, ``reward_mean``, ``reward_std``, ``loss``, ``kl`` (NaN where no
         KL is defined), ``entropy``, ``clip_frac`` (NaN where there is no clipping),
-        ``tokens_per_s`` and ``wall_s``, plus the rollout's counters in ``batch.stats``
-        (``rollout_s``, ``tokens_sampled``; DAPO adds ``extra_draws`` and ``kept_groups``).
+        ``tokens_per_s`` (sampling speed) and ``wall_s``, plus the rollout's counters in ``batch.stats``
+        (``rollout_s``, ``generate_s``, ``verify_s``, ``tokens_sampled``; DAPO adds ``extra_draws`` and
+        ``kept_groups``).
         A ``callback`` returning ``False`` stops early.
         """
         history: list[dict[str, float]] = []
         bar = None
         if progress:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+            from llmgym.display import make_console, make_progress
 
-            bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                           TextColumn("reward {task.fields[reward]:.3f}"), TimeRemainingColumn())
+            bar = make_progress(make_console(), "reward {task.fields[reward]:.3f}")
             bar.start()
             job = bar.add_task(f"{self.name}", total=steps, reward=float("nan"))
         try:

@@ -7,9 +7,10 @@ policy *is* a reward model. Putting that into the Bradley–Terry likelihood of 
 
     L = −log σ(β·[log π(y⁺|x)/π_ref(y⁺|x) − log π(y⁻|x)/π_ref(y⁻|x)])
 
-with one-line variants (IPO's squared loss, conservative DPO's label smoothing, SLiC's hinge) in
-:func:`llmgym.agents.functional.preference_loss`. Diagnostics are the *implicit rewards*
-``β·log π(y|x)/π_ref(y|x)``: their accuracy (share of pairs with ``r̂⁺ > r̂⁻``) and margin.
+with one-line variants (IPO's squared loss on per-token averaged log-ratios, conservative DPO's
+label smoothing, SLiC's hinge) in :func:`llmgym.agents.functional.preference_loss`. Diagnostics are
+the *implicit rewards* ``β·log π(y|x)/π_ref(y|x)``: their accuracy (share of pairs with
+``r̂⁺ > r̂⁻``) and margin.
 
 Pairs come from one of two places:
 
@@ -49,8 +50,11 @@ class DPOConfig(AgentConfig):
     """DPO settings.
 
     Attributes:
-        kl_coef: β, the strength of the implicit KL leash to the reference (must be > 0).
+        kl_coef: β, the strength of the implicit KL leash to the reference (must be > 0; IPO's τ).
         loss_type: ``"sigmoid"`` (DPO), ``"ipo"`` or ``"hinge"`` (see ``F.preference_loss``).
+        loss_agg: the loss is the mean over pairs of a function of whole-sequence log-ratios; only
+            ``"seq-mean-token-sum"`` describes it (a per-token aggregation does not apply).
+        micro_batch_size: pairs per forward/backward (a pair's two rows are never split).
         label_smoothing: conservative DPO's ε (sigmoid loss only).
         pairs: a JSONL preference file for offline DPO; ``None`` = online DPO from the env.
         tasks_per_step: pairs per step (offline) or prompts per step (online).
@@ -80,6 +84,16 @@ class DPOConfig(AgentConfig):
         if self.minibatch_size is not None:
             raise ValueError("DPO takes one optimiser step per batch of pairs (minibatches would split pairs): "
                              "leave minibatch_size=None and set tasks_per_step instead")
+        if self.loss_agg != "seq-mean-token-sum":
+            raise ValueError(f"DPO's loss is a mean over pairs of a function of each completion's summed "
+                             f"log-ratio, not a per-token loss: loss_agg={self.loss_agg!r} does not apply; "
+                             f"leave the default 'seq-mean-token-sum'")
+        if self.tis is not None:
+            raise ValueError("DPO does not weight sampled tokens by how likely the engine was to sample them "
+                             "(its loss reads no π_old): tis does not apply; leave tis=None")
+        if self.entropy_coef:
+            raise ValueError(f"DPO's loss has no entropy term (it compares whole completions' log-ratios): "
+                             f"entropy_coef={self.entropy_coef} would be ignored; leave it 0")
         if self.pairs is None and self.group_size < 2:
             raise ValueError(f"online DPO needs group_size >= 2 (best vs worst of a group), got {self.group_size}")
 
@@ -145,6 +159,7 @@ class DPO(Agent):
 
     config_class = DPOConfig
     name = "dpo"
+    rows_per_example = 2  # (chosen, rejected): micro-batches hold whole pairs
 
     def __init__(self, model, tokenizer, config: DPOConfig | None = None, *, engine=None,
                  preferences: Any = None, **overrides: Any):
@@ -200,16 +215,22 @@ class DPO(Agent):
             raise ValueError(f"a DPO batch holds (chosen, rejected) row pairs; got {len(batch)} rows")
         batch.advantages = torch.tensor([1.0, -1.0], device=batch.input_ids.device).repeat(len(batch) // 2)
 
-    def loss(self, batch: Batch, out: ForwardOutput):
+    def pair_losses(self, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor):
+        """``[P]`` losses and ``([P], [P])`` chosen/rejected log-ratios of rows laid out as pairs ``(2i, 2i+1)``."""
         c = self.config
         # log π(y|x) − log π_ref(y|x) of every completion, summed over its tokens
-        logratios = F.masked_sum(out.logprobs - batch.ref_logprobs, batch.action_mask, dim=-1)
-        chosen, rejected = logratios[batch.advantages > 0], logratios[batch.advantages < 0]
-        loss = F.preference_loss(chosen, rejected, c.kl_coef, c.loss_type, c.label_smoothing).mean()
+        logratios = F.masked_sum(logprobs - ref_logprobs, mask, dim=-1).view(-1, 2)
+        lengths = mask.sum(dim=-1).to(logratios.dtype).view(-1, 2)
+        losses = F.preference_loss(logratios[:, 0], logratios[:, 1], c.kl_coef, c.loss_type, c.label_smoothing,
+                                   chosen_lengths=lengths[:, 0], rejected_lengths=lengths[:, 1])
+        return losses, (logratios[:, 0], logratios[:, 1])
+
+    def loss(self, batch: Batch, out: ForwardOutput):
+        losses, (chosen, rejected) = self.pair_losses(out.logprobs, batch.ref_logprobs, batch.action_mask)
         stats = self.policy_stats(batch, out)
         stats["kl"] = float(F.masked_mean(F.kl_k1(out.logprobs.detach(), batch.ref_logprobs), batch.action_mask))
         stats.update(self._implicit_reward_stats(chosen.detach(), rejected.detach()))
-        return loss, stats
+        return losses.mean(), stats
 
     def _implicit_reward_stats(self, chosen_logratios, rejected_logratios) -> dict[str, float]:
         reward_chosen, reward_rejected = self.config.kl_coef * chosen_logratios, self.config.kl_coef * rejected_logratios
@@ -222,17 +243,19 @@ class DPO(Agent):
     def preference_metrics(self, pairs: Any) -> dict[str, float]:
         """Implicit-reward accuracy and margin of the current policy on ``pairs`` (e.g. held out); no update.
 
-        ``reward_accuracy`` is the share of pairs with ``β·log π/π_ref`` higher on the chosen completion.
+        ``reward_accuracy`` is the share of pairs with ``β·log π/π_ref`` higher on the chosen completion;
+        ``loss`` is the configured preference loss on them.
         """
         batch = pair_batch(load_preferences(pairs), self.tokenizer).to(self.device)
         was_training = self.model.training
         self.model.eval()
         try:
-            logratios = F.masked_sum(self.forward(batch).logprobs - self.reference_logprobs(batch),
-                                     batch.action_mask, dim=-1)
+            losses, (chosen, rejected) = self.pair_losses(self.forward(batch).logprobs, self.reference_logprobs(batch),
+                                                          batch.action_mask)
         finally:
             self.model.train(was_training)
-        return {**self._implicit_reward_stats(logratios[0::2], logratios[1::2]), "pairs": float(len(batch) // 2)}
+        return {**self._implicit_reward_stats(chosen, rejected), "loss": float(losses.mean()),
+                "pairs": float(len(batch) // 2)}
 
     def update(self, batch: Batch) -> dict[str, float]:
         extra = {k: batch.stats[k] for k in ("pairs", "pair_reward_gap") if k in batch.stats}

@@ -1280,23 +1280,28 @@ def preference_loss(
     beta: float,
     loss_type: str = "sigmoid",
     label_smoothing: float = 0.0,
+    chosen_lengths: Optional[Tensor] = None,
+    rejected_lengths: Optional[Tensor] = None,
 ) -> Tensor:
     """Per-pair DPO-family loss from sequence log-ratios ``h_± = log π(y_±|x) − log π_ref(y_±|x)``.
 
-    With ``h = h_+ − h_-``:
+    With ``h = h_+ − h_-`` (log-ratios summed over each completion's tokens):
 
     * ``"sigmoid"`` (DPO, Rafailov et al. 2023): ``−log σ(β·h)``; with ``label_smoothing`` ε > 0 the
-      conservative DPO (cDPO) loss ``−(1−ε)·log σ(β·h) − ε·log σ(−β·h)`` (labels flipped with
-      probability ε).
-    * ``"ipo"`` (IPO, Azar et al. 2023): ``(h − 1/(2β))²`` — regresses the margin to a finite target
-      instead of pushing it to infinity.
+      conservative DPO (cDPO, Mitchell 2023) loss ``−(1−ε)·log σ(β·h) − ε·log σ(−β·h)`` (labels
+      flipped with probability ε).
+    * ``"ipo"`` (IPO, Azar et al. 2023, Eq. 17 with τ = β): ``(h̄ − 1/(2β))²`` with the log-ratios
+      *averaged* per token, ``h̄ = h_+/|y_+| − h_-/|y_-|`` — the form the authors ran (TRL confirms
+      it with them); it regresses the margin to a finite target instead of pushing it to infinity.
+      Needs ``chosen_lengths`` and ``rejected_lengths``.
     * ``"hinge"`` (SLiC, Zhao et al. 2023): ``max(0, 1 − β·h)``.
 
     Args:
         chosen_logratios, rejected_logratios: ``[B]`` summed over each completion's tokens.
-        beta: β > 0 (the KL strength of the implicit RLHF objective).
+        beta: β > 0 (the KL strength of the implicit RLHF objective; IPO's τ).
         loss_type: one of ``PREFERENCE_LOSSES``.
         label_smoothing: ε in ``[0, 0.5)`` (``"sigmoid"`` only).
+        chosen_lengths, rejected_lengths: ``[B]`` completion tokens ``|y_±|`` (``"ipo"`` only).
 
     Returns:
         ``[B]`` losses (mean them for the batch loss).
@@ -1305,8 +1310,9 @@ def preference_loss(
         >>> h_plus, h_minus = torch.tensor([0.0, 2.0]), torch.tensor([0.0, 0.0])
         >>> preference_loss(h_plus, h_minus, beta=1.0)  # log 2 at a tie, −log σ(2)
         tensor([0.6931, 0.1269])
-        >>> preference_loss(h_plus, h_minus, beta=0.5, loss_type="ipo")  # (h − 1)²
-        tensor([1., 1.])
+        >>> n = torch.tensor([1.0, 2.0])
+        >>> preference_loss(h_plus, h_minus, beta=0.5, loss_type="ipo", chosen_lengths=n, rejected_lengths=n)
+        tensor([1., 0.])
         >>> preference_loss(h_plus, h_minus, beta=1.0, label_smoothing=0.1)[1]  # 0.9·0.1269 + 0.1·2.1269
         tensor(0.3269)
     """
@@ -1314,17 +1320,21 @@ def preference_loss(
         raise ValueError(f"beta must be > 0, got {beta}")
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
+    if loss_type not in PREFERENCE_LOSSES:
+        raise ValueError(f"loss_type must be one of {PREFERENCE_LOSSES}, got {loss_type!r}")
+    if label_smoothing and loss_type != "sigmoid":
+        raise ValueError(f"label_smoothing applies to the 'sigmoid' loss only, not {loss_type!r}")
+    if loss_type == "ipo":
+        if chosen_lengths is None or rejected_lengths is None:
+            raise ValueError("the IPO loss averages each log-ratio over its completion's tokens: pass "
+                             "chosen_lengths and rejected_lengths (tokens per completion)")
+        h_mean = chosen_logratios / chosen_lengths.clamp(min=1) - rejected_logratios / rejected_lengths.clamp(min=1)
+        return (h_mean - 1.0 / (2.0 * beta)) ** 2
     h = chosen_logratios - rejected_logratios
     if loss_type == "sigmoid":
         logsig = torch.nn.functional.logsigmoid
         return -(1.0 - label_smoothing) * logsig(beta * h) - label_smoothing * logsig(-beta * h)
-    if label_smoothing:
-        raise ValueError(f"label_smoothing applies to the 'sigmoid' loss only, not {loss_type!r}")
-    if loss_type == "ipo":
-        return (h - 1.0 / (2.0 * beta)) ** 2
-    if loss_type == "hinge":
-        return torch.relu(1.0 - beta * h)
-    raise ValueError(f"loss_type must be one of {PREFERENCE_LOSSES}, got {loss_type!r}")
+    return torch.relu(1.0 - beta * h)  # hinge
 
 
 __all__ += ["preference_loss", "PREFERENCE_LOSSES"]

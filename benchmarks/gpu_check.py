@@ -29,6 +29,14 @@ after every section so a killed run keeps what it measured):
    on that model — llmgym vs TRL ``GRPOTrainer``, each side in a fresh process, step time and peak
    GPU memory, bf16 autocast and gradient checkpointing on both sides.
 
+``--preset vs-trl`` runs issue 23's measurements instead, in priority order within ``--budget-s``
+(default 330 s; a section with no time left is recorded as skipped): the engine tests (contract +
+static decoding), ``memory_timeline_128`` (``benchmarks/memory_timeline.py --side both``: one step
+of llmgym and of TRL phase by phase, allocator snapshot of each), ``engine_steps`` (ms per decoding
+step vs ``model.generate``'s compiled static cache and the bandwidth bound),
+``memory_timeline_128_ckpt`` and ``grpo_vs_trl_512`` (until both step times settle; it needs
+~150 s or more, so it usually gets a run of its own: ``--preset vs-trl --only grpo_vs_trl_512``).
+
 The run ends with a compact summary of the headline numbers. ``--quick`` (``bash
 benchmarks/gpu_check.sh --quick``) shrinks every section (~2 minutes on one GPU).
 
@@ -155,11 +163,17 @@ def environment() -> dict:
             info["vllm_import_error"] = f"{type(err).__name__}: {err}"
     else:
         info["vllm"] = None
+    for name in ("gymnasium", "trl", "datasets", "accelerate"):  # carried wheels (benchmarks/gpu_wheels.sh)
+        try:
+            info[name] = importlib.import_module(name).__version__
+        except Exception as err:  # noqa: BLE001 - say what is missing, the sections that need it will fail
+            info[name] = f"missing ({type(err).__name__}: {err})"[:200]
     return info
 
 
-def contract_tests(timeout_s: int) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "tests/test_engine_contract.py", "-q", "-rs", "-p", "no:cacheprovider"]
+def contract_tests(timeout_s: int, extra: list[str] | None = None) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "tests/test_engine_contract.py", *(extra or []), "-q", "-rs",
+           "-p", "no:cacheprovider"]
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False)
     out = proc.stdout + proc.stderr
@@ -365,6 +379,210 @@ def grpo_vs_trl(steps: int, new_tokens: int, timeout_s: int) -> dict:
             "memory_ratio_llmgym_over_trl": row.get("memory_ratio_llmgym_over_trl"), "json": str(out)}
 
 
+# ---------------------------------------------------------------------------------------------
+# --preset vs-trl (issue 23): memory timelines, the 512-token side by side, decoding steps
+# ---------------------------------------------------------------------------------------------
+
+
+def _bench(script: str, args: list[str], out_name: str, timeout_s: float) -> dict:
+    """Run ``benchmarks/<script>`` in a fresh process with ``--json $OUT/<out_name>``; its JSON."""
+    out = _out_dir() / out_name
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "LLMGYM_BENCH_MODEL_CACHE": os.environ.get("LLMGYM_BENCH_MODEL_CACHE", "/tmp/llmgym-bench-models")}
+    if DEVICE == "cpu":
+        env["LLMGYM_BENCH_SMOKE"] = "1"  # the qwen2-0.5b model dir shrinks to the smoke shape
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(10, timeout_s), env=env,
+                              check=False)
+        tail = (proc.stdout + proc.stderr)[-3000:]
+    except subprocess.TimeoutExpired as err:
+        tail = f"timed out after {timeout_s:.0f} s: " + str(err.stdout or "")[-2000:]
+    if not out.exists():
+        raise RuntimeError(f"{script} wrote no result: {tail}")
+    return {"json": str(out), "wall_s": round(time.perf_counter() - started, 1), "data": json.loads(out.read_text()),
+            "output_tail": tail}
+
+
+OUT_DIR: Path | None = None  # the directory of --out (set by main); the sections' JSON files go there
+
+
+def _out_dir() -> Path:
+    return OUT_DIR or Path(os.environ.get("OUT") or ROOT / "benchmarks")
+
+
+def memory_timelines(new_tokens: int, checkpointing: bool, snapshot: bool, timeout_s: float) -> dict:
+    """``benchmarks/memory_timeline.py --side both``: one step of each trainer, phase by phase."""
+    tag = f"{new_tokens}{'_ckpt' if checkpointing else ''}"
+    args = ["--side", "both", "--device", DEVICE, "--model", "qwen2-0.5b", "--new-tokens", str(new_tokens),
+            "--timeout", str(int(timeout_s / 2))]
+    args += (["--checkpointing"] if checkpointing else [])
+    if snapshot and DEVICE == "cuda":
+        args += ["--snapshot", str(_out_dir() / f"snapshot_{tag}.pickle")]
+    if DEVICE == "cpu":
+        args += ["--engine-decode", "static", "--threads", "1"]
+    r = _bench("memory_timeline.py", args, f"memory_timeline_{tag}.json", timeout_s)
+    data = r.pop("data")
+    out = {"json": r["json"], "wall_s": r["wall_s"]}
+    for side in ("llmgym", "trl"):
+        d = data.get(side, {})
+        out[side] = {"error": d.get("error"), "terms": d.get("terms"), "kept": d.get("kept"),
+                     "cuda_graph_pools": d.get("cuda_graph_pools")}
+    out["compare"] = data.get("compare")
+    if any(out[s]["error"] for s in ("llmgym", "trl")):
+        out["output_tail"] = r["output_tail"]
+    return out
+
+
+def grpo_vs_trl_settled(new_tokens: int, side_seconds: float, timeout_s: float) -> dict:
+    """``grpo_vs_trl.py`` until each side's step time settles (or ``side_seconds`` run out)."""
+    args = ["--device", DEVICE, "--models", "qwen2-0.5b", "--new-tokens", str(new_tokens), "--steps", "40",
+            "--side-seconds", str(side_seconds), "--no-memory", "--timeout", str(int(timeout_s / 2))]
+    if DEVICE == "cpu":
+        args += ["--engine-decode", "static", "--threads", "1"]
+    r = _bench("grpo_vs_trl.py", args, f"grpo_vs_trl_{new_tokens}.json", timeout_s)
+    row = r.pop("data")["step"].get("qwen2-0.5b", {})
+    keys = ("settled_step_s", "settled", "steps_run", "median_step_s", "peak_gpu_mib", "peak_gpu_mib_steady",
+            "peak_rss_mib", "error")
+    out = {side: {k: row.get(side, {}).get(k) for k in keys} for side in ("llmgym", "trl")}
+    out["llmgym"]["step_s"] = [round(x, 3) for x in row.get("llmgym", {}).get("step_s", [])]
+    out["llmgym"]["rollout_s"] = [round(x, 3) for x in row.get("llmgym", {}).get("rollout_s", [])]
+    out["trl"]["step_s"] = [round(x, 3) for x in row.get("trl", {}).get("step_s", [])]
+    out.update({k: v for k, v in row.items() if "ratio" in k}, json=r["json"], wall_s=r["wall_s"])
+    if out["llmgym"]["error"] or out["trl"]["error"]:
+        out["output_tail"] = r["output_tail"]
+    return out
+
+
+def _copy_bandwidth() -> float:
+    """Device memory bandwidth in bytes/s, from timing copies of a 1 GiB buffer (read + write)."""
+    import torch
+
+    n = 2**30 if DEVICE == "cuda" else 2**26
+    x = torch.empty(n, dtype=torch.uint8, device=DEVICE)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    _sync()
+    return 2 * n * 10 / (time.perf_counter() - t0)
+
+
+def engine_steps(**kw) -> dict:
+    import gc
+
+    import torch
+
+    try:
+        return _engine_steps(**kw)
+    finally:  # the section's model and compiled graphs go before the next (subprocess) sections
+        gc.collect()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, short: int = 8) -> dict:
+    """Milliseconds per decoding step (best of 3), prefill excluded (``(t(new_tokens) - t(short)) / (new_tokens - short)``):
+    ``HFEngine`` (compiled on a GPU) with the issue-23 settings and with each one undone (a host sync
+    on "all done?" every step; the Gumbel noise as ~35 eager kernels), ``model.generate`` with a
+    compiled static cache, and the bound set by reading the weights and the KV cache once per step."""
+    import torch
+
+    from llmgym.engines import HFEngine, SamplingParams
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from engine_speed import _NoEosTokenizer
+
+    model = build_qwen2().eval()
+    cfg = model.config
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, cfg.vocab_size, (batch, prompt_len), generator=g)
+    decode = "compiled" if DEVICE == "cuda" else "static"
+    engine = HFEngine(model, _NoEosTokenizer(), max_batch_size=batch, decode=decode)
+    engine.eos_ids = [-1]  # every row runs the whole budget
+
+    def timed(fn, repeats=3):
+        times = []
+        for _ in range(repeats):
+            _sync()
+            t0 = time.perf_counter()
+            fn()
+            _sync()
+            times.append(time.perf_counter() - t0)
+        return min(times)  # the run least disturbed by anything else on the machine
+
+    def per_step(fn_of_tokens) -> float:
+        fn_of_tokens(short)  # warm-up (compilation)
+        fn_of_tokens(new_tokens)
+        return (timed(lambda: fn_of_tokens(new_tokens)) - timed(lambda: fn_of_tokens(short))) / (new_tokens - short) * 1e3
+
+    rows_list = prompts.tolist()
+    hf_engine = lambda n: engine.generate(rows_list, SamplingParams(max_new_tokens=n, seed=1))  # noqa: E731
+    rows: dict[str, float] = {}
+    t0 = time.perf_counter()
+    rows[f"HFEngine decode={decode}"] = per_step(hf_engine)
+    warm = time.perf_counter() - t0
+    engine.done_check_every = 1
+    rows["HFEngine, host sync every step (before)"] = per_step(hf_engine)
+    engine.done_check_every = None
+    if engine._static is not None and engine._static.compiled:
+        engine._static.compile_noise = False
+        rows["HFEngine, eager Gumbel noise (before)"] = per_step(hf_engine)
+        engine._static.compile_noise = True
+    ids = prompts.to(DEVICE)
+
+    def hf_generate(n):
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=n,
+                           min_new_tokens=n, top_k=0, cache_implementation="static")
+
+    rows["model.generate (static cache, compiled)"] = per_step(hf_generate)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * next(model.parameters()).element_size()
+    kv = kv_per_token * batch * (prompt_len + new_tokens / 2)
+    bandwidth = _copy_bandwidth()
+    bound_ms = (weights + kv) / bandwidth * 1e3
+    out = {"device": DEVICE, "dtype": str(next(model.parameters()).dtype), "batch": batch, "prompt_len": prompt_len,
+           "new_tokens": new_tokens, "ms_per_step": {k: round(v, 3) for k, v in rows.items()},
+           "weights_gib": round(weights / 2**30, 3), "kv_read_per_step_gib": round(kv / 2**30, 4),
+           "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "bandwidth_bound_ms": round(bound_ms, 3),
+           "first_call_s": round(warm, 1)}
+    base = rows["model.generate (static cache, compiled)"]
+    out["speed_vs_generate"] = {k: round(base / v, 3) for k, v in rows.items() if v > 0}
+    out["times_the_bound"] = {k: round(v / bound_ms, 1) for k, v in rows.items()}
+    return out
+
+
+def _vs_trl_sections(report: "Report", budget_s: float, cpu_smoke: bool) -> None:
+    """The issue-23 preset, in priority order, within ``budget_s`` seconds (a section that cannot fit
+    is recorded as skipped, so a second run with ``--only`` can pick it up)."""
+    deadline = time.perf_counter() + budget_s
+    tokens = (8, 16) if cpu_smoke else (128, 512)
+    plan = [  # (name, minimum seconds it needs, share of what is left it may take, function of its time-out)
+        ("contract_tests", 40, 0.2, lambda t: contract_tests(int(t), extra=["tests/test_static_decode.py"])),
+        ("memory_timeline_128", 70, 0.5, lambda t: memory_timelines(tokens[0], False, True, t)),
+        ("engine_steps", 50, 1.0, lambda t: engine_steps(new_tokens=16 if cpu_smoke else 128)),
+        ("memory_timeline_128_ckpt", 60, 0.6, lambda t: memory_timelines(tokens[0], True, False, t)),
+        # TRL's first steps at 512 tokens take ~30 s, 20 s: with less than ~150 s it cannot settle, and
+        # a second run (--only grpo_vs_trl_512) gets the whole budget
+        ("grpo_vs_trl_512", 30 if cpu_smoke else 150, 1.0,
+         lambda t: grpo_vs_trl_settled(tokens[1], 10 if cpu_smoke else t / 2 - 30, t)),
+    ]
+    for name, minimum, share, fn in plan:
+        if cpu_smoke and name == "contract_tests":
+            continue
+        left = deadline - time.perf_counter()
+        if left < minimum:
+            report.data["sections"][name] = {"ok": True, "skipped": f"budget: {left:.0f} s left, needs ~{minimum} s"}
+            report.save()
+            continue
+        report.run(name, fn, max(minimum, share * left))
+
+
 def summary(data: dict) -> list[str]:
     """The headline numbers, one line each (a section that failed says so)."""
     sec = data["sections"]
@@ -403,6 +621,25 @@ def summary(data: dict) -> list[str]:
                      f"{gt['trl'].get('peak_gpu_mib')} MiB (ratio {gt.get('memory_ratio_llmgym_over_trl')})")
     elif gt.get("skipped"):
         lines.append(f"GRPO vs TRL: skipped ({gt['skipped']})")
+    for name in ("memory_timeline_128", "memory_timeline_128_ckpt"):
+        mt = sec.get(name, {})
+        if mt.get("compare"):
+            c = mt["compare"]
+            lines.append(f"{name}: step peak llmgym {c['step_peak_mib']['llmgym']} vs TRL {c['step_peak_mib']['trl']} MiB "
+                         f"(ratio {c['step_peak_ratio_llmgym_over_trl']}); llmgym kept at start "
+                         f"{(mt.get('llmgym') or {}).get('kept', {}).get('start')}")
+        elif mt.get("skipped"):
+            lines.append(f"{name}: skipped ({mt['skipped']})")
+    g5 = sec.get("grpo_vs_trl_512", {})
+    if "llmgym" in g5:
+        lines.append(f"GRPO vs TRL 512 tokens: settled step {g5['llmgym'].get('settled_step_s')} s vs "
+                     f"{g5['trl'].get('settled_step_s')} s (settled: {g5['llmgym'].get('settled')}/{g5['trl'].get('settled')}; "
+                     f"ratio {g5.get('settled_step_ratio_llmgym_over_trl')}); peak {g5['llmgym'].get('peak_gpu_mib')} vs "
+                     f"{g5['trl'].get('peak_gpu_mib')} MiB, steady {g5['llmgym'].get('peak_gpu_mib_steady')} vs "
+                     f"{g5['trl'].get('peak_gpu_mib_steady')}")
+    es = sec.get("engine_steps", {})
+    if "ms_per_step" in es:
+        lines.append(f"decoding ms/step (bound {es['bandwidth_bound_ms']}): {es['ms_per_step']}")
     return lines
 
 
@@ -416,11 +653,16 @@ def main(argv=None) -> int:
     parser.add_argument("--test-timeout", type=int, default=420)
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="check this script's code paths on CPU with a tiny Qwen2 shape (numbers meaningless)")
+    parser.add_argument("--preset", choices=["all", "vs-trl"], default="all",
+                        help="vs-trl: issue 23's memory timelines, 512-token side by side and decoding steps")
+    parser.add_argument("--budget-s", type=float, default=330,
+                        help="--preset vs-trl: seconds for all its sections (later ones are skipped when short)")
     args = parser.parse_args(argv)
 
     import torch
 
-    global DEVICE
+    global DEVICE, OUT_DIR
+    OUT_DIR = args.out.parent
     if args.cpu_smoke:
         DEVICE = "cpu"
         QWEN2_05B.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -440,6 +682,9 @@ def main(argv=None) -> int:
         report.run("environment", environment)
     else:
         report.data["sections"]["environment"] = {"ok": True, "vllm": None}
+    if args.preset == "vs-trl":
+        _vs_trl_sections(report, args.budget_s, args.cpu_smoke)
+        return _finish(report, args)
     if not args.skip_tests:
         report.run("contract_tests", contract_tests, args.test_timeout)
     report.run("hf_generation", hf_generation, batches, new_tokens)
@@ -453,6 +698,10 @@ def main(argv=None) -> int:
         report.run("grpo_step_vllm", grpo_step, "vllm", 4, 8, 64 if args.quick else 128)
     if not args.cpu_smoke:
         report.run("grpo_vs_trl", grpo_vs_trl, 3, 64 if args.quick else 128, 240)
+    return _finish(report, args)
+
+
+def _finish(report: "Report", args) -> int:
     report.data["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     report.data["summary"] = summary(report.data)
     report.save()

@@ -13,12 +13,28 @@ A second table measures the **memory of one update** (no generation) at ``N = 32
 llmgym's chunked log-probs (the default ``logits_chunk_size``: 220 tokens at this vocabulary) and for the full-logits path
 (``logits_chunk_size=0``, the computation llmgym used before the chunked learner).
 
+**The same work on both sides** (recorded in the JSON under ``same_work``): every optimiser step
+sees ``tasks × group`` fresh completions, generated in one batch; ``--micro-batch-size M`` makes both
+sides run forward/backward on ``M`` rows at a time and accumulate (llmgym ``micro_batch_size=M``;
+TRL ``per_device_train_batch_size=M``, ``gradient_accumulation_steps=rows/M``, so its generation
+batch stays ``rows``); both use fused AdamW (TRL's ``adamw_torch_fused`` default), gradient
+clipping at 1.0, bf16 autocast on a GPU (TRL ``bf16=True``), and the same checkpointing.
+
+**Until it settles**: TRL's first steps are slow (on an H100: 17 s, 10 s, then ~3.5 s). With
+``--side-seconds S`` each side runs until ``--steps`` steps or ``S`` seconds of steps, whichever
+comes first (TRL is stopped from a callback at a step boundary), and reports the median of the
+second half of its steps (``settled_step_s``) next to the median after the first step. GPU peaks are
+reported for the whole run and for the steps after the first (``peak_gpu_mib_steady``: compilation
+and the optimiser state's creation happen in step 1).
+
 Usage (TRL is a benchmark-only extra: ``pip install 'llmgym[bench]'``)::
 
     python benchmarks/grpo_vs_trl.py                   # CPU: tiny (1.1M) and 10M Llama + memory table
     python benchmarks/grpo_vs_trl.py --device cuda     # GPU: the same, on the GPU
     python benchmarks/grpo_vs_trl.py --models tiny --steps 4 --no-memory
     python benchmarks/grpo_vs_trl.py --json results.json
+    python benchmarks/grpo_vs_trl.py --device cuda --models qwen2-0.5b --new-tokens 512 --steps 40 --side-seconds 150
+    python benchmarks/grpo_vs_trl.py --models 10m --profile 15      # + each side's top functions (cProfile)
 
 Side-by-side ratios are only meaningful on a quiet machine (2-core hosts shared with other jobs
 inflate every number; see NOTES on thread oversubscription).
@@ -81,9 +97,27 @@ def _sync(device: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def side_llmgym(a) -> dict:
-    import torch
+def same_work(a) -> dict:
+    """What each side does per optimiser step (written into the report, so a reader can check it)."""
+    rows = a.tasks * a.group
+    micro = a.micro or rows
+    if rows % micro:
+        raise SystemExit(f"--micro-batch-size {micro} must divide tasks × group = {rows}")
+    autocast = "bf16" if a.precision == "bf16-mixed" else None
+    return {
+        "llmgym": {"rows_per_optimizer_step": rows, "generation_batch": rows, "micro_batch_rows": micro,
+                   "micro_batches": rows // micro, "optimizer": "AdamW fused", "autocast": autocast,
+                   "precision": a.precision, "gradient_checkpointing": a.checkpointing, "max_grad_norm": 1.0,
+                   "engine_decode": a.engine_decode, "beta": 0.0, "loss": "seq-mean-token-mean"},
+        "trl": {"rows_per_optimizer_step": rows, "generation_batch": rows, "per_device_train_batch_size": micro,
+                "gradient_accumulation_steps": rows // micro, "optimizer": "adamw_torch_fused (transformers default)",
+                "autocast": autocast, "gradient_checkpointing": a.checkpointing, "max_grad_norm": 1.0,
+                "generate": "model.generate, dynamic cache, weights' dtype", "beta": 0.0, "loss_type": "grpo"},
+    }
 
+
+def make_llmgym(a):
+    """``(agent, env)`` of llmgym's side (model loaded from ``a.model_dir``)."""
     from llmgym import SequenceEnv, Task
     from llmgym.agents import GRPO
     from llmgym.models import load_model
@@ -94,14 +128,102 @@ def side_llmgym(a) -> dict:
         from gpu_check import BigVocabTokenizer
 
         tok = BigVocabTokenizer(tok, model.config.vocab_size)
-    rss_loaded = _peak()
     agent = GRPO(model, tok, tasks_per_step=a.tasks, group_size=a.group, max_new_tokens=a.new_tokens,
                  kl_coef=0.0, lr=1e-3, seed=0, precision=a.precision, gradient_checkpointing=a.checkpointing,
-                 engine_decode=a.engine_decode, loss_agg="seq-mean-token-mean")
+                 engine_decode=a.engine_decode, loss_agg="seq-mean-token-mean", micro_batch_size=a.micro)
     env = SequenceEnv(lambda rng: Task(PROMPTS[int(rng.integers(len(PROMPTS)))]),
                       lambda task, text: digit_share(text), tok)
+    return agent, env
+
+
+def make_trl(a, callbacks=(), max_steps: int | None = None):
+    """TRL's ``GRPOTrainer`` on the same model directory, prompts, reward and batch."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(a.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir)
+    if a.device == "cuda":
+        model = model.to("cuda")
+
+    def reward(completions, **kwargs):
+        return [digit_share(c) for c in completions]
+
+    rows = a.tasks * a.group
+    micro = a.micro or rows
+    steps = max_steps or a.steps
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=micro,
+        gradient_accumulation_steps=rows // micro,  # one generation of `rows` completions per optimiser step
+        num_generations=a.group, max_completion_length=a.new_tokens, beta=0.0, learning_rate=1e-3,
+        max_steps=steps, logging_steps=10_000, save_strategy="no", report_to="none",
+        use_cpu=a.device == "cpu", bf16=a.precision == "bf16-mixed", gradient_checkpointing=a.checkpointing,
+        loss_type="grpo", temperature=1.0, seed=0, disable_dropout=True, dataloader_num_workers=0,
+    )
+    data = Dataset.from_list([{"prompt": p} for p in PROMPTS * (rows * steps // len(PROMPTS) + 1)])
+    return GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=data,
+                       processing_class=tok, callbacks=list(callbacks))
+
+
+class _Profiler:
+    """cProfile over the steps after the first, when ``--profile N`` asks for the top N functions.
+
+    Timed in the process's CPU seconds (``time.process_time``), not wall time: on a shared host a
+    wall-clock profile charges other jobs' time slices to whatever function was running."""
+
+    def __init__(self, top: int):
+        import cProfile
+
+        self.top, self.prof = top, cProfile.Profile(time.process_time) if top else None
+
+    def start(self):
+        if self.prof is not None:
+            self.prof.enable()
+
+    def stop(self):
+        if self.prof is not None:
+            self.prof.disable()
+
+    def report(self) -> dict:
+        if self.prof is None:
+            return {}
+        import pstats
+
+        stats = pstats.Stats(self.prof).stats
+        total = sum(tt for _, _, tt, _, _ in stats.values())
+        rows = []
+        for (path, line, fn), (_, calls, tt, ct, _) in stats.items():
+            short = "/".join(Path(path).parts[-2:]) if path != "~" else "builtin"
+            rows.append({"function": f"{short}:{line}({fn})", "calls": calls, "tottime_share": tt / total,
+                         "cumtime_share": ct / total})
+        pick = lambda key: [{**r, key: round(r[key], 4)} for r in sorted(rows, key=lambda r: -r[key])[:self.top]]
+        return {"profile_total_s": round(total, 3), "top_tottime": pick("tottime_share"),
+                "top_cumtime": pick("cumtime_share")}
+
+
+def _reset_gpu_peak(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def side_llmgym(a) -> dict:
+    import torch
+
+    agent, env = make_llmgym(a)
+    rss_loaded = _peak()
+    profiler = _Profiler(a.profile)
     times, rollout, rewards, cpu = [], [], [], []
-    for _ in range(a.steps):
+    first_peak = None
+    started = time.perf_counter()
+    for step in range(a.steps):
+        if step == 1:  # after warm-up: compilation, the optimiser state, allocator growth
+            first_peak = _peak()
+            _reset_gpu_peak(a.device)
+            profiler.start()
         _sync(a.device)
         c0 = time.process_time()
         t0 = time.perf_counter()
@@ -114,30 +236,31 @@ def side_llmgym(a) -> dict:
         cpu.append(time.process_time() - c0)
         rollout.append(t1 - t0)
         rewards.append(float(batch.rewards.mean()))
+        if a.side_seconds and time.perf_counter() - started > a.side_seconds and step >= 1:
+            break
+    profiler.stop()
     return {"step_s": times, "cpu_s": cpu, "rollout_s": rollout, "reward_mean": rewards, "loaded": rss_loaded,
-            "threads": torch.get_num_threads()}
+            "after_first_step": first_peak, "threads": torch.get_num_threads(), **profiler.report()}
 
 
 def side_trl(a) -> dict:
     import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    tok = AutoTokenizer.from_pretrained(a.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(a.model_dir)
-    if a.device == "cuda":
-        model = model.to("cuda")
-    rss_loaded = _peak()
-
-    def reward(completions, **kwargs):
-        return [digit_share(c) for c in completions]
+    from transformers import TrainerCallback
 
     times: list[float] = []
     cpu: list[float] = []
+    profiler = _Profiler(a.profile)
+    box: dict = {}
 
     class Timer(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            self.started = time.perf_counter()
+
         def on_step_begin(self, args, state, control, **kw):
+            if state.global_step == 1:
+                box["after_first_step"] = _peak()
+                _reset_gpu_peak(a.device)
+                profiler.start()
             _sync(a.device)
             self.c0 = time.process_time()
             self.t0 = time.perf_counter()
@@ -146,20 +269,15 @@ def side_trl(a) -> dict:
             _sync(a.device)
             times.append(time.perf_counter() - self.t0)
             cpu.append(time.process_time() - self.c0)
+            if a.side_seconds and time.perf_counter() - self.started > a.side_seconds and len(times) >= 2:
+                control.should_training_stop = True
 
-    rows = a.tasks * a.group
-    config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=rows,
-        num_generations=a.group, max_completion_length=a.new_tokens, beta=0.0, learning_rate=1e-3,
-        max_steps=a.steps, logging_steps=10_000, save_strategy="no", report_to="none",
-        use_cpu=a.device == "cpu", bf16=a.precision == "bf16-mixed", gradient_checkpointing=a.checkpointing,
-        loss_type="grpo", temperature=1.0, seed=0, disable_dropout=True, dataloader_num_workers=0,
-    )
-    data = Dataset.from_list([{"prompt": p} for p in PROMPTS * (rows * a.steps // len(PROMPTS) + 1)])
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=data,
-                          processing_class=tok, callbacks=[Timer()])
+    trainer = make_trl(a, callbacks=[Timer()])
+    rss_loaded = _peak()
     trainer.train()
-    return {"step_s": times, "cpu_s": cpu, "loaded": rss_loaded, "threads": torch.get_num_threads()}
+    profiler.stop()
+    return {"step_s": times, "cpu_s": cpu, "loaded": rss_loaded, "after_first_step": box.get("after_first_step"),
+            "threads": torch.get_num_threads(), **profiler.report()}
 
 
 def side_update_memory(a) -> dict:
@@ -217,7 +335,12 @@ def run_side(a) -> None:
     torch.set_num_threads(a.threads)
     fn = {"llmgym": side_llmgym, "trl": side_trl, "update-memory": side_update_memory}[a.side]
     result = fn(a)
-    result.update(_peak())
+    final = _peak()
+    first = result.get("after_first_step") or {}
+    if "peak_gpu_mib" in final and "peak_gpu_mib" in first:  # the counter was reset after step 1
+        final["peak_gpu_mib_steady"] = final["peak_gpu_mib"]
+        final["peak_gpu_mib"] = max(final["peak_gpu_mib"], first["peak_gpu_mib"])
+    result.update(final)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -244,10 +367,27 @@ def _median_after_warmup(times: list[float]) -> float:
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
+def settled(times: list[float]) -> dict:
+    """The median of the second half of the steps, and whether the last three agree within 25 %."""
+    half = times[len(times) // 2:] or times
+    last = times[-3:]
+    return {"settled_step_s": round(statistics.median(half), 4), "steps_run": len(times),
+            "settled": len(times) >= 4 and max(last) <= 1.25 * min(last)}
+
+
 def build_model_dir(name: str, root: Path) -> Path:
+    """Save model ``name`` (random weights, seed 0) under ``root``; with ``LLMGYM_BENCH_MODEL_CACHE``
+    set, under that directory instead, reusing a model saved there before (the GPU preset's sections
+    share one 2 GB Qwen2-0.5B directory instead of writing it three times)."""
     from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
 
     import torch
+
+    if os.environ.get("LLMGYM_BENCH_MODEL_CACHE"):
+        smoke = "-smoke" if MODELS[name] is None and os.environ.get("LLMGYM_BENCH_SMOKE") == "1" else ""
+        root = Path(os.environ["LLMGYM_BENCH_MODEL_CACHE"]) / f"{name}{smoke}"
+        if (root / name / "config.json").exists():
+            return root / name
 
     tok = build_tokenizer()
     torch.manual_seed(0)
@@ -275,7 +415,12 @@ def main(argv=None) -> dict:
     p.add_argument("--side", choices=["llmgym", "trl", "update-memory"], help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--chunk", type=int, default=-1, help=argparse.SUPPRESS)
-    p.add_argument("--micro", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--micro-batch-size", "--micro", dest="micro", type=int, default=None,
+                   help="rows per forward/backward on both sides (default: the whole batch; see same_work)")
+    p.add_argument("--side-seconds", type=float, default=0.0,
+                   help="stop a side after this many seconds of steps (at least 2 steps; 0 = run --steps)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="cProfile the steps after the first; report each side's top N functions")
     p.add_argument("--rows", type=int, default=MEMORY_SHAPE["rows"], help="rows of the memory table's update (default 32)")
     p.add_argument("--mem-cap-gib", type=float, default=14.0,
                    help="CPU: address-space cap of each memory-table process (0 = none)")
@@ -292,7 +437,7 @@ def main(argv=None) -> dict:
                    help="HFEngine decoding (default: resolve_device_defaults: static on CPU, compiled on GPU)")
     p.add_argument("--no-trl", action="store_true")
     p.add_argument("--no-memory", action="store_true")
-    p.add_argument("--timeout", type=int, default=900, help="seconds per side")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per side process (model loading included)")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
     from llmgym.agents.learner import resolve_device_defaults
@@ -311,11 +456,13 @@ def main(argv=None) -> dict:
                           "torch": torch.__version__, "device": a.device, "threads": a.threads,
                           "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else None},
               "config": {"tasks": a.tasks, "group": a.group, "new_tokens": a.new_tokens, "steps": a.steps,
-                         "precision": a.precision, "checkpointing": a.checkpointing, "engine_decode": a.engine_decode},
-              "step": {}, "memory": {}}
+                         "side_seconds": a.side_seconds, "precision": a.precision, "checkpointing": a.checkpointing,
+                         "engine_decode": a.engine_decode, "micro_batch_size": a.micro},
+              "same_work": same_work(a), "step": {}, "memory": {}}
     common = ["--device", a.device, "--tasks", str(a.tasks), "--group", str(a.group), "--new-tokens", str(a.new_tokens),
               "--steps", str(a.steps), "--threads", str(a.threads), "--precision", a.precision,
-              "--engine-decode", a.engine_decode] + (["--checkpointing"] if a.checkpointing else [])
+              "--engine-decode", a.engine_decode, "--side-seconds", str(a.side_seconds), "--profile", str(a.profile)]
+    common += (["--checkpointing"] if a.checkpointing else []) + (["--micro-batch-size", str(a.micro)] if a.micro else [])
     with tempfile.TemporaryDirectory(prefix="llmgym-bench-") as tmp:
         for name in [m for m in a.models.split(",") if m]:
             model_dir = build_model_dir(name, Path(tmp))
@@ -326,14 +473,22 @@ def main(argv=None) -> dict:
                 if "step_s" in r:
                     r["median_step_s"] = round(_median_after_warmup(r["step_s"]), 4)
                     r["median_cpu_s"] = round(_median_after_warmup(r["cpu_s"]), 4)
+                    r.update(settled(r["step_s"]))
                 row[side] = r
-                print("   " + json.dumps({k: v for k, v in r.items() if k in ("median_step_s", "median_cpu_s", "peak_rss_mib", "peak_gpu_mib", "error")}), flush=True)
+                shown = ("median_step_s", "settled_step_s", "steps_run", "median_cpu_s", "peak_rss_mib", "peak_gpu_mib",
+                         "peak_gpu_mib_steady", "error")
+                print("   " + json.dumps({k: v for k, v in r.items() if k in shown}), flush=True)
             if "median_step_s" in row.get("llmgym", {}) and "median_step_s" in row.get("trl", {}):
                 row["step_ratio_llmgym_over_trl"] = round(row["llmgym"]["median_step_s"] / row["trl"]["median_step_s"], 3)
                 # CPU seconds of the process: less sensitive than wall time to other jobs on a shared host
                 row["cpu_ratio_llmgym_over_trl"] = round(row["llmgym"]["median_cpu_s"] / row["trl"]["median_cpu_s"], 3)
+                row["settled_step_ratio_llmgym_over_trl"] = round(
+                    row["llmgym"]["settled_step_s"] / row["trl"]["settled_step_s"], 3)
                 key = "peak_gpu_mib" if a.device == "cuda" else "peak_rss_mib"
                 row["memory_ratio_llmgym_over_trl"] = round(row["llmgym"][key] / row["trl"][key], 3)
+                if "peak_gpu_mib_steady" in row["llmgym"] and "peak_gpu_mib_steady" in row["trl"]:
+                    row["steady_memory_ratio_llmgym_over_trl"] = round(
+                        row["llmgym"]["peak_gpu_mib_steady"] / row["trl"]["peak_gpu_mib_steady"], 3)
             report["step"][name] = row
     if not a.no_memory:
         for label, chunk in (("chunked", -1), ("full_logits", 0)):

@@ -8,6 +8,11 @@ learning check under 1 and 2 threads and several seeds shows how much the held-o
     python benchmarks/learning_spread.py --threads 1 --seeds 0 1 2 3
     python benchmarks/learning_spread.py --threads 2 --seeds 0 1 2 3
     python benchmarks/learning_spread.py --recipe test_learning_tools --threads 1 --seeds 0 1 2   # the tool task
+    python benchmarks/learning_spread.py --engine vllm --threads 1   # tests/test_vllm.py's recipe
+
+``--engine vllm`` measures the vLLM learning test instead: its agents and model shape (head size 32),
+every rollout sampled by an in-process ``VLLMEngine`` with the weights synced after every update.
+``--recipe`` names another learning test whose recipe (agents, steps, held-out set, ``make_env``) to run.
 
 One JSON line per (agent, seed, step checkpoint): held-out reward before/after, improvement, and the
 process CPU seconds the training took (wall time is meaningless on a shared machine).
@@ -38,14 +43,17 @@ def main() -> None:
                         help="step counts at which to evaluate (default: the test's STEPS)")
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: the test's WARMUP_STEPS")
     parser.add_argument("--lr-scale", type=float, default=1.0, help="multiply every agent's lr")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                        help="hf: tests/test_learning.py's recipe; vllm: tests/test_vllm.py's (vLLM rollouts)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override an agent config field for every agent (repeatable)")
     args = parser.parse_args()
+    os.environ["LLMGYM_TEST_THREADS"] = str(args.threads)  # tests/conftest.py (imported by test_vllm) reads it
     torch.set_num_threads(args.threads)
 
-    import gymnasium as gym
-
     import importlib
+
+    import gymnasium as gym
 
     recipe = importlib.import_module(args.recipe)  # the learning test's own recipe (agents, steps, held-out set)
     make_env = getattr(recipe, "make_env", lambda tok: gym.make("llmgym/Copy-v0", tokenizer=tok))
@@ -54,10 +62,16 @@ def main() -> None:
     tokenizer = build_tokenizer()
     started = time.process_time()
     shape = TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=256)
+    agents = recipe.AGENTS
+    if args.engine == "vllm":
+        import test_vllm
+
+        shape, agents = test_vllm.VLLM_SHAPE, test_vllm.VLLM_AGENTS
     base = recipe.warm_model(tokenizer, shape, args.warmup_steps or recipe.WARMUP_STEPS)
-    print(json.dumps({"warmup_cpu_s": round(time.process_time() - started, 2), "threads": args.threads}), flush=True)
+    print(json.dumps({"warmup_cpu_s": round(time.process_time() - started, 2), "threads": args.threads,
+                      "engine": args.engine}), flush=True)
     checkpoints = args.checkpoints or [recipe.STEPS]
-    for cls, config in recipe.AGENTS:
+    for cls, config in agents:
         if args.agents and cls.name not in args.agents:
             continue
         overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
@@ -65,18 +79,23 @@ def main() -> None:
         for seed in args.seeds:
             model = copy.deepcopy(base)
             before = recipe.held_out_reward(model, tokenizer, seed)
-            agent = cls(model, tokenizer, max_new_tokens=recipe.MAX_NEW_TOKENS, seed=seed, **config)
+            engine = test_vllm.make_engine(model, tokenizer) if args.engine == "vllm" else None
+            agent = cls(model, tokenizer, max_new_tokens=recipe.MAX_NEW_TOKENS, seed=seed, engine=engine, **config)
             env = make_env(tokenizer)
-            cpu, done = 0.0, 0
+            cpu, wall, done = 0.0, 0.0, 0
             for target in checkpoints:
-                started = time.process_time()
+                started, started_wall = time.process_time(), time.perf_counter()
                 agent.learn(env, steps=target - done)
                 cpu += time.process_time() - started
+                wall += time.perf_counter() - started_wall
                 done = target
                 after = recipe.held_out_reward(model, tokenizer, seed)
-                print(json.dumps({"agent": cls.name, "threads": args.threads, "seed": seed, "steps": target,
-                                  "lr": config["lr"], "before": round(before, 4), "after": round(after, 4),
-                                  "gain": round(after - before, 4), "train_cpu_s": round(cpu, 2)}), flush=True)
+                print(json.dumps({"agent": cls.name, "engine": args.engine, "threads": args.threads, "seed": seed,
+                                  "steps": target, "lr": config["lr"], "before": round(before, 4),
+                                  "after": round(after, 4), "gain": round(after - before, 4),
+                                  "train_cpu_s": round(cpu, 2), "train_wall_s": round(wall, 1)}), flush=True)
+            if engine is not None:
+                engine.close()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,12 @@
 Prompts are short digit puzzles: ``"12+7="`` (addition), ``"copy:4821="``, ``"rev:4821="``. The
 reward gives partial credit, the share of answer positions that are right, so that RL has a
 gradient to climb before the model is ever exactly right; an exact answer scores 1.0.
+
+Partial credit is paid for answers that hold no solution too: the question's own digits earn about
+0.2 on Reverse (the middle digit of an odd-length string is always in place) and some on Addition
+(``12+7=`` answered ``12`` shares the leading ``1`` of ``19``). That is this family's purpose (a tiny
+model climbs it from nothing), so it is the default; ``scoring="binary"`` pays exact answers only
+(:func:`llmgym.verifiers.exact_match`). Copy's answer *is* the prompt's digits echoed.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from llmgym import MultiTurnEnv, SequenceEnv, Task
+from llmgym.verifiers import exact_match
 
 __all__ = [
     "positional_match",
@@ -25,7 +32,11 @@ __all__ = [
     "copy_retry_env",
     "sample_tasks",
     "TASK_MAKERS",
+    "SCORINGS",
 ]
+
+SCORINGS = ("partial", "binary")
+"""The toy envs' ``scoring=``: ``"partial"`` (share of positions right; the default) or ``"binary"`` (exact)."""
 
 
 def positional_match(task: Task, completion: str) -> float:
@@ -92,6 +103,13 @@ def sample_tasks(kind: str, n: int, seed: int = 0, **kwargs: Any) -> list[Task]:
     return [maker(rng, **kwargs) for _ in range(n)]
 
 
+def _verifier(scoring: str):
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {SCORINGS} ('partial': share of positions right; "
+                         f"'binary': exact answers only), got {scoring!r}")
+    return positional_match if scoring == "partial" else exact_match
+
+
 def _source(kind: str, tasks: Any, kwargs: dict[str, Any]):
     if tasks is not None:
         return tasks
@@ -99,28 +117,33 @@ def _source(kind: str, tasks: Any, kwargs: dict[str, Any]):
     return functools.partial(TASK_MAKERS[kind], **kwargs)
 
 
-def addition_env(tokenizer: Any = None, render_mode: str | None = None, tasks: Any = None, max_value: int = 50) -> SequenceEnv:
-    """``llmgym/Addition-v0``."""
-    return SequenceEnv(_source("addition", tasks, {"max_value": max_value}), positional_match, tokenizer,
+def addition_env(tokenizer: Any = None, render_mode: str | None = None, tasks: Any = None, max_value: int = 50,
+                 scoring: str = "partial") -> SequenceEnv:
+    """``llmgym/Addition-v0`` (``scoring="binary"`` for exact answers only)."""
+    return SequenceEnv(_source("addition", tasks, {"max_value": max_value}), _verifier(scoring), tokenizer,
                        render_mode=render_mode)
 
 
 def copy_env(tokenizer: Any = None, render_mode: str | None = None, tasks: Any = None,
-             min_digits: int = 2, max_digits: int = 4) -> SequenceEnv:
+             min_digits: int = 2, max_digits: int = 4, scoring: str = "partial") -> SequenceEnv:
     """``llmgym/Copy-v0``."""
     return SequenceEnv(_source("copy", tasks, {"min_digits": min_digits, "max_digits": max_digits}),
-                       positional_match, tokenizer, render_mode=render_mode)
+                       _verifier(scoring), tokenizer, render_mode=render_mode)
 
 
 def reverse_env(tokenizer: Any = None, render_mode: str | None = None, tasks: Any = None,
-                min_digits: int = 2, max_digits: int = 4) -> SequenceEnv:
-    """``llmgym/Reverse-v0``."""
+                min_digits: int = 2, max_digits: int = 4, scoring: str = "partial") -> SequenceEnv:
+    """``llmgym/Reverse-v0`` (``scoring="binary"`` for exact answers only)."""
     return SequenceEnv(_source("reverse", tasks, {"min_digits": min_digits, "max_digits": max_digits}),
-                       positional_match, tokenizer, render_mode=render_mode)
+                       _verifier(scoring), tokenizer, render_mode=render_mode)
 
 
 def copy_retry_env(tokenizer: Any = None, render_mode: str | None = None, tasks: Any = None,
-                   max_turns: int = 3, min_digits: int = 2, max_digits: int = 4) -> MultiTurnEnv:
-    """``llmgym/CopyRetry-v0``: Copy with feedback and another attempt until right or out of turns."""
+                   max_turns: int = 3, min_digits: int = 2, max_digits: int = 4, scoring: str = "partial") -> MultiTurnEnv:
+    """``llmgym/CopyRetry-v0``: Copy with feedback and another attempt until right or out of turns.
+
+    Each turn pays :meth:`~llmgym.MultiTurnEnv.progress` of its partial credit, so an episode returns
+    its last attempt's score: two near misses and the right answer return 1.0, as answering at once.
+    """
     return MultiTurnEnv(_source("copy", tasks, {"min_digits": min_digits, "max_digits": max_digits}),
-                        positional_match, tokenizer, max_turns=max_turns, render_mode=render_mode)
+                        _verifier(scoring), tokenizer, max_turns=max_turns, render_mode=render_mode)

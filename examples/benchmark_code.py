@@ -15,6 +15,7 @@ from rich.table import Table
 from llmgym.envs.code import HUMANEVAL_STOP_SEQUENCES, evaluate_pass_at_k, load_humaneval
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.models import load_model
+from llmgym.threads import set_torch_threads
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--model", default="tiny", help="'tiny' (built locally) or a checkpoint directory")
@@ -27,6 +28,7 @@ parser.add_argument("--workers", type=int, default=2, help="concurrent sandboxes
 args = parser.parse_args()
 
 model, tokenizer = load_model(args.model)
+set_torch_threads(model)  # 1 CPU thread for a tiny model (OMP_NUM_THREADS=N in the environment picks N)
 engine = HFEngine(model, tokenizer)
 tasks = load_humaneval()[: args.problems]
 

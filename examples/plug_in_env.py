@@ -20,7 +20,7 @@ def make_times_env(tokenizer=None, **kw):  # module level, not a lambda: the env
     return SequenceEnv(make_tasks, verify, tokenizer, **kw)
 
 
-register_env("Times", make_times_env)
+register_env("Times", make_times_env, description="a times-table question, answer as the last word")
 env = gym.make("llmgym/Times-v0")
 obs, info = env.reset(seed=0)
 print(obs["prompt"], env.step(f"It is {info['task'].answer}.")[1])

@@ -32,6 +32,7 @@ from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, sa
 from llmgym.preferences import PreferencePair, save_preferences, split_preferences
 from llmgym.reward_models import RewardModelVerifier, reward_model_from_causal_lm, train_reward_model
 from llmgym.rollout import collect_episodes
+from llmgym.threads import set_torch_threads
 from llmgym.verifiers import AllOf, RegexFormat
 
 LETTERS, DIGITS = "abcdef", "0123456789"
@@ -89,6 +90,7 @@ def main() -> None:
 
     # 1. SFT
     sft = build_tiny_model(tokenizer, config)
+    set_torch_threads(sft)  # 1 CPU thread for these tiny models (OMP_NUM_THREADS=N in the environment picks N)
     supervised_warmup(sft, tokenizer, sft_data(data["sft"], rng), steps=steps["sft"], batch_size=32, lr=3e-3)
     start = hidden_score(sft, tokenizer)
     print(f"1. SFT policy: hidden preference score {start:.3f}")
@@ -105,7 +107,7 @@ def main() -> None:
     print(f"2. preference pairs: {len(train)} train, {len(test)} held out, e.g. {train[0]}")
 
     # 3. Bradley–Terry reward model, initialised from the SFT model
-    rm = reward_model_from_causal_lm(sft)
+    rm = reward_model_from_causal_lm(sft, tokenizer)
     history = train_reward_model(rm, tokenizer, train, eval_pairs=test, steps=steps["rm"], batch_size=32, lr=1e-3)
     save_pretrained(rm, tokenizer, out / "reward_model")
     print(f"3. reward model: held-out pairwise accuracy {history[-1]['eval_accuracy']:.3f} "

@@ -10,6 +10,7 @@ from llmgym.envs.toy import sample_tasks
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, supervised_warmup
 from llmgym.rollout import evaluate
+from llmgym.threads import set_torch_threads
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("steps", nargs="?", type=int, help="RL steps (default 40; 2 with --quick)")
@@ -19,6 +20,7 @@ args = parser.parse_args()
 steps = args.steps or (2 if args.quick else 40)
 tokenizer = build_tokenizer()
 model = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=256))
+set_torch_threads(model)  # 1 CPU thread for a tiny model (OMP_NUM_THREADS=N in the environment picks N)
 supervised_warmup(model, tokenizer, [(t.prompt, t.answer) for t in sample_tasks("copy", 2000, seed=1)],
                   steps=10 if args.quick else 80)
 

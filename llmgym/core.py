@@ -508,6 +508,9 @@ def _respond_in_child(env: "MultiTurnEnv", text: str, limit: float) -> tuple[Tur
     receiver, sender = context.Pipe(duplex=False)
 
     def run() -> None:
+        from llmgym.verifiers import mark_time_limited_child
+
+        mark_time_limited_child()
         try:
             sender.send((env.respond(text), env.state, None))
         except BaseException as exc:  # sent to the parent (as text if it does not pickle)
@@ -545,10 +548,18 @@ class MultiTurnEnv(SequenceEnv):
     :meth:`start`). The default :meth:`respond` scores with the verifier and, until solved, replies
     "Incorrect, try again." — a retry loop.
 
+    **The return rule.** An episode must never return more than solving the task at once: the
+    rewards of failing turns cannot add up. Either reward only the outcome (0 for every turn but the
+    last: the games) or pay :meth:`progress` of a per-attempt score, potential-based shaping whose
+    sum telescopes to the last attempt's score (the default :meth:`respond`, ``CodeRetry``). A
+    ``respond`` that pays each attempt its own score would let two near misses and a right answer
+    return 2.5 where answering at once returns 1.0.
+
     The episode terminates when ``respond`` says ``done`` and is truncated after ``max_turns``
     completions. ``respond`` judges hostile model output: an exception inside it (or, with
-    ``respond_time_limit`` set, running past that many seconds) ends the episode with reward 0.0 and
-    the error in ``info["error"]``, like a verifier's, never a crash; a failure of the sandbox itself
+    ``respond_time_limit`` set, running past that many seconds) ends the episode with reward 0.0 (under
+    :meth:`progress` shaping: minus the potential so far, so the episode returns 0) and the error in
+    ``info["error"]``, like a verifier's, never a crash; a failure of the sandbox itself
     (:class:`~llmgym.sandbox.SandboxError`) is the machine's, not the completion's, and is raised. Under a time limit ``respond``
     runs in a forked child process that is killed at the limit; its ``self.state`` changes are
     copied back with its :class:`Turn` (both must pickle). Token ids in, token ids out: the observation's ``prompt_ids`` are the previous
@@ -620,14 +631,39 @@ class MultiTurnEnv(SequenceEnv):
 
     setup_errors: tuple[type[Exception], ...] = ()
     """Exceptions that mean the env's set-up failed, not the completion: raised from ``step``, never a silent
-    zero (:class:`~llmgym.sandbox.SandboxError` always is)."""
+    zero (as a verifier failure always is: :func:`~llmgym.verifiers.is_verifier_failure`)."""
 
     def respond(self, completion: str) -> Turn:
-        """Judge ``completion`` and decide the env's reply. Override this for games and tools."""
+        """Judge ``completion`` and decide the env's reply. Override this for games and tools.
+
+        The default: score the attempt with the verifier and pay its :meth:`progress` (the change in
+        score since the previous attempt), so an episode returns its last attempt's score; until the
+        score reaches ``solved_reward``, reply "Incorrect, try again.".
+        """
         score = self.score(completion)
+        reward = self.progress(score.reward)
         if score.reward >= self.solved_reward:
-            return Turn(score.reward, None, True, score.info)
-        return Turn(score.reward, "Incorrect, try again.", False, score.info)
+            return Turn(reward, None, True, score.info)
+        return Turn(reward, "Incorrect, try again.", False, score.info)
+
+    def progress(self, value: float) -> float:
+        """Potential-based shaping: ``value`` minus the value this episode had before (0 at the start).
+
+        Pay each turn ``progress(score of this attempt)`` and the turn rewards telescope: their sum
+        is the last attempt's score, so failing on purpose and then answering can never return more
+        than answering right at once (a near miss earns its partial credit once, and loses it again if
+        the next attempt is worse). The value is kept in ``self.state["potential"]``.
+
+        Example:
+            >>> from llmgym import MultiTurnEnv, Task
+            >>> env = MultiTurnEnv([Task("copy:12=", answer="12")], lambda t, c: 0.5 if c != t.answer else 1.0)
+            >>> _ = env.reset(seed=0)
+            >>> [env.progress(v) for v in (0.5, 0.5, 0.25, 1.0)]  # sums to the last value, 1.0
+            [0.5, 0.0, -0.25, 0.75]
+        """
+        previous = float(self.state.get("potential", 0.0))
+        self.state["potential"] = float(value)
+        return float(value) - previous
 
     def format_reply(self, reply: str) -> str:
         """How a reply is appended to a plain-text transcript (chat tasks use the chat template instead)."""
@@ -659,22 +695,35 @@ class MultiTurnEnv(SequenceEnv):
         return bool(self.task.is_chat and self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None))
 
     def _respond_safely(self, text: str) -> Turn:
-        """:meth:`respond`, with an exception, a time-out or a non-Turn result turned into reward 0 and done."""
+        """:meth:`respond`, with an exception, a time-out or a non-Turn result turned into a score of 0 and done.
+
+        Under :meth:`progress` shaping the failed attempt's score is 0, so its turn pays minus the
+        potential the episode had: the episode returns 0, as a completion that breaks a checker scores.
+        """
+        before = self.state.get("potential") if isinstance(self.state, dict) else None
         try:
             if self.respond_time_limit is None:
                 turn = self.respond(text)
             else:
                 turn, self.state = _respond_in_child(self, text, self.respond_time_limit)
         except Exception as exc:  # a game's or tool's failure is the completion's zero, never a crash
-            from llmgym.sandbox import SandboxError
+            from llmgym.verifiers import is_verifier_failure
 
-            if isinstance(exc, (SandboxError, *self.setup_errors)):  # the machine's failure, not the completion's
+            if is_verifier_failure(exc) or isinstance(exc, self.setup_errors):  # the machine's failure: never a silent zero
                 raise
-            return Turn(0.0, None, True, {"error": f"{type(exc).__name__}: {exc}",
-                                          "traceback": traceback.format_exc(limit=5)})
+            return Turn(self._zero_score(before), None, True, {"error": f"{type(exc).__name__}: {exc}",
+                                                               "traceback": traceback.format_exc(limit=5)})
         if not isinstance(turn, Turn):
-            return Turn(0.0, None, True, {"error": f"respond() must return a Turn, got {type(turn).__name__}"})
+            return Turn(self._zero_score(before), None, True,
+                        {"error": f"respond() must return a Turn, got {type(turn).__name__}"})
         return turn
+
+    def _zero_score(self, potential_before: float | None) -> float:
+        """The reward of a failed attempt: 0, or under :meth:`progress` shaping minus the potential so far."""
+        if potential_before is None:
+            return 0.0
+        self.state["potential"] = 0.0
+        return -float(potential_before)
 
     def _after_completion(self, text: str, ids: list[int]):
         turn = self._respond_safely(text)

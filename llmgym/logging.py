@@ -27,6 +27,7 @@ from typing import Any
 
 __all__ = [
     "TIMING_FIELDS",
+    "json_safe",
     "TRACKERS",
     "MetricsLogger",
     "moving_average",
@@ -38,7 +39,7 @@ __all__ = [
     "truncate_metrics",
 ]
 
-TIMING_FIELDS: tuple[str, ...] = ("wall_s", "tokens_per_s", "rollout_s", "time", "eval_s")
+TIMING_FIELDS: tuple[str, ...] = ("wall_s", "tokens_per_s", "rollout_s", "generate_s", "verify_s", "time", "eval_s")
 """Per-step fields that measure time, so differ between two otherwise identical runs."""
 
 
@@ -52,6 +53,35 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as plain JSON: dicts (with string keys), lists, strings, finite numbers, ``None``.
+
+    Tensors and numpy values become numbers or lists; NaN and infinities ``None``; anything else
+    (a ``Task``, an exception) its ``str``. For records of what a verifier said about a completion.
+
+    Example:
+        >>> import math
+        >>> from llmgym.logging import json_safe
+        >>> json_safe({"score": {"reward": math.nan, "parts": (1, 2)}, 3: ValueError("bad")})
+        {'score': {'reward': None, 'parts': [1, 2]}, '3': 'bad'}
+    """
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        try:
+            return json_safe(value.tolist())
+        except (TypeError, ValueError, RuntimeError):
+            return str(value)
+    value = _json_value(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
 
 
 class MetricsLogger:

@@ -12,6 +12,7 @@ tiny model starts imperfect but not hopeless before RL.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -205,15 +206,33 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = N
     """
     from transformers import AutoModelForCausalLM
 
-    if str(name_or_path) == "tiny":
+    tiny = str(name_or_path) == "tiny"
+    if tiny:
         name_or_path = tiny_model_path()
     tokenizer = load_tokenizer(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(str(name_or_path), **_dtype_kwarg(dtype or torch.float32))
+    with _no_loading_bar(tiny):  # a bar for a megabyte of local weights is noise; a real model keeps it
+        model = AutoModelForCausalLM.from_pretrained(str(name_or_path), **_dtype_kwarg(dtype or torch.float32))
     if device is not None:
         model.to(device)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def _no_loading_bar(quiet: bool = True):
+    """Within the block, no ``transformers`` progress bar ("Loading weights ..."); the setting is
+    restored after, and warnings and log messages are untouched."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = quiet and hf_logging.is_progress_bar_enabled()
+    if was_enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _transformers_version() -> tuple[int, int]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, Union
@@ -26,27 +28,40 @@ PreferenceSource = Union[str, os.PathLike, Iterable[Any]]
 class PreferencePair:
     """One comparison: for ``prompt``, the completion ``chosen`` is preferred to ``rejected``.
 
+    ``margin`` (optional; TRL's ``margin`` column) is how much better ``chosen`` is: a reward model
+    is then trained to score it at least that much higher (Llama 2's graded preferences). DPO does
+    not read it.
+
     Example:
         >>> from llmgym.preferences import PreferencePair
         >>> PreferencePair("2+2=", "4", "5").chosen
         '4'
+        >>> PreferencePair("2+2=", "4", "five", margin=2.0).to_dict()["margin"]
+        2.0
     """
 
     prompt: Prompt
     chosen: str
     rejected: str
+    margin: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("chosen", "rejected"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"PreferencePair.{name} must be a string, got {getattr(self, name)!r:.80}")
+        if self.margin is not None:
+            number = isinstance(self.margin, numbers.Real) and not isinstance(self.margin, bool)
+            if not number or not math.isfinite(self.margin):
+                raise TypeError(f"PreferencePair.margin must be a finite number (or absent), got {self.margin!r:.80}")
+            object.__setattr__(self, "margin", float(self.margin))
         Task(self.prompt)  # the same prompt check as a task's (text or chat messages)
         if not isinstance(self.prompt, str):
             object.__setattr__(self, "prompt", tuple(dict(m) for m in self.prompt))
 
     def to_dict(self) -> dict[str, Any]:
         prompt = self.prompt if isinstance(self.prompt, str) else [dict(m) for m in self.prompt]
-        return {"prompt": prompt, "chosen": self.chosen, "rejected": self.rejected}
+        row = {"prompt": prompt, "chosen": self.chosen, "rejected": self.rejected}
+        return row if self.margin is None else {**row, "margin": self.margin}
 
 
 def _as_pair(row: Any, where: str) -> PreferencePair:
@@ -57,7 +72,7 @@ def _as_pair(row: Any, where: str) -> PreferencePair:
         if missing:
             raise ValueError(f"{where}: preference row lacks {missing}; each row needs 'prompt', 'chosen' and "
                              f"'rejected' (got keys {sorted(row)[:10]})")
-        return PreferencePair(row["prompt"], row["chosen"], row["rejected"])
+        return PreferencePair(row["prompt"], row["chosen"], row["rejected"], row.get("margin"))
     if isinstance(row, Sequence) and not isinstance(row, str) and len(row) == 3:
         return PreferencePair(*row)
     raise TypeError(f"{where}: a preference row must be a dict with prompt/chosen/rejected or a "
@@ -67,7 +82,8 @@ def _as_pair(row: Any, where: str) -> PreferencePair:
 def load_preferences(source: PreferenceSource) -> list[PreferencePair]:
     """Preference pairs from a JSONL path, a ``datasets.Dataset``, or an iterable of rows.
 
-    A row is ``{"prompt": ..., "chosen": ..., "rejected": ...}`` (extra keys ignored) or a triple.
+    A row is ``{"prompt": ..., "chosen": ..., "rejected": ...}`` with an optional ``"margin"`` (extra
+    keys ignored) or a triple.
 
     Example:
         >>> from llmgym.preferences import load_preferences

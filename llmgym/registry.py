@@ -282,13 +282,13 @@ _RG_HASH_SEED_DEPENDENT = frozenset(
 def _register_builtin() -> None:
     toy = "llmgym.envs.toy"
     register_env("Addition", f"{toy}:addition_env", family="toy",
-                 description="a+b= with small numbers; partial credit per correct digit")
+                 description="a+b= with small numbers; partial credit per correct digit (scoring='binary': exact only)")
     register_env("Copy", f"{toy}:copy_env", family="toy",
                  description="copy a digit string; reward = share of positions right")
     register_env("Reverse", f"{toy}:reverse_env", family="toy",
-                 description="reverse a digit string; reward = share of positions right")
+                 description="reverse a digit string; partial credit: share of positions right (scoring='binary': exact only)")
     register_env("CopyRetry", f"{toy}:copy_retry_env", family="toy", multi_turn=True,
-                 description="Copy with up to 3 attempts and feedback after a wrong one")
+                 description="Copy with up to 3 attempts and feedback; returns the last attempt's share of positions right")
     # -- math and games (issue 4) --
     register_env("Arithmetic", "llmgym.envs.math.arithmetic:arithmetic_env", family="math", requires=("math_verify",),
                  description="multi-step integer expressions, answer checked by MathVerifier")
@@ -299,7 +299,7 @@ def _register_builtin() -> None:
     for dataset in REASONING_GYM_DATASETS:
         register_env(f"RG-{dataset}", "llmgym.envs.math.reasoning:make_env", family="reasoning-gym",
                      requires=("reasoning_gym",), kwargs={"dataset": dataset},
-                     description=f"reasoning-gym '{dataset}', scored by its own score_answer"
+                     description=f"reasoning-gym '{dataset}': 1.0 for a right answer (scoring='upstream': its own score_answer)"
                                  + (" (items depend on hash randomisation: run with PYTHONHASHSEED=0 to reproduce)"
                                     if dataset in _RG_HASH_SEED_DEPENDENT else ""))
     register_env("GuessNumber", "llmgym.envs.games.guess_number:guess_number_env", family="games", multi_turn=True,

@@ -7,12 +7,21 @@ linear head to one number, ``r(x, y)``. Under the Bradley–Terry model a human 
 
     L = −log σ(r(x, y⁺) − r(x, y⁻))          (mean over pairs)
 
-and the held-out *pairwise accuracy*, the share of pairs with ``r(x, y⁺) > r(x, y⁻)``, says how
-well it ranks. :class:`RewardModelVerifier` makes a trained model a :class:`~llmgym.Verifier`, so
+and the held-out *pairwise accuracy*, the share of pairs with ``r(x, y⁺) > r(x, y⁻)``, says how well
+it ranks. As in TRL's ``RewardTrainer``, a pair may carry a ``margin`` m (the loss becomes
+``−log σ(r⁺ − r⁻ − m)``, Llama 2's graded preferences) and ``center_rewards_coefficient`` c adds
+``c·mean((r⁺ + r⁻)²)``, which pulls the rewards towards mean zero (Eisenstein et al., 2023, Eq. 2).
+:class:`RewardModelVerifier` makes a trained model a :class:`~llmgym.Verifier`, so
 ``SequenceEnv(tasks, RewardModelVerifier(rm, tok))`` is an RLHF env that any agent can train against.
 
 Sequences are ``prompt (as the env renders it) + completion + EOS``, left-padded, and the reward is
-read at the last position: the EOS token, which has attended to everything before it.
+read where ``transformers`` reads it — the model's own forward pools the last token that is not
+``config.pad_token_id`` — so a reward model scores the same in llmgym, through
+``AutoModelForSequenceClassification`` and in TRL, with padding on either side. That token is the
+EOS when the tokenizer has its own pad token, and the last completion token when pad = EOS (a
+tokenizer without a pad token, as TRL trains such reward models too). The model's
+``config.pad_token_id`` must be the tokenizer's pad token (:func:`reward_model_from_causal_lm` and
+:func:`load_reward_model` set it, as TRL does).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import torch
 
 from llmgym.preferences import PreferenceSource, encode_pair, load_preferences
 from llmgym.types import Prompt, Score, Task
-from llmgym.verifiers import Verifier
+from llmgym.verifiers import Verifier, escape_special_tokens, keep_last_tokens
 
 __all__ = [
     "bradley_terry_loss",
@@ -40,8 +49,14 @@ __all__ = [
 ]
 
 
-def bradley_terry_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) -> torch.Tensor:
-    """``mean(−log σ(r⁺ − r⁻))`` over pairs; ``chosen_rewards``, ``rejected_rewards``: ``[B]``.
+def bradley_terry_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor,
+                       margin: torch.Tensor | None = None, center_rewards_coefficient: float = 0.0) -> torch.Tensor:
+    """``mean(−log σ(r⁺ − r⁻ − m)) + c·mean((r⁺ + r⁻)²)`` over pairs (TRL's ``RewardTrainer`` loss).
+
+    Args:
+        chosen_rewards, rejected_rewards: ``[B]``.
+        margin: ``[B]`` required reward gaps ``m`` (Llama 2's graded preferences); ``None`` = 0.
+        center_rewards_coefficient: ``c`` of the centring term (Eisenstein et al., 2023; TRL suggests 0.01).
 
     Example:
         >>> import torch
@@ -50,14 +65,27 @@ def bradley_terry_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Ten
         0.6931
         >>> bradley_terry_loss(torch.tensor([5.0]), torch.tensor([-5.0])) < 1e-4
         tensor(True)
+        >>> round(float(bradley_terry_loss(torch.tensor([1.0]), torch.tensor([0.0]), margin=torch.tensor([1.0]))), 4)
+        0.6931
+        >>> tie = bradley_terry_loss(torch.tensor([3.0]), torch.tensor([3.0]), center_rewards_coefficient=0.01)
+        >>> round(float(tie), 4)  # log 2 + 0.01·(3 + 3)²
+        1.0531
     """
-    return -torch.nn.functional.logsigmoid(chosen_rewards - rejected_rewards).mean()
+    gap = chosen_rewards - rejected_rewards
+    if margin is not None:
+        gap = gap - margin
+    loss = -torch.nn.functional.logsigmoid(gap).mean()
+    if center_rewards_coefficient:
+        loss = loss + center_rewards_coefficient * ((chosen_rewards + rejected_rewards) ** 2).mean()
+    return loss
 
 
-def reward_model_from_causal_lm(lm):
+def reward_model_from_causal_lm(lm, tokenizer=None):
     """A one-label sequence classifier whose backbone is a copy of causal LM ``lm``'s; the head is new.
 
-    Works for any architecture ``transformers`` has a ``...ForSequenceClassification`` for.
+    Works for any architecture ``transformers`` has a ``...ForSequenceClassification`` for. With
+    ``tokenizer``, its pad token becomes the model's ``config.pad_token_id`` (where ``transformers``
+    looks for the end of each row; TRL sets it the same way); without, ``lm``'s config keeps its own.
 
     Example:
         >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
@@ -72,6 +100,8 @@ def reward_model_from_causal_lm(lm):
 
     config = lm.config.__class__.from_dict(lm.config.to_dict())
     config.num_labels = 1
+    if tokenizer is not None:
+        config.pad_token_id = tokenizer.pad_token_id
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)  # the new head's init does not depend on the caller's RNG state
         rm = AutoModelForSequenceClassification.from_config(config)
@@ -104,6 +134,8 @@ def load_reward_model(name_or_path: str | os.PathLike, *, device: str | None = N
     model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), num_labels=1, dtype=torch.float32)
     if model.config.num_labels != 1:
         raise ValueError(f"{name_or_path} has {model.config.num_labels} labels; a reward model has one")
+    if model.config.pad_token_id is None:  # the tokenizer loader's pad token (EOS when it had none), as TRL
+        model.config.pad_token_id = tokenizer.pad_token_id
     if device is not None:
         model.to(device)
     return model, tokenizer
@@ -129,19 +161,29 @@ def reward_scores(model, tokenizer, prompts: Sequence[Prompt], completions: Sequ
         >>> reward_scores(rm, tok, ["q", "q"], ["a", "bb"]).tolist()  # a fresh head scores 0
         [0.0, 0.0]
     """
-    from llmgym.engines.hf import pad_left
+    from llmgym.engines.batching import pad_left
 
     if len(prompts) != len(completions):
         raise ValueError(f"reward_scores got {len(prompts)} prompts but {len(completions)} completions")
     rows = [p + c for p, c in (encode_pair(tokenizer, p, c) for p, c in zip(prompts, completions))]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    _check_pad_token(model, pad)
     device = next(model.parameters()).device
     ids, attn = pad_left(rows, pad, device)
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    hidden = getattr(model, model.base_model_prefix)(input_ids=ids, attention_mask=attn,
-                                                      position_ids=positions).last_hidden_state
-    # left padding: the last column is every row's final token (its EOS)
-    return _head(model)(hidden[:, -1]).squeeze(-1).float()
+    # the model's own pooling (the last token that is not config.pad_token_id), so the score is the
+    # one transformers and TRL compute; position ids make left padding exact for any architecture
+    return model(input_ids=ids, attention_mask=attn, position_ids=positions).logits.squeeze(-1).float()
+
+
+def _check_pad_token(model, pad: int) -> None:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if config.pad_token_id != pad:
+        raise ValueError(
+            f"the reward model's config.pad_token_id is {config.pad_token_id} but its tokenizer pads with {pad}: "
+            f"transformers reads the score at the last token that is not config.pad_token_id, so they must agree. "
+            f"Build it with reward_model_from_causal_lm(lm, tokenizer), load it with load_reward_model, or set "
+            f"model.config.pad_token_id = tokenizer.pad_token_id")
 
 
 @torch.no_grad()
@@ -190,15 +232,17 @@ def train_reward_model(
     max_grad_norm: float | None = 1.0,
     seed: int = 0,
     eval_every: int = 0,
+    center_rewards_coefficient: float = 0.0,
     callback: Callable[[dict[str, float]], Any] | None = None,
 ) -> list[dict[str, float]]:
     """Fit ``model`` (a one-label classifier; see :func:`reward_model_from_causal_lm`) to ``pairs``.
 
     Each step draws ``batch_size`` pairs (seeded, without replacement within an epoch) and takes an
-    AdamW step on the Bradley–Terry loss. Returns one row per step: ``step``, ``loss``,
-    ``accuracy`` and ``margin`` on that batch, plus ``eval_accuracy`` / ``eval_margin`` /
-    ``eval_loss`` every ``eval_every`` steps and at the last step when ``eval_pairs`` are given.
-    A ``callback`` returning ``False`` stops early.
+    AdamW step on the Bradley–Terry loss (:func:`bradley_terry_loss`: each pair's ``margin``, 0
+    where it has none, and the ``center_rewards_coefficient`` term, as TRL's ``RewardTrainer``).
+    Returns one row per step: ``step``, ``loss``, ``accuracy`` and ``margin`` on that batch, plus
+    ``eval_accuracy`` / ``eval_margin`` / ``eval_loss`` every ``eval_every`` steps and at the last
+    step when ``eval_pairs`` are given. A ``callback`` returning ``False`` stops early.
 
     Example:
         >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
@@ -216,6 +260,10 @@ def train_reward_model(
     eval_set = load_preferences(eval_pairs) if eval_pairs is not None else None
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
+    if not center_rewards_coefficient >= 0:
+        raise ValueError(f"center_rewards_coefficient must be >= 0 (TRL suggests 0.01), "
+                         f"got {center_rewards_coefficient}")
+    with_margins = any(p.margin is not None for p in pairs)
     if next(model.parameters()).device.type == "cpu":
         flush_denormals()
     _head(model)  # a clear error now rather than mid-training
@@ -235,7 +283,8 @@ def train_reward_model(
         rewards = reward_scores(model, tokenizer, prompts + prompts,
                                 [p.chosen for p in batch] + [p.rejected for p in batch])
         chosen, rejected = rewards[:len(batch)], rewards[len(batch):]
-        loss = bradley_terry_loss(chosen, rejected)
+        margin = torch.tensor([p.margin or 0.0 for p in batch], device=rewards.device) if with_margins else None
+        loss = bradley_terry_loss(chosen, rejected, margin, center_rewards_coefficient)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if max_grad_norm is not None:
@@ -267,6 +316,7 @@ def fit_reward_model(
     weight_decay: float = 0.0,
     seed: int = 0,
     eval_every: int = 50,
+    center_rewards_coefficient: float = 0.0,
     callback: Callable[[dict[str, float]], Any] | None = None,
 ) -> dict[str, Any]:
     """The whole job of ``llmgym rm``: load, train on pairs, evaluate held out, save.
@@ -310,7 +360,7 @@ def fit_reward_model(
         rm, tokenizer = load_reward_model(model)
     else:
         lm, tokenizer = load_model(model)
-        rm = reward_model_from_causal_lm(lm)
+        rm = reward_model_from_causal_lm(lm, tokenizer)
     logger = MetricsLogger(out_dir)
 
     def log(row: dict[str, float]):
@@ -319,7 +369,8 @@ def fit_reward_model(
 
     try:
         history = train_reward_model(rm, tokenizer, train, eval_pairs=test, steps=steps, batch_size=batch_size, lr=lr,
-                                     weight_decay=weight_decay, seed=seed, eval_every=eval_every, callback=log)
+                                     weight_decay=weight_decay, seed=seed, eval_every=eval_every,
+                                     center_rewards_coefficient=center_rewards_coefficient, callback=log)
     finally:
         logger.close()
     save_pretrained(rm, tokenizer, out_dir)
@@ -335,7 +386,9 @@ class RewardModelVerifier(Verifier):
         tokenizer: the reward model's tokenizer (loaded with the model when ``model`` is a path).
         batch_size: rows per forward pass in :meth:`verify_batch`.
         scale, shift: an affine map of the raw score (e.g. to centre rewards for the KL leash).
-        max_completion_chars: longer completions are cut before scoring (bounded work per call).
+        max_completion_tokens: the most tokens of a completion the model reads: its last ones (the end,
+            where the answer sits; the prompt is kept whole). Bounded in tokens, not characters: a
+            forward pass grows with tokens, and four-byte text is four byte-level tokens a character.
 
     ``info`` carries the raw score. Scoring holds no gradient and keeps the model in eval mode.
 
@@ -355,7 +408,7 @@ class RewardModelVerifier(Verifier):
     """
 
     def __init__(self, model, tokenizer=None, *, batch_size: int = 32, scale: float = 1.0, shift: float = 0.0,
-                 max_completion_chars: int = 100_000, time_limit: float | None = None):
+                 max_completion_tokens: int = 2048, time_limit: float | None = None):
         super().__init__(time_limit)
         if isinstance(model, (str, os.PathLike)):
             model, loaded_tokenizer = load_reward_model(model)
@@ -367,13 +420,16 @@ class RewardModelVerifier(Verifier):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.batch_size, self.scale, self.shift = batch_size, float(scale), float(shift)
-        self.max_completion_chars = max_completion_chars
+        if max_completion_tokens < 1:
+            raise ValueError(f"max_completion_tokens must be >= 1, got {max_completion_tokens}")
+        self.max_completion_tokens = max_completion_tokens
         self._lock = threading.Lock()  # one forward at a time when a thread pool calls in
         self._prefetched: dict[tuple[int, str], Score] = {}
 
     def raw_scores(self, tasks: Sequence[Task], completions: Sequence[str]) -> torch.Tensor:
         """``[B]`` raw rewards ``r(x, y)``, in batches of ``batch_size``."""
-        completions = [c[: self.max_completion_chars] for c in completions]
+        completions = [keep_last_tokens(self.tokenizer, escape_special_tokens(self.tokenizer, c), self.max_completion_tokens)
+                       for c in completions]  # its last tokens, with no special token written as text
         with self._lock:
             return _scores_no_grad(self.model, self.tokenizer, [t.prompt for t in tasks], completions, self.batch_size)
 

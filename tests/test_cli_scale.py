@@ -235,6 +235,9 @@ def test_rm_trains_a_reward_model_that_the_verifier_loads(tmp_path, capsys):
     ('{"prompt": "q", "chosen": "a", "rejected": "b"}\n', [], "need at least 2 to hold some out"),
     ('{"prompt": "q", "chosen": "a", "rejected": "b"}\n' * 4, ["--held-out", "1"], "--held-out must be in (0, 1)"),
     ('{"prompt": "q", "chosen": "a", "rejected": "b"}\n' * 4, ["--steps", "0"], "--steps must be >= 1"),
+    ('{"prompt": "q", "chosen": "a", "rejected": "b"}\n' * 4, ["--center-rewards-coefficient", "-1"],
+     "--center-rewards-coefficient must be >= 0"),
+    ('{"prompt": "q", "chosen": "a", "rejected": "b", "margin": "big"}\n', [], "margin must be a finite number"),
     ('{"prompt": "q", "chosen": "a", "rejected": "b"}\n' * 4, ["--model", "/no/model"], "no model at '/no/model'"),
     ('{"prompt": "q", "chosen": "a", "rejected": "b"}\n' * 4, ["--eval-pairs", "/no/e.jsonl"], "--eval-pairs: no"),
 ])

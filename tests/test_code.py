@@ -202,7 +202,9 @@ def test_code_retry_feeds_back_the_failing_test_and_accepts_a_fix_on_turn_2():
     wrong = "```python\ndef second_largest(nums):\n    return sorted(nums)[-2]\n```"
     obs, reward, terminated, truncated, info = env.step(wrong)
     assert (reward, terminated, truncated, info["turn"]) == (0.0, False, False, 1)
-    assert "assert second_largest([7, 7]) is None" in info["reply"] and "AssertionError" in info["reply"]
+    # the failing assert is hidden (the prompt shows only the first): named and typed, never quoted
+    assert "hidden test 1 of 2 failed" in info["reply"] and "AssertionError" in info["reply"]
+    assert "[7, 7]" not in info["reply"] and "[7, 7]" not in obs["prompt"]
     assert obs["prompt"].startswith(prompt + wrong) and info["reply"] in obs["prompt"]
     fix = "```python\ndef second_largest(nums):\n    v = sorted(set(nums))\n    return v[-2] if len(v) > 1 else None\n```"
     obs, reward, terminated, truncated, info = env.step(fix)
@@ -215,6 +217,50 @@ def test_code_retry_feeds_back_the_failing_test_and_accepts_a_fix_on_turn_2():
     assert not truncated and "Killed" in info["reply"] and ("CPU" in info["reply"] or "wall-clock" in info["reply"])
     _, reward, terminated, truncated, _ = env.step("def flatten(items): return items")
     assert (reward, terminated, truncated) == (0.0, False, True)
+
+
+def _lookup_table_program(transcript: str, entry: str) -> str:
+    """The red-team policy: a function that answers every assert it has seen, from a table, and nothing else."""
+    import ast
+
+    table = {}
+    for line in transcript.splitlines():
+        try:
+            test = ast.parse(line.strip()).body[0].test if line.strip().startswith("assert") else None
+        except SyntaxError:
+            continue
+        if isinstance(test, ast.Compare) and isinstance(test.left, ast.Call) and getattr(test.left.func, "id", "") == entry:
+            try:
+                table[repr(tuple(ast.literal_eval(a) for a in test.left.args))] = ast.literal_eval(test.comparators[0])
+            except ValueError:
+                pass
+    return f"```python\nTABLE = {table!r}\ndef {entry}(*args):\n    return TABLE.get(repr(args))\n```"
+
+
+@needs_sandbox
+@pytest.mark.parametrize("source", ["builtin", "mbpp-file"])
+def test_code_retry_feedback_hands_over_no_hidden_test(source):
+    # red-team: a lookup table of the prompt's shown assert plus the asserts quoted back as feedback
+    # won 8/8 built-in problems and 5/5 MBPP-file problems at the default max_turns=3
+    env = gym.make("llmgym/CodeRetry-v0", **({"path": str(SAMPLE)} if source == "mbpp-file" else {}))
+    tasks = list(env.unwrapped.tasks)
+    returns = []
+    for task in tasks:
+        obs, _ = env.reset(options={"task": task})
+        hidden = [t for t in task.metadata["test_list"] if t not in obs["prompt"]]
+        episode_return, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, info = env.step(_lookup_table_program(obs["prompt"], task.metadata["entry_point"]))
+            episode_return += reward
+            done = terminated or truncated
+            assert not any(t in obs["prompt"] for t in hidden), (task.id, info["reply"])
+        returns.append(episode_return)
+    assert returns == [0.0] * len(tasks)
+    # a shown test that fails is still quoted: it is in the prompt already
+    env.reset(options={"task": tasks[0]})
+    shown = tasks[0].metadata["test_list"][0]
+    reply = env.step(f"def {tasks[0].metadata['entry_point']}(*args):\n    return 'nope'\n")[4]["reply"]
+    assert shown in reply and "AssertionError" in reply
 
 
 @needs_sandbox
@@ -247,11 +293,11 @@ def test_pass_at_k_over_samples_uses_the_unbiased_estimator():
 @pytest.fixture
 def no_bwrap(monkeypatch):
     real_which = shutil.which
-    monkeypatch.setattr(sbm.shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real_which(name, *a, **k))
-    sbm._probe.cache_clear()
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real_which(name, *a, **k))
+    check_sandbox(refresh=True)
     yield
     monkeypatch.undo()
-    sbm._probe.cache_clear()
+    check_sandbox(refresh=True)
 
 
 def test_missing_sandbox_is_raised_from_step_never_a_silent_zero(no_bwrap, monkeypatch):

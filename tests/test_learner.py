@@ -46,8 +46,10 @@ def _fixed_batch(tok, lengths=(1, 7, 2, 2, 6, 4, 3, 5), truncate=(1, 4)) -> Batc
         rewards = [0.0] * len(ids)
         rewards[-1] = float((i * 3) % 4) / 3.0
         finish = ["length"] if i in truncate else ["stop"]
+        # two reward components, as a WeightedSum verifier reports them (GDPO normalises each)
+        score = {"format": {"reward": float(i % 2), "weight": 0.5}, "correct": {"reward": rewards[-1], "weight": 1.0}}
         episodes.append(Episode(Task(f"t{i // GROUP}"), i // GROUP, ids, [0] * len(prompt) + [1] * n,
-                                [-1.0] * len(ids), rewards, len(prompt), finish))
+                                [-1.0] * len(ids), rewards, len(prompt), finish, info={"score": score}))
     return Batch.from_episodes(episodes, tok.pad_token_id)
 
 
@@ -137,6 +139,60 @@ def test_micro_batches_match_for_other_agents(name, mode):
     full, _, _ = _update(name, loss_agg=mode, minibatch_size=None, update_epochs=1)
     acc, _, _ = _update(name, loss_agg=mode, minibatch_size=None, update_epochs=1, micro_batch_size=3)
     _assert_same_state(acc, full)
+
+
+def _off_policy_update(name, seed=0, **config):
+    """Two epochs of minibatches (four optimiser steps; one for DPO, which takes no minibatches), KL on,
+    π_old = the starting policy's log-probs plus seeded noise (an engine whose kernels differ): ratios
+    move away from 1 on both sides of the clip range, and π moves away from π_ref after the first step."""
+    model, tok = _tiny(seed)
+    batch = _fixed_batch(tok)
+    with torch.no_grad():
+        start, _, _ = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask)
+    noise = 0.3 * torch.randn(start.shape, generator=torch.Generator().manual_seed(7))
+    batch.old_logprobs = (start + noise) * batch.action_mask
+    batch.baseline_rewards = torch.full((len(batch),), 0.25)  # ReMax's greedy-sample reward
+    minibatch = None if name == "dpo" else 4
+    config = {"kl_coef": 0.05, "max_new_tokens": 8, "group_size": GROUP, "max_grad_norm": 1.0, "update_epochs": 2,
+              "minibatch_size": minibatch, **config}
+    if name != "dpo":
+        config["entropy_coef"] = 0.01
+    agent = AGENTS[name](model, tok, **config)
+    agent.optimizer = torch.optim.SGD(agent.parameters(), lr=0.1)
+    metrics = agent.update(batch)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, metrics
+
+
+@pytest.mark.parametrize("micro", [1, 3])
+@pytest.mark.parametrize("name", sorted(AGENTS))
+def test_every_agent_accumulates_micro_batches_exactly_off_policy(name, micro):
+    """Micro-batches (completions; pairs for DPO) give the minibatch's update for every registered agent,
+    with ratios away from 1, clipping, and the KL term live."""
+    full, full_metrics = _off_policy_update(name)
+    acc, acc_metrics = _off_policy_update(name, micro_batch_size=micro)
+    initial = _tiny()[0].state_dict()
+    assert max(float((full[k] - initial[k]).abs().max()) for k in full) > 1e-3, "the update should move"
+    assert abs(full_metrics["kl"]) > 1e-4, "the KL term should be live (π moved away from π_ref)"
+    if name != "dpo":  # DPO reads no π_old
+        assert full_metrics["approx_kl_old_k3"] > 1e-3, "π_old should differ from π"
+    _assert_same_state(acc, full, atol=2e-6)
+    assert acc_metrics["loss"] == pytest.approx(full_metrics["loss"], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("loss_type,smoothing", [("ipo", 0.0), ("hinge", 0.0), ("sigmoid", 0.2)])
+def test_dpo_micro_batches_are_exact_for_every_preference_loss(loss_type, smoothing):
+    full, _ = _off_policy_update("dpo", loss_type=loss_type, label_smoothing=smoothing)
+    acc, _ = _off_policy_update("dpo", loss_type=loss_type, label_smoothing=smoothing, micro_batch_size=3)
+    _assert_same_state(acc, full, atol=2e-6)
+
+
+def test_dpo_micro_batches_hold_whole_pairs():
+    _, tok = _tiny()
+    batch = _fixed_batch(tok)
+    assert [len(p) for p in micro_batches(batch, 3, rows_per_example=2)] == [6, 2]
+    assert [len(p) for p in micro_batches(batch, 1, rows_per_example=2)] == [2, 2, 2, 2]
+    with pytest.raises(ValueError, match="whole examples of 2 rows"):
+        micro_batches(batch.select(range(7)), 1, rows_per_example=2)
 
 
 def test_micro_batches_inside_minibatches():
@@ -232,6 +288,33 @@ def test_lora_trains_adapters_and_scores_the_reference_without_a_copy():
         name = k.replace(".base_layer", "").replace("base_model.model.", "")
         if "lora_" not in k and name in base_weights:
             assert torch.equal(v, base_weights[name]), k
+
+
+def test_every_lora_option_is_the_one_peft_uses():
+    pytest.importorskip("peft")
+    model, tok = _tiny()
+    agent = GRPO(model, tok, group_size=GROUP, kl_coef=0.1, lora_r=4, lora_alpha=12, lora_dropout=0.1,
+                 lora_target_modules=("q_proj", "v_proj"))
+    lora = agent.learner.peft_model.peft_config["default"]
+    assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (4, 12, 0.1)
+    assert set(lora.target_modules) == {"q_proj", "v_proj"}
+    adapted = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")}
+    assert adapted == {"q_proj", "v_proj"}
+    dropouts = [m.lora_dropout["default"] for m in model.modules() if hasattr(m, "lora_dropout")]
+    assert dropouts and all(isinstance(d, torch.nn.Dropout) and d.p == 0.1 for d in dropouts)
+    assert all(m.scaling["default"] == 12 / 4 for m in model.modules() if hasattr(m, "lora_A"))
+    # the dropout acts in training forwards only (the engine samples in eval mode, without it)
+    for m in model.modules():  # make the adapters non-zero, so that dropping their input shows
+        if hasattr(m, "lora_B"):
+            torch.nn.init.normal_(m.lora_B["default"].weight, std=1.0)
+    batch = _fixed_batch(tok)
+    model.train()
+    assert not torch.equal(agent.forward(batch).logprobs, agent.forward(batch).logprobs)
+    model.eval()
+    assert torch.equal(agent.forward(batch).logprobs, agent.forward(batch).logprobs)
+    # defaults: alpha = 2·r, every linear layer, no dropout
+    default = GRPO(_tiny()[0], tok, group_size=GROUP, lora_r=2).learner.peft_model.peft_config["default"]
+    assert (default.r, default.lora_alpha, default.lora_dropout) == (2, 4, 0.0)
 
 
 def test_lora_agent_learns_through_its_engine():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import json
+import multiprocessing
 import re
 import sys
 import threading
@@ -31,7 +32,7 @@ from llmgym.envs.math import (
     math_reward,
     normalize_gold,
 )
-from llmgym.envs.math.pool import default_mp_context
+
 
 DATA = Path(__file__).parent / "data"
 GSM8K_SAMPLE = DATA / "gsm8k_sample.jsonl"
@@ -174,6 +175,30 @@ def test_works_and_times_out_off_the_main_thread():
     assert [t for t in threading.enumerate() if t.is_alive() and t not in threads_before] == []
 
 
+def test_numbers_decided_on_the_host_agree_with_math_verify():
+    # Plain numbers never leave the host when the verdict is certain: it must be math-verify's own.
+    from llmgym.envs.math.sandboxed import MATH_VERIFY_WORKER
+    from llmgym.envs.math.verifier import _host_verdict
+    from llmgym.sandbox.worker import SandboxWorker, site_packages
+
+    numbers = ["0", "-0", "18", "-18", "1000", "1,000", "1,000,000", "0.5", ".5", "1/2", r"\frac{1}{2}",
+               r"\frac12", r"\dfrac{2}{4}", "1/3", "0.333333", "0.3333", "3.5", "7/2", "0.1", "1/10",
+               "1.0000001", "12345678901234567890", "12345678901234567891", "-7/2"]
+    pairs = [(g, p) for g in numbers for p in numbers if _host_verdict(g, p, 6) is not None]
+    undecided = [(g, p) for g in numbers for p in numbers if _host_verdict(g, p, 6) is None]
+    assert len(pairs) > 400 and ("1/3", "0.333333") in undecided  # close decimals are math-verify's call
+    source = MATH_VERIFY_WORKER + (
+        "\ndef prepare(context):\n    return context\n"
+        "def handle(state, pairs):\n"
+        "    return [float(mv.verify(_parse(g), _parse(p), float_rounding=6, numeric_precision=15, strict=True,\n"
+        "                            timeout_seconds=None)) for g, p in pairs]\n")
+    with SandboxWorker(source, paths=site_packages("math_verify")) as worker:
+        status, verdicts = worker.call(None, pairs, time_limit=300)
+    assert status == "ok", verdicts
+    disagree = [(g, p, v) for (g, p), v in zip(pairs, verdicts) if _host_verdict(g, p, 6) != v]
+    assert disagree == []
+
+
 def test_astronomical_numbers_are_refused_quickly():
     # SymPy would compute 9^(9^9) exactly, in C calls that hold the GIL for minutes: the verifier
     # refuses by size (the error says why) before computing anything
@@ -188,7 +213,7 @@ def test_astronomical_numbers_are_refused_quickly():
 
 
 def test_works_inside_a_worker_process():
-    ctx = default_mp_context()
+    ctx = multiprocessing.get_context("spawn")  # a user's own worker process starts its own sandboxed worker
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
         good = pool.submit(MathVerifier(time_limit=10.0), Task("q", answer=r"\frac{1}{2}"), "0.5").result(60)
         slow = pool.submit(MathVerifier(time_limit=0.05), Task("q", answer=SLOW[0]), SLOW[1]).result(60)
@@ -596,12 +621,14 @@ def test_reasoning_gym_verifier_reward_equals_reasoning_gyms_pipeline(dataset):
     meta = task.metadata
     ds = _scorer(dataset, {}, meta["seed"])
     gold = str(task.answer)
+    parity = ReasoningGymVerifier(scoring="upstream")  # evaluation parity; the RL default is binary
     for text in (gold, f"<answer>{gold}</answer>", f"<answer>{gold}", "<answer>nope</answer>", ""):
         expected = float(ds.score_answer(rg_extract(text), meta["entry"]) or 0.0)
-        assert ReasoningGymVerifier()(task, text).reward == expected, text
+        assert parity(task, text).reward == expected, text
+        assert ReasoningGymVerifier()(task, text).reward == float(expected == 1.0), text
     # countdown gives 0.01 to a missing answer; llmgym passes the None through, as reasoning-gym does
     if dataset == "countdown":
-        assert ReasoningGymVerifier()(task, gold).reward == 0.01
+        assert parity(task, gold).reward == 0.01
 
 
 def test_arithmetic_refuses_an_echo_of_the_question_and_false_equations():

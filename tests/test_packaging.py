@@ -59,3 +59,66 @@ def test_agents_and_envs_never_import_each_other():
             assert not _touches(_imports(path), other), path
             # the old top-level names are gone too
             assert not (_touches(_imports(path), "agents") | _touches(_imports(path), "envs")), path
+
+
+def _engine_imports(path: Path) -> dict[str, set[str]]:
+    """``{llmgym.engines module: names imported from it}`` for every import in ``path``, at module
+    level or inside functions (a lazy import is still a dependency), relative imports resolved."""
+    tree = ast.parse(path.read_text())
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("llmgym.engines."):
+                    out.setdefault(alias.name, set())
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                module = "llmgym.engines" + ("." + module if module else "")
+            if module == "llmgym.engines":  # `from llmgym.engines import x`: x may be a submodule
+                for alias in node.names:
+                    if (ENGINES / f"{alias.name}.py").is_file():
+                        out.setdefault(f"llmgym.engines.{alias.name}", set())
+                    else:
+                        out.setdefault(module, set()).add(alias.name)
+            elif module.startswith("llmgym.engines."):
+                out.setdefault(module, set()).update(a.name for a in node.names)
+    return out
+
+
+ENGINES = ROOT / "llmgym" / "engines"
+
+
+def test_the_engines_package_imports_one_way():
+    """Inside ``llmgym/engines/`` the modules form a layering, with no cycle (lazy imports in functions
+    count) and no private name crossing a module boundary; a module never reaches back into the
+    package's ``__init__`` (which imports them all)."""
+    modules = {f"llmgym.engines.{p.stem}": p for p in ENGINES.glob("*.py") if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        imports = _engine_imports(path)
+        assert "llmgym.engines" not in imports, f"{name} imports from the package __init__: import the module itself"
+        private = sorted(f"{target}.{n}" for target, names in imports.items() for n in names if n.startswith("_"))
+        assert not private, f"{name} imports private names from another module: {private}"
+        graph[name] = {target for target in imports if target in modules and target != name}
+    order: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        if state.get(node) == "done":
+            return
+        assert state.get(node) != "open", "import cycle in llmgym/engines: " + " -> ".join(trail + [node])
+        state[node] = "open"
+        for target in sorted(graph[node]):
+            visit(target, trail + [node])
+        state[node] = "done"
+        order.append(node)
+
+    for name in sorted(graph):
+        visit(name, [])
+    # the layering the package documents: contracts and helpers below the engines built on them
+    below = {"llmgym.engines.base": ["llmgym.engines.session", "llmgym.engines.hf"],
+             "llmgym.engines.session": ["llmgym.engines.hf"]}
+    for low, highs in below.items():
+        for high in highs:
+            assert order.index(low) < order.index(high), f"{low} must not depend on {high}"

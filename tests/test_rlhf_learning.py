@@ -161,6 +161,9 @@ def test_dpo_on_pairs_raises_implicit_accuracy_and_hidden_score(reward_model_run
 
 def test_rejection_sampling_raises_env_reward(warm_policy, tokenizer):
     before, after, history = rejection_sampling_experiment(warm_policy, tokenizer, seed=0)
-    # (d) measured: env reward (hidden score) 0.544 -> 0.936, 0.517 -> 0.919, 0.501 -> 0.900 (+0.39 to +0.40)
-    assert all(r["kept"] == 16 for r in history)
+    # (d) measured: env reward (hidden score) 0.544 -> 0.938, 0.517 -> 0.920, 0.501 -> 0.900 (+0.39 to +0.40;
+    #     the same at 1 and 2 threads). Groups whose 8 samples all score the same have no winner and are
+    #     skipped: 0-3 of 16 per step (6, 11 and 1 in the 10 steps of seeds 0/1/2), once the policy answers
+    #     some prompts with digits only
+    assert all(r["kept"] + r["skipped_groups"] == 16 for r in history)
     assert after > before + 0.1, (before, after)

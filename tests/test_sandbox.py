@@ -33,6 +33,8 @@ from llmgym.sandbox import (
     check_sandbox,
     run_python,
 )
+from host_traces import cmdline_pids  # noqa: E402  (tests/ is on sys.path)
+
 
 INFO = check_sandbox()
 needs_sandbox = pytest.mark.skipif(
@@ -63,19 +65,6 @@ def sb() -> Sandbox:
 
 def token() -> str:
     return uuid.uuid4().hex[:12]
-
-
-def cmdline_pids(marker: str) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as fh:
-                    if marker.encode() in fh.read():
-                        found.append(int(name))
-            except OSError:
-                pass
-    return found
 
 
 def assert_no_trace(r: SandboxResult) -> None:
@@ -647,14 +636,14 @@ def test_output_flood_is_cut_and_killed(sb):
 def no_bwrap(monkeypatch):
     real_which = shutil.which
     monkeypatch.setattr(
-        sbm.shutil,
+        shutil,
         "which",
         lambda name, *a, **k: None if name == "bwrap" else real_which(name, *a, **k),
     )
-    sbm._probe.cache_clear()
+    check_sandbox(refresh=True)
     yield
     monkeypatch.undo()
-    sbm._probe.cache_clear()
+    check_sandbox(refresh=True)
 
 
 def test_missing_mechanism_refuses_to_run(no_bwrap, monkeypatch):
@@ -711,8 +700,15 @@ def test_limits_are_validated():
 
 @needs_sandbox
 def test_docstring_examples():
-    res = doctest.testmod(sbm, optionflags=doctest.ELLIPSIS)
-    assert res.attempted >= 10 and res.failed == 0
+    import importlib
+    import pkgutil
+
+    attempted = 0
+    for name in ["llmgym.sandbox"] + [m.name for m in pkgutil.iter_modules(sbm.__path__, "llmgym.sandbox.")]:
+        res = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+        assert res.failed == 0, name
+        attempted += res.attempted
+    assert attempted >= 10
 
 
 @needs_sandbox
@@ -734,7 +730,12 @@ def test_non_root_caller_is_refused_unless_it_opts_out():
     d = tempfile.mkdtemp(prefix="llmgym-sbtest-")
     try:
         os.chmod(d, 0o755)
-        shutil.copy(sbm.__file__, os.path.join(d, "llmgym_sandbox_copy.py"))
+        # the package needs only the standard library: a copy runs under the system Python
+        shutil.copytree(os.path.dirname(sbm.__file__), os.path.join(d, "llmgym_sandbox_copy"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for root, dirs, files in os.walk(d):
+            for name in dirs + files:
+                os.chmod(os.path.join(root, name), 0o755)
         script = textwrap.dedent("""
             import warnings, llmgym_sandbox_copy as m
             try:

@@ -387,11 +387,21 @@ def _judge():
         report["token"] = _CONFIG["token"]
     except BaseException as e:
         report["error"] = _format(e)[-8000:]
+        if report["stage"] == "test":  # where and how a test failed, for feedback that quotes no hidden test
+            import traceback as _tb
+            lines = [f.lineno for f in _tb.extract_tb(e.__traceback__) if f.filename == "tests.py"]
+            report["test_line"] = lines[-1] if lines else None
+            report["exception"] = type(e).__name__
+            report["exception_text"] = "".join(_tb.format_exception_only(type(e), e))[-500:]
     return report
 
 _report = _judge()
+_data = _json.dumps(_report).encode("utf-8", "replace")
+while len(_data) > 16000 and _report["error"]:  # whole JSON, never a cut one: keep the error's tail
+    _report["error"] = _report["error"][len(_report["error"]) // 2 + 1:]
+    _data = _json.dumps(_report).encode("utf-8", "replace")
 try:
-    _os.write(JUDGE_REPORT, _json.dumps(_report).encode("utf-8", "replace")[:16000])
+    _os.write(JUDGE_REPORT, _data[:16000])
 finally:
     _os._exit(0 if _report["passed"] else 1)
 '''

@@ -1,11 +1,18 @@
 '''``llmgym/CodeRetry-v0``: write code, see the failing test, fix it -- up to ``max_turns`` attempts.
 
-A multi-turn code env. Each completion is run with the task's tests in the sandbox
-(:class:`~llmgym.envs.code.CodeVerifier`). A pass ends the episode with reward 1.0. A failure earns 0.0
-and the env replies with what failed -- the failing assert's traceback tail, or the limit that killed
-the program, truncated to ``max_feedback_chars`` -- and the policy tries again; after ``max_turns``
-failed attempts the episode is truncated. Each attempt is judged on its own: the program is the
-prompt's code (if any) plus that completion, not the transcript.
+A multi-turn code env. Each completion is run with all of the task's tests in the sandbox
+(:class:`~llmgym.envs.code.CodeVerifier`). A pass ends the episode; the episode returns its last
+attempt's score (1.0 for a pass), paid as :meth:`~llmgym.MultiTurnEnv.progress`, so failing on purpose
+never adds up. After a failure the env replies with what failed and the policy tries again; after
+``max_turns`` failed attempts the episode is truncated. Each attempt is judged on its own: the program
+is the prompt's code (if any) plus that completion, not the transcript.
+
+The reply never hands over a test the prompt did not show (:meth:`CodeRetryEnv.feedback`): a failing
+shown test (MBPP's first assert) is quoted with its error; a hidden one is named by number and how it
+failed -- ``hidden test 2 of 2 failed: it returned a wrong result (AssertionError).`` -- without its
+source, which holds the expected value; a program that crashed before the tests or hit a limit gets
+its own traceback or the limit, cut to ``max_feedback_chars``. (Quoting hidden asserts let a lookup
+table of the shown assert plus the quoted ones win 8 of 8 built-in problems at ``max_turns=3``.)
 
 Example:
     >>> import gymnasium, llmgym
@@ -72,10 +79,47 @@ class CodeRetryEnv(MultiTurnEnv):
     def respond(self, completion: str) -> Turn:
         score = self.score(completion)
         info = dict(score.info)
+        reward = self.progress(score.reward)  # the episode returns its last attempt's score
         if score.reward >= self.solved_reward:
-            return Turn(score.reward, None, True, info)
-        feedback = info.get("feedback") or info.get("error") or "the tests did not pass."
-        return Turn(score.reward, self.feedback_template.format(feedback=feedback), False, info)
+            return Turn(reward, None, True, info)
+        feedback = self.feedback(info)
+        info["feedback"] = feedback  # what the policy is shown, and no more
+        return Turn(reward, self.feedback_template.format(feedback=feedback), False, info)
+
+    def feedback(self, info: dict[str, Any]) -> str:
+        """What the policy is told about a failed attempt: never a test it was not shown.
+
+        A failing test whose line appears in the prompt (MBPP's shown assert) is quoted with the
+        error it raised; a hidden one is named by its number and how it failed (a wrong result, or
+        the exception's type), never its source or message, which hold the expected value. A program
+        that failed before the tests ran, or was killed, gets its own traceback / the limit.
+        """
+        failed, stage = info.get("failed_test"), info.get("stage")
+        killed = info.get("killed_reason") or info.get("timed_out")
+        if info.get("early_exit") or killed or (stage != "test" and failed is None):  # the program's own output
+            return info.get("feedback") or info.get("error") or "the tests did not pass."
+        lines = _test_lines(self.task)
+        prompt = self.task.prompt if isinstance(self.task.prompt, str) else "\n".join(
+            str(m.get("content", "")) for m in self.task.prompt)
+        prompt_lines = {line.strip() for line in prompt.splitlines()}
+        shown = {n for n, text in lines.items() if text in prompt_lines}  # whole lines: no prefix of a shown one
+        hidden = [n for n in sorted(lines) if n not in shown]
+        line = failed.get("line") if failed else None
+        if line in shown:
+            return f"{lines[line]}\n{failed['text'].rstrip()}"
+        how = ("it returned a wrong result (AssertionError)" if failed and failed["exception"] == "AssertionError"
+               else f"it raised {failed['exception']}" if failed else "it failed")
+        which = f"hidden test {hidden.index(line) + 1} of {len(hidden)}" if line in hidden else "a hidden test"
+        return f"{which} failed: {how}."
+
+
+def _test_lines(task: Task) -> dict[int, str]:
+    """``{line number: stripped text}`` of the task's assert lines, numbered as the judge runs them."""
+    tests = task.tests
+    if isinstance(tests, (list, tuple)):
+        tests = "\n".join(str(t) for t in tests)
+    return {n: line.strip() for n, line in enumerate(str(tests or "").splitlines(), 1)
+            if line.strip().startswith("assert")}
 
 
 def code_retry_env(

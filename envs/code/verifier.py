@@ -276,6 +276,19 @@ def failure_feedback(result: SandboxResult, limits: SandboxLimits | None = None,
     return "\n".join(parts)
 
 
+def _failed_test(report: dict[str, Any]) -> dict[str, Any] | None:
+    """Where the tests failed, from the judge's own report (``None`` unless a test itself failed).
+
+    ``line``: the line of the tests' source that raised (the innermost one in the tests);
+    ``exception``: the exception's type name; ``text``: its type and message as Python prints them.
+    The judge is trusted code in its own process: nothing the candidate does writes these fields.
+    """
+    line, name, text = report.get("test_line"), report.get("exception"), report.get("exception_text")
+    if report.get("stage") != "test" or type(line) is not int or type(name) is not str or not name.isidentifier():
+        return None
+    return {"line": line, "exception": name[:100], "text": str(text or name)[-500:]}
+
+
 class CodeVerifier(Verifier):
     """Run the program and, in a separate judge process, its tests (:mod:`llmgym.envs.code.judge`): 1.0 on a pass.
 
@@ -292,8 +305,12 @@ class CodeVerifier(Verifier):
 
     ``Score.info``: ``passed``, ``style`` (``"function"`` / ``"body"`` / ``"program"``, see
     :func:`build_program`), ``returncode``, ``killed_reason``, ``timed_out``, ``stderr_tail``,
-    ``stdout_tail``, ``early_exit`` (exited 0 before the tests finished) and ``feedback`` (what
-    failed, ``""`` on a pass) -- all deterministic for a deterministic program (no timings).
+    ``stdout_tail``, ``early_exit`` (exited 0 before the tests finished), ``feedback`` (what
+    failed, ``""`` on a pass: the judge's traceback quotes the failing test, expected value included)
+    ``stage`` (where the judge stopped: ``"load"``, ``"test"``, or ``None`` without a report) and
+    ``failed_test`` (``{"line", "exception", "text"}`` when a test failed: where in the tests and
+    how, for feedback that must not quote a hidden test) -- all deterministic for a deterministic
+    program (no timings).
 
     A failure of the sandbox itself (:class:`~llmgym.sandbox.SandboxError`, e.g. bubblewrap cannot
     start) is raised, never scored 0: it is not the completion's fault, and silent zeros would
@@ -453,6 +470,8 @@ class CodeVerifier(Verifier):
             "stderr_tail": _tail(strip_terminal_escapes(result.stderr), self.max_feedback_chars),
             "stdout_tail": _tail(stdout, self.max_feedback_chars),
             "feedback": strip_terminal_escapes(feedback),
+            "stage": report.get("stage") if report.get("stage") in ("load", "test") else None,
+            "failed_test": None if passed else _failed_test(report),
         }
         return Score(1.0 if passed else 0.0, info)
 

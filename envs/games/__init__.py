@@ -2,8 +2,10 @@
 
 Each game is a :class:`llmgym.MultiTurnEnv` that overrides ``respond``: one completion is one move,
 the env replies (higher/lower, per-letter marks) and the policy moves again until it wins (reward
-1.0) or runs out of moves (reward 0.0); both end the episode (``terminated``). A move that cannot be
-parsed uses up the turn and gets a reply saying what format is expected.
+1.0) or runs out of moves (reward 0.0); both end the episode (``terminated``). Every turn before
+the last pays 0.0: only the outcome is rewarded, so losing turns on purpose never adds up (the
+return rule of ``docs/plug_in_env.md``). A move that cannot be parsed uses up the turn and gets a
+reply saying what format is expected.
 
 Example:
     >>> import gymnasium, llmgym

@@ -212,6 +212,8 @@ def load_math(
 def _dataset_env(loader, name, tokenizer, render_mode, path, verifier, time_limit, **load_kwargs) -> SequenceEnv:
     from llmgym.envs.math.verifier import MathVerifier
 
+    if verifier is None:  # first: without math-verify the env fails here, naming the install
+        verifier = MathVerifier(time_limit=time_limit)
     try:
         tasks = loader(path, **load_kwargs)
     except (ModuleNotFoundError, RuntimeError) as exc:
@@ -225,8 +227,7 @@ def _dataset_env(loader, name, tokenizer, render_mode, path, verifier, time_limi
         ) from exc
     if not tasks:
         raise ValueError(f"llmgym/{name}-v0: {path or 'the dataset'} holds no problems")
-    return SequenceEnv(tasks, verifier if verifier is not None else MathVerifier(time_limit=time_limit),
-                       tokenizer, render_mode=render_mode)
+    return SequenceEnv(tasks, verifier, tokenizer, render_mode=render_mode)
 
 
 def gsm8k_env(

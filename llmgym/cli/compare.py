@@ -28,7 +28,10 @@ from llmgym.cli.common import (
     atomic_write_text,
     build_agent_config,
     check_device,
+    check_engine,
+    check_env_makes,
     check_out_dir,
+    engine_options,
     parse_overrides,
     scale_options,
 )
@@ -40,7 +43,7 @@ __all__ = ["add_parser", "cmd_compare", "compute_fair_settings"]
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``compare`` sub-command to ``subparsers``."""
     p = subparsers.add_parser(
-        "compare", parents=[common, scale_options()], help="several agents x seeds on one env; one plot and a summary",
+        "compare", parents=[common, scale_options(), engine_options()], help="several agents x seeds on one env; one plot and a summary",
         description="Train each agent on each seed (0..S-1) from the same model; report final reward "
                     "(mean ± std over seeds) and steps to reach --threshold; save DIR/compare.png "
                     "and DIR/compare.json. Compute-fair by default: every agent samples the same number of "
@@ -136,6 +139,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"{str(out)!r} already holds a comparison ({earlier[0]}): choose another --out or add "
                          f"--overwrite")
     _check_model(args.model)
+    check_env_makes(args.env, args.model, env_args, max_new_tokens=build_agent_config(plans[0], overrides).max_new_tokens)
+    engine_args = parse_overrides(args.engine_arg or [], "--engine-arg")
+    engine = check_engine(args.engine, engine_args, args.model, lora=int(overrides.get("lora_r") or 0) > 0)
     if args.overwrite:
         for path in earlier:
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
@@ -154,7 +160,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 config = build_agent_config(cls, {**overrides, **per_agent[cls.name], "seed": seed})
                 spec = RunSpec(env=args.env, agent=cls.name, model=args.model, steps=args.steps, checkpoint_every=0,
                                threads=args.threads, agent_config=dataclasses.asdict(config), env_args=env_args,
-                               device=device)
+                               device=device, engine=engine, engine_args=engine_args)
                 result = train_run(spec, out / cls.name / f"seed-{seed}", console=console, progress=progress,
                                    description=f"{cls.name} seed {seed}", checkpoints=False)
                 rows = result.rows
@@ -183,7 +189,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                  "wall_s": sum(walls)}
             if result.interrupted:
                 break
-    report = {"env": args.env, "env_args": env_args, "model": args.model, "steps": args.steps, "seeds": args.seeds,
+    report = {"env": args.env, "env_args": env_args, "model": args.model, "engine": engine, "engine_args": engine_args,
+              "steps": args.steps, "seeds": args.seeds,
               "threshold": args.threshold, "window": window, "set": overrides,
               "samples_per_step": budget, "fairness": fairness, "agents": summary}
     atomic_write_text(out / "compare.json", json.dumps(report, indent=2) + "\n")  # before the plot: kept if it fails

@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 from collections.abc import Sequence
 
 from llmgym.cli.common import UsageError, _console, plugin_options
+from llmgym.display import is_live
 
-__all__ = ["WIDE", "add_parser", "cmd_list"]
+__all__ = ["WIDE", "add_parser", "cmd_list", "adapter_rows"]
 
 WIDE = 120
-"""Terminal columns from which ``list`` draws tables; narrower (or piped, 80) it prints one paragraph per row."""
+"""Terminal columns from which ``list`` draws tables; narrower (or piped without ``$COLUMNS``) it prints
+one paragraph per row."""
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``list`` sub-command to ``subparsers``."""
-    p = subparsers.add_parser("list", parents=[plugin_options()], help="registered envs and agents")
+    p = subparsers.add_parser("list", parents=[plugin_options()],
+                              help="registered envs, env adapters (verifiers, TextArena) and agents")
     p.add_argument("--family", help="only the envs of one family (e.g. toy, math, games)")
     p.add_argument("--all", action="store_true", help="one row per env, also in large families")
     p.set_defaults(handler=cmd_list)
@@ -70,8 +74,10 @@ def cmd_list(args: argparse.Namespace) -> int:
             continue
         for info in members:
             rows.append((info.id, info.family, "yes" if info.multi_turn else "", needs(info), info.description))
+    # a pipe or a file gets paragraphs (one env, one grep) unless $COLUMNS asks for a width
+    tables = console.width >= WIDE and (is_live(console) or "COLUMNS" in os.environ)
     caption = "levels: sequence, token for every env — gymnasium.make(id, tokenizer=tok, level=...)"
-    if console.width >= WIDE:
+    if tables:
         envs = Table(title="environments", title_justify="left", caption_justify="left", caption=caption)
         for name in ("id", "family", "multi-turn", "needs"):
             envs.add_column(name, no_wrap=True)
@@ -79,7 +85,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         for row in rows:
             envs.add_row(*row)
         console.print(envs)
-    else:  # a narrow terminal or a pipe (80 columns): one env per paragraph, descriptions never cropped
+    else:  # a narrow terminal, a pipe or a file: one env per paragraph, descriptions never cropped
         console.print("[bold]environments[/]")
         for env_id, family, multi_turn, needed, description in rows:
             tags = ", ".join(t for t in (family, "multi-turn" if multi_turn else "", f"needs {needed}" if needed else "")
@@ -87,13 +93,14 @@ def cmd_list(args: argparse.Namespace) -> int:
             console.print(f"[bold]{env_id}[/] ({tags})", soft_wrap=True)
             console.print(f"    {description}", soft_wrap=True, highlight=False)
         console.print(caption, soft_wrap=True)
+    _print_adapters(console)
     agent_rows = []
     for name, cls in AGENTS.items():
         config = cls.config_class()
         doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         agent_rows.append((name, str(config.group_size), f"{config.lr:g}", f"{config.kl_coef:g}", doc.replace("``", "")))
     title = "agents: llmgym train --agent NAME [--set field=value]"
-    if console.width >= WIDE:
+    if tables:
         agents = Table(title=title, title_justify="left")
         agents.add_column("name", no_wrap=True)
         agents.add_column("group", justify="right")
@@ -110,3 +117,39 @@ def cmd_list(args: argparse.Namespace) -> int:
             console.print(f"    {doc}", soft_wrap=True, highlight=False)
     return 0
 
+
+
+def adapter_rows() -> list[tuple[str, str, str]]:
+    """``(spec, status, description)`` of each env adapter: its installed package version or how to install it.
+
+    Example:
+        >>> from llmgym.cli.listing import adapter_rows
+        >>> [spec for spec, _, _ in adapter_rows()]
+        ['verifiers:<module>', 'textarena:<game id>']
+    """
+    from llmgym.interop.adapters import ADAPTERS, adapter_versions
+
+    versions = adapter_versions()
+    return [(f"{a.name}:{a.target}",
+             f"{a.distribution} {versions[a.name]}" if versions[a.name] else f"missing: pip install 'llmgym[{a.name}]'",
+             a.description) for a in ADAPTERS.values()]
+
+
+def _print_adapters(console) -> None:
+    from rich.table import Table
+
+    rows = adapter_rows()
+    title = "env adapters: --env <adapter>:<target> (docs/interop.md)"
+    if console.width >= WIDE:
+        table = Table(title=title, title_justify="left")
+        table.add_column("--env", no_wrap=True)
+        table.add_column("installed", no_wrap=True)
+        table.add_column("description", ratio=1)
+        for spec, status, description in rows:
+            table.add_row(spec, status if not status.startswith("missing") else f"[red]{status}[/]", description)
+        console.print(table)
+    else:
+        console.print(f"\n[bold]{title}[/]", soft_wrap=True)
+        for spec, status, description in rows:
+            console.print(f"[bold]{spec}[/] ({status})", soft_wrap=True, highlight=False)
+            console.print(f"    {description}", soft_wrap=True, highlight=False)

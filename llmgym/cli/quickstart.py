@@ -22,6 +22,7 @@ from typing import Any
 
 from llmgym.cli.common import (
     EXIT_INTERRUPTED,
+    RUN_FILES,
     UsageError,
     _apply_threads,
     _console,
@@ -33,8 +34,11 @@ from llmgym.cli.common import (
     atomic_write_text,
     check_device,
     check_out_dir,
+    existing_files,
+    keep_previous_run,
 )
 from llmgym.cli.training import RunSpec, evaluate_held_out, train_run
+from llmgym.threads import set_torch_threads
 
 __all__ = ["QUICKSTART_SETTINGS", "add_parser", "cmd_quickstart", "evaluate_held_out", "quickstart_base_model"]
 
@@ -53,10 +57,12 @@ QUICKSTART_WARMUP = {"task": "copy", "pairs": 2000, "pairs_seed": 1, "steps": 80
 QUICKSTART_HELD_OUT = {"task": "copy", "n": 64, "seed": 12345}
 
 
-def quickstart_base_model(console=None) -> Path:
+def quickstart_base_model(console=None, threads: int | None = None) -> Path:
     """The quickstart's base model: a tiny model after a short supervised warm-up on Copy, cached.
 
-    Built once under :func:`llmgym.models.cache_dir` (keyed by the recipe) and reused afterwards.
+    Built once under :func:`llmgym.models.cache_dir` (keyed by the recipe) and reused afterwards;
+    the warm-up runs on the threads :func:`llmgym.threads.set_torch_threads` picks (``threads``
+    wins), one for this model unless the user says otherwise.
     """
     from llmgym.models import (
         TinyModelConfig,
@@ -81,6 +87,7 @@ def quickstart_base_model(console=None) -> Path:
                         f"warm-up on Copy (cached for next time)"):
         tokenizer = build_tokenizer()
         model = build_tiny_model(tokenizer, shape)
+        set_torch_threads(model, requested=threads)
         w = QUICKSTART_WARMUP
         pairs = [(t.prompt, t.answer) for t in sample_tasks(w["task"], w["pairs"], seed=w["pairs_seed"])]
         losses = supervised_warmup(model, tokenizer, pairs, steps=w["steps"], lr=w["lr"],
@@ -100,6 +107,7 @@ def quickstart_base_model(console=None) -> Path:
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """``llmgym quickstart``: warm-up (cached) → GRPO on Copy → before/after table."""
     import torch
+    from rich.rule import Rule
     from rich.table import Table
 
     from llmgym.envs.toy import sample_tasks
@@ -113,14 +121,14 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         settings["steps"] = args.steps
     device = check_device(args.device)
     out = check_out_dir(args.out)  # before the warm-up and the training: a bad --out fails now
-    console.rule("[bold]llmgym quickstart")
+    console.print(Rule("[bold]llmgym quickstart"), width=min(console.width, 100))
     console.print(f"GRPO on llmgym/Copy-v0 with a tiny model on CPU: "
                   f"{settings['steps']} steps × {settings['tasks_per_step']} prompts × "
                   f"{settings['group_size']} samples"
                   f"{' (--quick)' if args.quick else ''}")
     torch.manual_seed(0)
     started = time.perf_counter()
-    base_path = quickstart_base_model(console)
+    base_path = quickstart_base_model(console, threads=args.threads)
     console.print(f"base model (after warm-up): {base_path}")
     model, tokenizer = _load_model(str(base_path), device=device)
     threads = _apply_threads(args.threads, model)
@@ -133,9 +141,12 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
                 "sampled": evaluate_held_out(m, tokenizer, eval_env, held_out, temperature=1.0, samples=samples)}
 
     before = evaluate(model)
-    for name in ("metrics.jsonl", "curves.png", "eval.json", "checkpoints", "tensorboard"):
-        path = out / name
-        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    kept = None
+    if args.overwrite:
+        for path in existing_files(out, RUN_FILES):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    elif (kept := keep_previous_run(out)) is not None:  # a second quickstart never replaces the first
+        console.print(f"{out} held an earlier run: moved it to {kept} (--overwrite replaces it instead)")
     spec = RunSpec(env="llmgym/Copy-v0", agent="grpo", model=str(base_path), steps=settings["steps"],
                    checkpoint_every=max(1, settings["steps"] // 3), threads=threads, device=device,
                    agent_config={"lr": settings["lr"], "kl_coef": 0.0, "max_new_tokens": 6, "seed": 0,
@@ -165,6 +176,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     console.print(_files_table(f"run files ({wall:.0f} s in all)", {
         "metrics": out / "metrics.jsonl", "curves": result.curves, "before/after": out / "eval.json",
         "config": out / "config.json", "checkpoint": result.checkpoint, "tensorboard": result.tensorboard_dir,
+        "earlier run": kept,
     }))
     console.print(f"next: llmgym bench --env llmgym/Copy-v0 --model {result.checkpoint} --samples 8 --max-new-tokens 6")
     if result.interrupted:
@@ -186,5 +198,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
     p.add_argument("--device", metavar="{auto,cpu,cuda,cuda:N}",
                    help="where the GRPO run happens (default auto: cuda when a GPU is visible; the warm-up is on CPU)")
     p.add_argument("--quick", action="store_true", help="a seconds-long run (for tests and a first look)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run in --out (by default it is kept, moved to OUT.1, OUT.2, ...)")
     p.set_defaults(handler=cmd_quickstart)
     return p

@@ -18,7 +18,6 @@ import argparse
 import json
 
 from llmgym.cli.common import (
-    SMALL_MODEL_PARAMETERS,
     UsageError,
     _console,
     _files_table,
@@ -26,8 +25,10 @@ from llmgym.cli.common import (
     _quiet_hf,
     atomic_write_text,
     check_out_dir,
+    existing_files,
     resolve_model,
 )
+from llmgym.threads import set_torch_threads
 
 __all__ = ["add_parser", "cmd_rm"]
 
@@ -53,6 +54,8 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out split, batches and head (default 0)")
+    p.add_argument("--center-rewards-coefficient", type=float, default=0.0, metavar="C",
+                   help="add C·mean((r⁺ + r⁻)²) to pull rewards to mean 0 (TRL's option; 0.01 is usual; default 0)")
     p.add_argument("--eval-every", type=int, default=50, metavar="N",
                    help="evaluate on the held-out pairs every N steps (and at the end; default 50)")
     p.add_argument("--overwrite", action="store_true", help="replace a reward model already in --out")
@@ -74,13 +77,12 @@ def _load_pairs(path: str, flag: str):
 
 
 def _set_threads(requested: int | None, model: str) -> int:
-    """Torch's CPU threads for the run: ``requested``, else 1 below ``SMALL_MODEL_PARAMETERS`` (counted
-    on a weightless ``meta``-device copy of the model; the rule of the other commands)."""
+    """Torch's CPU threads for the run, by the rule of the other commands
+    (:func:`llmgym.threads.set_torch_threads`), the size counted on a weightless ``meta``-device copy."""
     import torch
 
     if requested is not None:
-        torch.set_num_threads(requested)
-        return requested
+        return set_torch_threads(requested=requested)
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -89,22 +91,16 @@ def _set_threads(requested: int | None, model: str) -> int:
         config = AutoConfig.from_pretrained(str(tiny_model_path() if model == "tiny" else model))
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(config)
-        if sum(p.numel() for p in skeleton.parameters()) < SMALL_MODEL_PARAMETERS:
-            torch.set_num_threads(1)
+        return set_torch_threads(num_parameters=sum(p.numel() for p in skeleton.parameters()))
     except (OSError, ValueError):  # an unusual architecture: torch's choice; loading it reports any real problem
-        pass
-    return torch.get_num_threads()
+        return set_torch_threads()
 
 
 def _progress(console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from llmgym.display import make_progress
 
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"), TextColumn("batch acc {task.fields[acc]}"),
-        TextColumn("held-out acc {task.fields[eval]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=console,
-    )
+    return make_progress(console, "loss {task.fields[loss]}", "batch acc {task.fields[acc]}",
+                         "held-out acc {task.fields[eval]}")
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
@@ -122,9 +118,14 @@ def cmd_rm(args: argparse.Namespace) -> int:
         raise UsageError(f"--held-out must be in (0, 1), got {args.held_out:g}")
     if not args.lr >= 0 or not args.weight_decay >= 0:
         raise UsageError(f"--lr and --weight-decay must be >= 0, got {args.lr:g} and {args.weight_decay:g}")
+    if not args.center_rewards_coefficient >= 0:
+        raise UsageError(f"--center-rewards-coefficient must be >= 0 (0.01 is usual), "
+                         f"got {args.center_rewards_coefficient:g}")
     out = check_out_dir(args.out)  # before any work: a file or an unwritable place fails now
-    if (out / "metrics.jsonl").exists() and not args.overwrite:
-        raise UsageError(f"{str(out)!r} already holds a reward model run: choose another --out or add --overwrite")
+    earlier = existing_files(out, ("metrics.jsonl", "eval.json", "config.json", "model.safetensors"))
+    if earlier and not args.overwrite:  # a reward model run, or any saved model (a checkpoint, say)
+        raise UsageError(f"{str(out)!r} already holds a model or a reward model run ({earlier[0].name}): choose "
+                         f"another --out or add --overwrite")
     pairs = _load_pairs(args.pairs, "--pairs")
     eval_pairs = _load_pairs(args.eval_pairs, "--eval-pairs") if args.eval_pairs else None
     if eval_pairs is None and len(pairs) < 2:
@@ -152,7 +153,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
             report = fit_reward_model(model, pairs, out, eval_pairs=eval_pairs, held_out=args.held_out,
                                       steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                                       weight_decay=args.weight_decay, seed=args.seed, eval_every=args.eval_every,
-                                      callback=on_step)
+                                      center_rewards_coefficient=args.center_rewards_coefficient, callback=on_step)
     except ValueError as exc:  # e.g. too few pairs for the split
         raise UsageError(" ".join(str(exc).split())[:400]) from None
     final = report["eval"]

@@ -2,7 +2,8 @@
 
 Metrics JSONL, curves PNG, config JSON and checkpoints; ``--resume`` continues an interrupted run
 exactly; Ctrl-C saves a checkpoint (never a half-updated mid-step state); ``--env-arg key=value``
-passes keywords to ``gymnasium.make`` (e.g. ``path=`` for GSM8K/MATH).
+passes keywords to ``gymnasium.make`` (e.g. ``path=`` for GSM8K/MATH); ``--engine vllm`` samples the rollouts
+with vLLM in process (``--engine-arg key=value`` for its options), recorded for ``--resume``.
 
 Example:
     >>> from llmgym.cli import main
@@ -15,11 +16,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 from llmgym.cli.common import (
     EXIT_INTERRUPTED,
+    RUN_FILES,
     UsageError,
     _console,
     _files_table,
@@ -32,7 +33,10 @@ from llmgym.cli.common import (
     apply_scale_options,
     build_agent_config,
     check_device,
+    check_engine,
     check_out_dir,
+    engine_options,
+    existing_files,
     parse_overrides,
     scale_options,
 )
@@ -45,7 +49,7 @@ __all__ = ["add_parser", "cmd_train"]
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``train`` sub-command to ``subparsers`` (``common`` holds the options every command shares)."""
     p = subparsers.add_parser(
-        "train", parents=[common, scale_options()], help="train an agent on an env; metrics, curves, checkpoints",
+        "train", parents=[common, scale_options(), engine_options()], help="train an agent on an env; metrics, curves, checkpoints",
         description="Train an agent on a registered env. Writes OUT/metrics.jsonl, OUT/curves.png, "
                     "OUT/config.json and OUT/checkpoints/ (step-N every --checkpoint-every steps, and "
                     "last). Ctrl-C finishes the step and saves a checkpoint; --resume OUT continues.")
@@ -92,7 +96,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                                              ("--micro-batch-size", args.micro_batch_size),
                                              ("--engine-decode", args.engine_decode),
                                              ("--lr-schedule", args.lr_schedule),
-                                             ("--lr-warmup-steps", args.lr_warmup_steps))
+                                             ("--lr-warmup-steps", args.lr_warmup_steps),
+                                             ("--engine", args.engine), ("--engine-arg", args.engine_arg))
                     if value is not None]
         if clashing:
             raise UsageError(f"--resume continues the run as recorded in its config.json; drop {', '.join(clashing)} "
@@ -122,6 +127,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             spec.eval_every = args.eval_every
         if args.log_to:
             spec.log_to = list(args.log_to)
+        check_engine(spec.engine, spec.engine_args, spec.model, level=spec.level,
+                     lora=int(spec.agent_config.get("lora_r") or 0) > 0)  # the recorded engine must still work
         done = checkpoint_step(out / "checkpoints" / "last")
         if done is None:
             raise UsageError(f"no checkpoint to resume in {str(out)!r} (no checkpoints/last/step.txt): was the run "
@@ -146,21 +153,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         fields = apply_scale_options(args, fields, args.steps if args.steps is not None else 100, device)
         config = build_agent_config(agent_cls, fields)  # validated before any model is loaded
         env_args = parse_overrides(args.env_arg or [], "--env-arg")
-        if (out / "metrics.jsonl").exists() and not args.overwrite:
-            raise UsageError(f"{str(out)!r} already holds a run: continue it with --resume {out}, "
+        earlier = existing_files(out, RUN_FILES)
+        if earlier and not args.overwrite:
+            raise UsageError(f"{str(out)!r} already holds a run ({earlier[0].name}): continue it with --resume {out}, "
                              f"choose another --out, or add --overwrite")
         _check_model(args.model or "tiny")
-        if args.overwrite:
-            for name in ("metrics.jsonl", "curves.png", "config.json", "checkpoints", "tensorboard"):
-                path = out / name
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        engine_args = parse_overrides(args.engine_arg or [], "--engine-arg")
+        engine = check_engine(args.engine, engine_args, args.model or "tiny", level=args.level or "sequence",
+                              lora=config.lora_r > 0)
         spec = RunSpec(env=args.env, agent=agent_cls.name, model=args.model or "tiny",
                        steps=args.steps if args.steps is not None else 100, level=args.level or "sequence",
                        checkpoint_every=args.checkpoint_every if args.checkpoint_every is not None else 50,
                        threads=args.threads, agent_config=dataclasses.asdict(config), env_args=env_args,
                        eval_every=args.eval_every or 0,
                        eval_tasks=args.eval_tasks if args.eval_tasks is not None else 32,
-                       log_to=list(args.log_to or []), device=device)
+                       log_to=list(args.log_to or []), device=device, engine=engine, engine_args=engine_args)
     if spec.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {spec.steps}")
     for flag, value in (("--checkpoint-every", spec.checkpoint_every), ("--eval-every", spec.eval_every)):
@@ -178,10 +185,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     verb = "resuming" if args.resume else "training"
     extras = [f"{key} {spec.agent_config[field]}" for key, field in (("lora r", "lora_r"), ("precision", "precision"))
               if spec.agent_config.get(field) not in (None, 0, "fp32")]
-    console.print(f"[bold]{verb}[/] {spec.agent} on {spec.env} (model {spec.model}, {spec.steps} steps, "
-                  f"seed {spec.agent_config.get('seed', 0)}, device {spec.device or 'cpu'}"
-                  f"{''.join(', ' + e for e in extras)}) → {out}")
-    result = train_run(spec, out, resume=bool(args.resume), console=console)
+    if spec.engine != "hf":
+        extras.append(f"engine {spec.engine}")
+    banner = (f"[bold]{verb}[/] {spec.agent} on {spec.env} (model {spec.model}, {spec.steps} steps, "
+              f"seed {spec.agent_config.get('seed', 0)}, device {spec.device or 'cpu'}"
+              f"{''.join(', ' + e for e in extras)}) → {out}")
+    # train_run prints the banner once the model, agent, env and evaluation tasks are made: a mistake
+    # found there (a missing --env-arg path=, a file the agent cannot read) is the only output
+    result = train_run(spec, out, resume=bool(args.resume), console=console, banner=banner,
+                       replace=bool(args.overwrite) and not args.resume)
     rows = result.rows
     if rows:
         window = _summary_window(rows)

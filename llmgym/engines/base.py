@@ -5,7 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
-__all__ = ["SamplingParams", "Completion", "Engine", "DecodeSession", "open_decode_session", "expand_rows"]
+import torch
+
+from llmgym.engines.sampling import row_keys
+
+__all__ = ["SamplingParams", "Completion", "Engine", "DecodeSession", "expand_rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +101,8 @@ class DecodeSession(Protocol):
     """Incremental decoding over a batch of growing contexts (token level at sequence-level cost).
 
     An engine that can keep its KV cache between calls offers ``engine.open_session(contexts)``
-    returning one (:class:`llmgym.engines.session.HFDecodeSession`); :func:`open_decode_session`
-    falls back to recomputing whole contexts for engines that cannot. Rows are integer handles:
+    returning one (:class:`llmgym.engines.session.HFDecodeSession`);
+    :func:`llmgym.engines.session.open_decode_session` falls back to recomputing whole contexts for engines that cannot. Rows are integer handles:
 
     * ``add(contexts) -> handles``: rows join (a new episode; prefilled now);
     * ``logits(rows) -> [len(rows), V]``: each row's next-token logits (float32);
@@ -131,39 +135,6 @@ class DecodeSession(Protocol):
     def context_length(self, row: int) -> int: ...
 
 
-def open_decode_session(engine, contexts: Sequence[Sequence[int]] = ()) -> DecodeSession:
-    """A :class:`DecodeSession` over ``engine``: its own (cached) one, else a recomputing one.
-
-    Uses ``engine.open_session`` where the engine has it and it does not raise
-    ``NotImplementedError``; otherwise a :class:`~llmgym.engines.session.RecomputeSession` over
-    ``engine.next_token_logits`` (the whole context at every call). An engine with neither (vLLM)
-    cannot step one token at a time: ``TypeError``.
-
-    Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
-        >>> from llmgym.engines import HFEngine, open_decode_session
-        >>> tok = build_tokenizer()
-        >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
-        >>> session = open_decode_session(engine, [[5, 6], [7]])
-        >>> type(session).__name__, session.logits().shape[0]
-        ('HFDecodeSession', 2)
-    """
-    opener = getattr(engine, "open_session", None)
-    if opener is not None:
-        try:
-            return opener(contexts)
-        except NotImplementedError:
-            pass
-    if hasattr(engine, "next_token_logits"):
-        from llmgym.engines.session import RecomputeSession
-
-        return RecomputeSession(engine, contexts)
-    raise TypeError(
-        f"{type(engine).__name__} cannot step one token at a time (it has neither open_session nor "
-        f"next_token_logits); use HFEngine for token-level envs, or the sequence-level env"
-    )
-
-
 def expand_rows(
     prompt_ids: Sequence[Sequence[int]],
     sampling: SamplingParams | None,
@@ -180,10 +151,6 @@ def expand_rows(
         >>> rows, len(keys)
         ([[1, 2], [1, 2], [3], [3]], 4)
     """
-    import torch
-
-    from llmgym.engines.sampling import row_keys
-
     sampling = sampling or SamplingParams()
     prompts = [list(map(int, p)) for p in prompt_ids]
     if any(len(p) == 0 for p in prompts):

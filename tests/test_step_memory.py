@@ -1,0 +1,126 @@
+"""What one GRPO step keeps in memory, and where it peaks (issue 23: lighter than TRL).
+
+The timeline itself is ``benchmarks/memory_timeline.py`` (smoke-tested here on the tiny model on
+CPU); these tests pin the terms it found that TRL's trainer does not pay."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmgym import SequenceEnv, Task
+from llmgym.agents import GRPO
+from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+
+
+def _env(tok):
+    return SequenceEnv(lambda rng: Task(f"{int(rng.integers(10))}+1="),
+                       lambda task, text: sum(c.isdigit() for c in text) / max(1, len(text)), tok)
+
+
+def _agent(**kw):
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, SMALL)
+    return GRPO(model, tok, tasks_per_step=2, group_size=2, max_new_tokens=4, lr=1e-2, **kw), tok
+
+
+def test_gradients_are_released_after_the_update():
+    agent, tok = _agent(micro_batch_size=1)
+    agent.update(agent.collect(_env(tok)))
+    assert all(p.grad is None for p in agent.model.parameters())  # the next rollout does not carry them
+    assert agent.optimizer.state  # the step did happen
+
+
+def test_optimizer_is_fused_adamw_and_optimises_what_the_for_loop_does():
+    agent, tok = _agent()
+    assert agent.optimizer.defaults["fused"] is True
+    twin, _ = _agent()
+    twin.optimizer = torch.optim.AdamW(twin.parameters(), lr=1e-2, weight_decay=0.0, foreach=False, fused=False)
+    env = _env(tok)
+    for _ in range(2):  # the second step reads the first step's moments
+        batch = agent.collect(env)
+        twin_batch = twin.collect(env)
+        assert torch.equal(batch.input_ids, twin_batch.input_ids)
+        agent.update(batch)
+        twin.update(twin_batch)
+    moved = [(a - b).abs().max().item() for a, b in zip(agent.model.parameters(), twin.model.parameters())]
+    assert max(moved) < 1e-5
+    start, _ = _agent()
+    assert any(not torch.equal(a, b) for a, b in zip(agent.model.parameters(), start.model.parameters()))
+
+
+def test_sharded_or_odd_parameters_keep_the_default_adamw():
+    agent, _ = _agent()
+    opt = agent.learner.make_optimizer([torch.nn.Parameter(torch.zeros(2, dtype=torch.float64)),
+                                        torch.nn.Parameter(torch.zeros(2, device="meta"))])
+    assert not opt.defaults.get("fused")
+
+
+def test_static_decoding_frees_its_kv_cache_between_calls():
+    """Uncompiled static decoding keeps no KV cache once ``generate`` returns (the update runs
+    without it); the compiled step keeps its cache (its graph is specialised to those tensors)."""
+    from llmgym.engines import HFEngine, SamplingParams
+
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, SMALL)
+    engine = HFEngine(model, tok, decode="static")
+    params = SamplingParams(n=2, max_new_tokens=5, seed=1)
+    first = engine.generate([tok.encode("12+3=")], params)
+    assert engine._static._caches == {} and engine._static._mask is None
+    again = engine.generate([tok.encode("12+3=")], params)
+    assert [c.token_ids for c in first[0]] == [c.token_ids for c in again[0]]
+
+
+def test_memory_timeline_reports_every_phase_on_cpu(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import memory_timeline
+
+    report = memory_timeline.main(["--model", "tiny", "--tasks", "2", "--group", "2", "--new-tokens", "4",
+                                   "--micro-batch-size", "2", "--threads", "1", "--json", str(tmp_path / "t.json")])
+    phases = [r["phase"] for r in report["phases"]]
+    assert phases == ["start", "rollout", "prepare", "zero_grad", "forward[0]", "loss[0]", "backward[0]",
+                      "between[1]", "forward[1]", "loss[1]", "backward[1]", "clip_grad", "optimizer_step",
+                      "sync_weights"]
+    by = {r["phase"]: r for r in report["phases"]}
+    kept = report["kept"]
+    weights = report["weights_mib"]
+    # steady state: weights and both Adam moments live; no gradients, no KV cache carried into the step
+    assert kept["start"]["weights"] == pytest.approx(weights, rel=1e-3)
+    assert kept["start"]["optimizer_state"] == pytest.approx(2 * weights, rel=1e-2)
+    assert kept["start"]["grads"] == 0 and kept["start"]["engine_cache"] == 0 and kept["end"]["grads"] == 0
+    # the CPU allocation trace agrees with the live tensors it starts from ("other" also holds tensors
+    # that earlier tests in the same process left alive: not part of this step)
+    step_kinds = sum(v for kind, v in kept["start"].items() if kind != "other")
+    assert by["start"]["allocated_mib"] == pytest.approx(step_kinds, abs=0.05)
+    # a forward holds activations, its backward releases them and leaves the gradients
+    for i in (0, 1):
+        assert by[f"forward[{i}]"]["delta_mib"] > 0
+        assert by[f"backward[{i}]"]["peak_mib"] >= by[f"forward[{i}]"]["allocated_mib"]
+    assert by["backward[1]"]["allocated_mib"] == pytest.approx(by["start"]["allocated_mib"] + weights, abs=0.05)
+    # gradients released after the step: the step ends where it started
+    assert report["terms"]["kept_after_step_mib"] == pytest.approx(0, abs=0.05)
+    assert report["terms"]["step_peak_mib"] == max(r["peak_mib"] for r in report["phases"])
+    assert report["micro_batches"] == 2 and (tmp_path / "t.json").exists()
+
+
+def test_memory_timeline_measures_trl_with_the_same_instrument(tmp_path):
+    pytest.importorskip("trl", reason="TRL is the benchmark-only extra: pip install 'llmgym[bench]'")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import memory_timeline
+
+    report = memory_timeline.main(["--side", "trl", "--model", "tiny", "--tasks", "2", "--group", "2",
+                                   "--new-tokens", "4", "--micro-batch-size", "2", "--threads", "1"])
+    phases = [r["phase"] for r in report["phases"]]
+    assert phases == ["start", "rollout", "forward+loss[0]", "backward[0]", "between[1]", "forward+loss[1]",
+                      "backward[1]", "clip_grad", "optimizer_step", "zero_grad"]
+    weights = report["weights_mib"]
+    # TRL's steady state is llmgym's: weights and both Adam moments, nothing else
+    assert report["kept"]["start"]["optimizer_state"] == pytest.approx(2 * weights, rel=1e-2)
+    assert report["kept"]["start"]["grads"] == 0 and report["kept"]["end"]["grads"] == 0
