@@ -255,19 +255,14 @@ def test_an_unclosed_call_turn_is_closed_by_the_template_before_the_tool_turn():
     assert obs["prompt_ids"].tolist() == context + completion + _encode(tok, suffix)
 
 
-def test_registered_tool_envs_are_listed_and_pass_check_env_at_both_levels(tokenizer, capsys):
-    from gymnasium.utils.env_checker import check_env
+def test_registered_tool_envs_are_listed(capsys):  # check_env at both levels: tests/test_registry.py, for every id
+    from llmgym.cli import main
 
     tools = {e.id for e in llmgym.registered_envs("tools")}
     assert tools == {"llmgym/Calculator-v0", "llmgym/PythonMath-v0"}
-    from llmgym.cli import main
-
     assert main(["list"]) == 0
     listing = capsys.readouterr().out
     assert "Calculator-v0" in listing and "PythonMath-v0" in listing
-    for env_id in sorted(tools):
-        check_env(gym.make(env_id, tokenizer=tokenizer).unwrapped)
-        check_env(gym.make(env_id, tokenizer=tokenizer, level="token", max_new_tokens=8))
 
 
 def test_the_tool_env_pickles_for_async_vector_envs(tokenizer):
