@@ -279,16 +279,45 @@ def test_the_tool_env_pickles_for_async_vector_envs(tokenizer):
         envs.close()
 
 
-def test_docs_tool_env_runs_and_is_under_20_lines():
+def _docs_tool_env() -> str:
     import re
 
     text = (ROOT / "docs" / "tools.md").read_text()
-    block = re.search(r"<!-- tool-env-example -->\n```python\n(.*?)```", text, re.S).group(1)
+    return re.search(r"<!-- tool-env-example -->\n```python\n(.*?)```", text, re.S).group(1)
+
+
+def test_docs_tool_env_runs_and_is_under_20_lines():
+    block = _docs_tool_env()
     lines = [line for line in block.splitlines() if line.strip() and not line.strip().startswith("#")]
     assert len(lines) < 20, len(lines)
-    namespace: dict = {"__name__": "docs_example"}
+    namespace: dict = {"__name__": "__main__"}
     exec(compile(block, "docs/tools.md", "exec"), namespace)  # noqa: S102 (our own docs)
     assert namespace["reward"] == 1.0
+
+
+def test_the_docs_tool_env_trains_and_benches_from_the_command_line(tmp_path):
+    """docs/tools.md's commands, as a user runs them: the block saved as capitals.py, then --import capitals."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "capitals.py").write_text(_docs_tool_env())
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("LLMGYM_TEST_THREADS", "1")}
+
+    def llmgym_cli(*args: str) -> None:
+        proc = subprocess.run([sys.executable, "-m", "llmgym", *args, "--import", "capitals"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+    llmgym_cli("bench", "--env", "llmgym/Capitals-v0", "--samples", "2", "--max-new-tokens", "16",
+               "--out", "bench.json")
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["tasks"] == 1 and report["samples"] == 2 and 0.0 <= report["reward_mean"] <= 1.0
+    llmgym_cli("train", "--env", "llmgym/Capitals-v0", "--agent", "grpo", "--steps", "2", "--out", "run",
+               "--set", "tasks_per_step=1", "--set", "group_size=2", "--set", "max_new_tokens=16")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "step" in row][-1] == 2 and (tmp_path / "run" / "checkpoints" / "last").exists()
 
 
 def test_a_template_that_is_not_prefix_stable_is_reported_at_reset():

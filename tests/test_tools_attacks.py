@@ -328,3 +328,14 @@ def test_a_script_without_a_main_guard_runs_once_and_its_tools_work(how, tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.count("TOP-LEVEL RAN") == 1
     assert "RESULT 42 1.0" in proc.stdout
+
+
+def test_a_tool_module_that_runs_an_episode_at_import_is_refused_not_recursed(tmp_path):
+    """The helper imports a tool's module to run it; a module that steps an env at import would start a
+    helper from the helper, without end. The nested call is refused and the user is told the fix."""
+    (tmp_path / "tools_at_import.py").write_text(SCRIPT)  # `triple` is importable from it: it goes by reference
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", "import tools_at_import"], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)
+    assert proc.returncode != 0 and "ToolSetupError" in proc.stderr, proc.stderr[-2000:]
+    assert 'if __name__ == "__main__":' in proc.stderr

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import inspect
 import math
+import os
 from typing import Any, Callable, Mapping
 
 __all__ = ["Tool", "ToolResult", "ToolSetupError", "as_tool", "DEFAULT_TIME_LIMIT", "ERROR_KINDS"]
@@ -191,8 +192,12 @@ class Tool:
             raise ValueError(f"tool {self.name!r} runs isolated; a per-call function needs Tool(..., isolated=False)")
         if not self.isolated:
             return self._run_here(function or self.function, arguments, max_chars)
-        from llmgym.tools.runner import tool_worker
+        from llmgym.tools.runner import HELPER_ENV, tool_worker
 
+        if os.environ.get(HELPER_ENV):
+            raise ToolSetupError(
+                f"tool {self.name!r} was called inside the tool worker process, while it imported a tool's module: "
+                f"that module runs an episode at import; put that code under `if __name__ == \"__main__\":`")
         outcome = tool_worker().call(self.key, self._pickled(), arguments, time_limit=self.time_limit, max_chars=max_chars)
         status = outcome[0]
         if status == "ok":

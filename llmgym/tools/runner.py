@@ -31,7 +31,11 @@ from typing import Any
 
 from llmgym.tools import _worker
 
-__all__ = ["ToolWorker", "tool_worker", "WORKER_GRACE_S", "LOAD_TIMEOUT_S"]
+__all__ = ["ToolWorker", "tool_worker", "WORKER_GRACE_S", "LOAD_TIMEOUT_S", "HELPER_ENV"]
+
+HELPER_ENV = "LLMGYM_TOOL_HELPER"
+"""Set in the helper's environment. A tool's module that runs an episode when imported (no main guard)
+would otherwise start a helper from the helper, without end: there an isolated tool call is refused."""
 
 WORKER_GRACE_S = 5.0
 """Seconds the helper may take beyond a call's own limit (forking, passing the result) before it is killed."""
@@ -58,6 +62,7 @@ class ToolWorker:
         proc = subprocess.Popen(
             [sys.executable, os.path.abspath(_worker.__file__)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
+            env={**os.environ, HELPER_ENV: "1"},
         )
         _worker.write_message(proc.stdin, {"sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path]})
         self._loaded = set()
