@@ -265,6 +265,21 @@ def test_registered_tool_envs_are_listed(capsys):  # check_env at both levels: t
     assert "Calculator-v0" in listing and "PythonMath-v0" in listing
 
 
+def test_calculator_benches_and_trains_from_the_command_line(tmp_path):
+    import json
+
+    from llmgym.cli import main
+
+    assert main(["bench", "--env", "llmgym/Calculator-v0", "--samples", "2", "--tasks", "3", "--max-new-tokens", "16",
+                 "--out", str(tmp_path / "bench.json")]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["tasks"] == 3 and report["samples"] == 2 and report["reward_mean"] == 0.0  # random tiny model
+    assert main(["train", "--env", "llmgym/Calculator-v0", "--agent", "grpo", "--steps", "2", "--out", str(tmp_path / "run"),
+                 "--set", "tasks_per_step=2", "--set", "group_size=2", "--set", "max_new_tokens=16"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "step" in row][-1] == 2
+
+
 def test_the_tool_env_pickles_for_async_vector_envs(tokenizer):
     envs = gym.make_vec("llmgym/Calculator-v0", num_envs=2, vectorization_mode="async", tokenizer=tokenizer)
     try:
