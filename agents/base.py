@@ -8,6 +8,7 @@ micro-batches, precision, checkpointing, LoRA, data-parallel loss scaling, TIS) 
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import math
 import time
@@ -155,6 +156,13 @@ class Agent(abc.ABC):
     rows_per_example = 1
     """Consecutive batch rows one loss term reads together (DPO: 2, a chosen and a rejected
     completion); micro-batches never split them."""
+    collects_once = True
+    """:meth:`collect` samples its batch in one rollout, so the engine is free once that rollout's
+    last completions are out (the pipelined learner starts the next batch then); ``False`` when it
+    samples again after scoring (DAPO's extra draws, ReMax's greedy baseline)."""
+    pipelined = True
+    """Whether :class:`llmgym.agents.pipeline.Pipeline` may train this agent on stale samples (DPO
+    may not: its pairs carry no policy-gradient correction)."""
 
     def __init__(self, model, tokenizer, config: AgentConfig | None = None, *, engine=None, **overrides: Any):
         config = config if config is not None else self.config_class()
@@ -225,14 +233,20 @@ class Agent(abc.ABC):
         completion = self.engine.generate([ids], self.sampling(), keys=key)[0][0]
         return np.asarray(completion.token_ids, dtype=np.int64)
 
-    def collect(self, env: gym.Env, num_tasks: int | None = None, draw: int = 0) -> Batch:
+    def collect(self, env: gym.Env, num_tasks: int | None = None, draw: int = 0, *, engine=None,
+                step: int | None = None, **rollout: Any) -> Batch:
         """Roll out ``tasks_per_step × group_size`` episodes of ``env`` (any level) into a :class:`Batch`.
 
-        Tasks and tokens are seeded by ``(seed, step_count, draw)``; ``draw`` numbers extra draws
-        within one step (DAPO's dynamic sampling).
+        Tasks and tokens are seeded by ``(seed, step, draw)``; ``draw`` numbers extra draws within
+        one step (DAPO's dynamic sampling). ``engine`` (default ``self.engine``) and ``step`` (default
+        ``step_count``) are what the pipelined learner passes for a batch it rolls out ahead of the
+        update; ``rollout`` goes to :func:`~llmgym.rollout.collect_episodes` (``step_pool``,
+        ``observer``). Subclasses that override this pass all three on.
         """
+        engine = self.engine if engine is None else engine
+        step = self.step_count if step is None else step
         self.level = "token" if is_token_level(env) else "sequence"
-        seed = self.config.seed * 1_000_003 + self.step_count * 7_919 + draw
+        seed = self.config.seed * 1_000_003 + step * 7_919 + draw
         num_tasks, tasks = num_tasks or self.config.tasks_per_step, None
         if distributed.is_distributed():
             # data parallel: every rank draws the same tasks and rolls out its contiguous share
@@ -242,10 +256,10 @@ class Agent(abc.ABC):
                                  f"ranks: set tasks_per_step >= the number of processes")
             num_tasks, seed = len(tasks), seed + 7_777_777 * distributed.rank()
         episodes, stats = collect_episodes(
-            env, self.engine, num_tasks=num_tasks,
-            group_size=self.config.group_size, sampling=self.sampling(), seed=seed, tasks=tasks,
+            env, engine, num_tasks=num_tasks,
+            group_size=self.config.group_size, sampling=self.sampling(), seed=seed, tasks=tasks, **rollout,
         )
-        batch = Batch.from_episodes(episodes, self.engine.pad_id)
+        batch = Batch.from_episodes(episodes, engine.pad_id)
         batch.stats = stats
         return batch
 
@@ -387,6 +401,9 @@ class Agent(abc.ABC):
         *,
         callback: Callable[[dict[str, float]], Any] | None = None,
         progress: bool = False,
+        max_staleness: int | None = None,
+        verify_workers: int | None = None,
+        drain_every: int | None = None,
     ) -> list[dict[str, float]]:
         """Collect and update ``steps`` times; return the per-step metrics.
 
@@ -396,43 +413,75 @@ class Agent(abc.ABC):
         (``rollout_s``, ``generate_s``, ``verify_s``, ``tokens_sampled``; DAPO adds ``extra_draws`` and
         ``kept_groups``).
         A ``callback`` returning ``False`` stops early.
+
+        ``max_staleness=K`` trains with the pipelined learner (:class:`llmgym.agents.pipeline.Pipeline`):
+        the batches of the next ``K`` steps are generated and verified while this one updates, each
+        sampled by the weights of exactly ``K`` updates ago, and the decoupled importance-weight
+        correction reweights them (``K = 0``: the same schedule as this loop, through the pipeline's
+        machinery). ``verify_workers`` (threads that run ``env.step`` concurrently) and
+        ``drain_every`` (steps at which the pipeline restarts its schedule, so a checkpoint there
+        resumes exactly) are the pipeline's. ``None`` (the default): this synchronous loop.
         """
+        if max_staleness is not None:
+            from llmgym.agents.pipeline import Pipeline
+
+            pipeline = Pipeline(self, env, max_staleness=max_staleness, verify_workers=verify_workers,
+                                drain_every=drain_every)
+            return pipeline.run(steps, callback=callback, progress=progress)
+        if verify_workers is not None or drain_every is not None:
+            raise ValueError("verify_workers and drain_every are options of the pipelined learner: pass "
+                             "max_staleness=K too (K = 0 keeps the synchronous schedule)")
+        with self.reporting(steps, callback, progress) as (history, report):
+            for _ in range(steps):
+                started = time.perf_counter()
+                batch = self.collect(env)
+                metrics = self.update(batch)
+                if not report(self.step_row(batch, metrics, time.perf_counter() - started)):
+                    break
+        return history
+
+    def step_row(self, batch: Batch, metrics: dict[str, float], wall_s: float) -> dict[str, float]:
+        """The history entry of the step that just updated on ``batch`` (see :meth:`learn`)."""
+        row = {
+            "step": self.step_count,
+            # over every sampled episode (DAPO reports them before dropping uninformative groups)
+            "reward_mean": batch.stats.get("reward_mean", float(batch.rewards.mean())),
+            "reward_std": batch.stats.get("reward_std", float(batch.rewards.std()) if len(batch) > 1 else 0.0),
+            "kl": math.nan,
+            "clip_frac": math.nan,
+            **metrics,
+            "tokens_per_s": batch.stats.get("tokens_per_s", math.nan),
+            "completion_len": float(batch.lengths.mean()),
+            "wall_s": wall_s,
+        }
+        # the rollout's own counters too (DAPO's extra_draws / kept_groups, tokens sampled)
+        row.update({k: float(v) for k, v in batch.stats.items() if k not in row})
+        return row
+
+    @contextlib.contextmanager
+    def reporting(self, steps: int, callback: Callable[[dict[str, float]], Any] | None, progress: bool):
+        """``(history, report)`` for a training loop: ``report(row)`` appends the row, advances the
+        progress bar (``progress``) and returns ``False`` when ``callback`` asks to stop."""
         history: list[dict[str, float]] = []
-        bar = None
+        bar = job = None
         if progress:
             from llmgym.display import make_console, make_progress
 
             bar = make_progress(make_console(), "reward {task.fields[reward]:.3f}")
             bar.start()
             job = bar.add_task(f"{self.name}", total=steps, reward=float("nan"))
+
+        def report(row: dict[str, float]) -> bool:
+            history.append(row)
+            if bar is not None:
+                bar.update(job, advance=1, reward=row["reward_mean"])
+            return not (callback is not None and callback(row) is False)
+
         try:
-            for _ in range(steps):
-                started = time.perf_counter()
-                batch = self.collect(env)
-                metrics = self.update(batch)
-                row = {
-                    "step": self.step_count,
-                    # over every sampled episode (DAPO reports them before dropping uninformative groups)
-                    "reward_mean": batch.stats.get("reward_mean", float(batch.rewards.mean())),
-                    "reward_std": batch.stats.get("reward_std", float(batch.rewards.std()) if len(batch) > 1 else 0.0),
-                    "kl": math.nan,
-                    "clip_frac": math.nan,
-                    **metrics,
-                    "tokens_per_s": batch.stats.get("tokens_per_s", math.nan),
-                    "completion_len": float(batch.lengths.mean()),
-                    "wall_s": time.perf_counter() - started,
-                }
-                # the rollout's own counters too (DAPO's extra_draws / kept_groups, tokens sampled)
-                row.update({k: float(v) for k, v in batch.stats.items() if k not in row})
-                history.append(row)
-                if bar is not None:
-                    bar.update(job, advance=1, reward=row["reward_mean"])
-                if callback is not None and callback(row) is False:
-                    break
+            yield history, report
         finally:
             if bar is not None:
                 bar.stop()
-        return history
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -16,14 +16,41 @@ Which log-probs are compared
   temperature.
 
 With :class:`~llmgym.engines.HFEngine` the two agree to ~1e-5 and every weight is ≈ 1.
+
+Stale samples (the pipelined learner)
+-------------------------------------
+Under :mod:`llmgym.agents.pipeline` a batch may have been sampled by the weights of an earlier
+update: each token carries the policy version that sampled it (``Batch.policy_versions``), and a
+token is *stale* when that version is older than the learner's (:func:`stale_token_mask`). The
+correction is the decoupled PPO objective of AReaL (Fu et al., 2025, "AReaL: a large-scale
+asynchronous reinforcement learning system for language reasoning"), with its behaviour weight
+truncated as TIS truncates:
+
+    J(θ) = E_{y ~ π_behav} [ Σ_t  min(π_prox(y_t) / π_behav(y_t), C) · surrogate_t(π_θ / π_prox, A_t) ]
+
+* ``π_behav``: the engine's generation-time log-probs (the stale weights that sampled the token);
+* ``π_prox``: the learner's log-probs of the same tokens with **its weights at the start of this
+  update** (the proximal policy: the trust region of PPO's clip is centred on it, not on the stale
+  policy, so staleness does not eat the clip range);
+* the behaviour weight ``min(π_prox / π_behav, C)`` is the same :func:`truncated_importance_weights`
+  as TIS (AReaL instead drops tokens whose weight exceeds its cap; truncation keeps their gradient,
+  bounded, as in Yao et al.).
+
+Only stale tokens are reweighted (weight 1 on fresh ones), so ``max_staleness=0`` changes nothing: the
+weights are exactly 1 and the update is the synchronous one. With ``AgentConfig.tis`` set every token
+is reweighted (the engine gap and the staleness are one ratio). :class:`ImportanceWeightStats` is what
+the learner reports: the weights' mean, min, max and truncated share, and the mean
+``|log π_prox − log π_behav|`` over policy tokens (the drift the weights correct).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-__all__ = ["TIS_LEVELS", "truncated_importance_weights"]
+__all__ = ["TIS_LEVELS", "truncated_importance_weights", "stale_token_mask", "ImportanceWeightStats"]
 
 TIS_LEVELS = ("token", "sequence")
 
@@ -84,3 +111,58 @@ def truncated_importance_weights(
     log_ratio = log_ratio.clamp(max=min(_MAX_LOG_RATIO, torch.log(torch.tensor(float(cap))).item()))
     weights = torch.exp(log_ratio)
     return torch.where(valid, weights, torch.zeros_like(weights))
+
+
+def stale_token_mask(policy_versions: Tensor, current_version: int, mask: Tensor) -> Tensor:
+    """``[B, T]`` bool: policy tokens sampled by weights older than ``current_version``.
+
+    ``policy_versions`` is ``Batch.policy_versions`` (``-1`` where no policy sampled the token).
+
+    Example:
+        >>> import torch
+        >>> versions = torch.tensor([[-1, 3, 4, 5]])
+        >>> stale_token_mask(versions, 5, torch.tensor([[0, 1, 1, 1]])).tolist()
+        [[False, True, True, False]]
+    """
+    valid = mask if mask.dtype == torch.bool else mask != 0
+    return valid & (policy_versions >= 0) & (policy_versions < int(current_version))
+
+
+class ImportanceWeightStats:
+    """Running statistics of the importance weights a correction applied (or would apply), over
+    micro-batches: ``is_weight_mean/min/max``, ``is_weight_clip_frac`` (share truncated at the cap)
+    and ``behaviour_log_ratio_abs`` (mean ``|log π_prox − log π_behav|``), all over policy tokens.
+
+    Example:
+        >>> import torch
+        >>> stats = ImportanceWeightStats(cap=2.0)
+        >>> m = torch.tensor([[1, 1, 0]])
+        >>> stats.add(torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([[0.0, 0.9, 5.0]]), m)
+        >>> stats.result()["is_weight_max"], stats.result()["is_weight_clip_frac"]
+        (2.0, 0.5)
+    """
+
+    def __init__(self, cap: float):
+        self.cap = cap
+        self.count = 0
+        self.weight_sum = self.truncated = self.log_ratio_abs_sum = 0.0
+        self.low, self.high = math.inf, -math.inf
+
+    def add(self, weights: Tensor, log_ratio: Tensor, mask: Tensor) -> None:
+        """``weights`` and ``log_ratio = log π_prox − log π_behav``, ``[B, T]``, counted where ``mask``."""
+        valid = mask if mask.dtype == torch.bool else mask != 0
+        w, r = weights.detach().float()[valid], log_ratio.detach().float()[valid]
+        if w.numel() == 0:
+            return
+        self.count += w.numel()
+        self.weight_sum += float(w.sum())
+        self.truncated += float((w >= self.cap * (1 - 1e-6)).sum())
+        self.log_ratio_abs_sum += float(r.abs().sum())
+        self.low, self.high = min(self.low, float(w.min())), max(self.high, float(w.max()))
+
+    def result(self) -> dict[str, float]:
+        if not self.count:
+            return {}
+        return {"is_weight_mean": self.weight_sum / self.count, "is_weight_min": self.low,
+                "is_weight_max": self.high, "is_weight_clip_frac": self.truncated / self.count,
+                "behaviour_log_ratio_abs": self.log_ratio_abs_sum / self.count}

@@ -63,7 +63,11 @@ class DAPO(GRPO):
     config_class = DAPOConfig
     name = "dapo"
 
-    def collect(self, env, num_tasks=None, draw=0) -> Batch:
+    @property
+    def collects_once(self) -> bool:
+        return not self.config.dynamic_sampling  # extra draws sample again after the first batch is scored
+
+    def collect(self, env, num_tasks=None, draw=0, **rollout) -> Batch:
         c = self.config
         want = num_tasks or c.tasks_per_step
         # under data parallel each draw hands this rank its share of `want` tasks; it keeps that many
@@ -71,7 +75,7 @@ class DAPO(GRPO):
         kept, draws, all_rewards = [], 0, []
         last = None
         while True:
-            batch = super().collect(env, want, draw=draws)  # each extra draw gets a fresh seed
+            batch = super().collect(env, want, draw=draws, **rollout)  # each extra draw gets a fresh seed
             last = batch
             all_rewards.append(batch.rewards)
             groups = [batch.episodes[i:i + c.group_size] for i in range(0, len(batch.episodes), c.group_size)]
@@ -88,7 +92,7 @@ class DAPO(GRPO):
             for e in group:
                 e.group = g
                 episodes.append(e)
-        out = Batch.from_episodes(episodes, self.engine.pad_id)
+        out = Batch.from_episodes(episodes, (rollout.get("engine") or self.engine).pad_id)
         drawn = torch.cat(all_rewards)
         out.stats = {**last.stats, "extra_draws": float(draws), "kept_groups": float(len(kept)),
                      "reward_mean": float(drawn.mean()), "reward_std": float(drawn.std()) if len(drawn) > 1 else 0.0}

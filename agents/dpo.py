@@ -160,6 +160,7 @@ class DPO(Agent):
     config_class = DPOConfig
     name = "dpo"
     rows_per_example = 2  # (chosen, rejected): micro-batches hold whole pairs
+    pipelined = False  # offline pairs follow step_count; online pairs have no π_old to correct
 
     def __init__(self, model, tokenizer, config: DPOConfig | None = None, *, engine=None,
                  preferences: Any = None, **overrides: Any):
@@ -181,13 +182,13 @@ class DPO(Agent):
             chosen.append(pairs[int(orders[epoch][position])])
         return distributed.shard(chosen) if distributed.is_distributed() else chosen
 
-    def collect(self, env, num_tasks: int | None = None, draw: int = 0) -> Batch:
+    def collect(self, env, num_tasks: int | None = None, draw: int = 0, **rollout) -> Batch:
         """Offline: the next pairs. Online: sample groups from ``env``; pair each group's best with its worst."""
         if self.mode == "offline":
             batch = pair_batch(self.next_pairs(), self.tokenizer)
             batch.stats = {"reward_mean": math.nan, "reward_std": math.nan, "pairs": float(len(batch) // 2)}
             return batch
-        sampled = super().collect(env, num_tasks, draw)
+        sampled = super().collect(env, num_tasks, draw, **rollout)
         rewards = sampled.rewards.view(-1, self.config.group_size)
         best, worst = rewards.argmax(dim=1), rewards.argmin(dim=1)
         gap = rewards.max(dim=1).values - rewards.min(dim=1).values

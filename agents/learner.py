@@ -22,7 +22,9 @@ module owns everything else about a step:
 * **LoRA** through ``peft``: the adapters are injected into the model in place; the KL reference is
   the same model with its adapters disabled — no second copy of the weights.
 * **Learning-rate schedule** with warm-up (``transformers.get_scheduler``), stepped once per update.
-* **Data-parallel loss scaling** and **truncated importance sampling** (TIS) against the engine.
+* **Data-parallel loss scaling** and the **importance-weight corrections**: truncated importance
+  sampling (TIS) against the engine, and the decoupled correction of stale samples (tokens sampled by
+  an older policy version, under :mod:`llmgym.agents.pipeline`; see :mod:`llmgym.agents.corrections`).
 
 Example:
     >>> import torch
@@ -52,7 +54,7 @@ from torch.utils.checkpoint import checkpoint
 
 from llmgym import distributed
 from llmgym.agents import functional as F
-from llmgym.agents.corrections import truncated_importance_weights
+from llmgym.agents.corrections import ImportanceWeightStats, stale_token_mask, truncated_importance_weights
 from llmgym.batch import Batch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -350,6 +352,8 @@ class Learner:
         self.ref_model = self._frozen_copy(model) if self.has_reference and self.peft_model is None else None
         self.scheduler = None
         self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
+        self.correct_staleness = True
+        """Reweight stale tokens (see :meth:`apply_correction`); off only to measure what the correction does."""
 
     @staticmethod
     def _frozen_copy(model):
@@ -437,14 +441,19 @@ class Learner:
         lr = float(agent.optimizer.param_groups[0]["lr"])  # this update's (the scheduler steps after it)
         self.model.train()
         tis_stats: dict[str, float] = {}
-        if not on_policy and (c.tis is not None or c.precision != "fp32"):
-            # π_old from the learner itself: the engine's log-probs carry its own kernels and precision
-            tis_stats = self.apply_tis(batch) if c.tis is not None else {}
-            if c.tis is None:
-                batch.old_logprobs = self.learner_logprobs(batch)
+        # tokens tagged with the policy version that sampled them (the pipelined learner): the
+        # staleness correction applies to those older than the weights about to be updated
+        weight_stats = ImportanceWeightStats(c.tis_cap) if batch.policy_versions is not None else None
+        version = agent.step_count
+        stale = batch.policy_versions is not None and bool(
+            stale_token_mask(batch.policy_versions, version, batch.action_mask).any())
+        if not on_policy and (c.tis is not None or c.precision != "fp32" or weight_stats is not None):
+            # π_old (the proximal policy) from the learner itself, once, before the first optimiser step:
+            # the engine's log-probs carry its own kernels and precision, and stale weights
+            tis_stats = self.apply_correction(batch, self.learner_logprobs(batch), version, weight_stats)
         for _ in range(c.update_epochs):
             for mb in (batch.minibatches(size, agent._rng) if size < len(batch) else [batch]):
-                stats = self._accumulate(agent, mb, learner, on_policy, tis_stats, parallel)
+                stats = self._accumulate(agent, mb, learner, on_policy, tis_stats, parallel, version, weight_stats)
                 if parallel:
                     distributed.average_gradients(agent._extra_parameters())
                 if c.max_grad_norm is not None:
@@ -461,6 +470,9 @@ class Learner:
             self.scheduler.step()
         metrics = {k: v / steps for k, v in sums.items()}
         metrics["lr"] = lr
+        if weight_stats is not None:
+            metrics.update(weight_stats.result())
+            metrics["is_corrected"] = float(c.tis is not None or (stale and self.correct_staleness))
         return distributed.all_reduce_mean(metrics) if parallel else metrics
 
     def loss_count(self, agent: "Agent", mb: Batch) -> float:
@@ -470,7 +482,8 @@ class Learner:
             return float(mask.float().sum())
         return float(len(mb))
 
-    def _accumulate(self, agent, mb: Batch, learner, on_policy: bool, tis_stats, parallel: bool) -> dict[str, float]:
+    def _accumulate(self, agent, mb: Batch, learner, on_policy: bool, tis_stats, parallel: bool, version: int = 0,
+                    weight_stats: ImportanceWeightStats | None = None) -> dict[str, float]:
         """Forward/backward each micro-batch of ``mb``; gradients add up to ``mb``'s gradient.
 
         A micro-batch's loss is multiplied by ``count(micro) · world / count(mb over all ranks)``: every
@@ -498,8 +511,8 @@ class Learner:
             with self.autocast():
                 out = agent.forward(micro, model=learner, with_values=getattr(agent, "uses_values", False))
             if on_policy:
-                if c.tis is not None and not padding:
-                    tis_stats = self.apply_tis(micro, out.logprobs.detach())
+                if (c.tis is not None or weight_stats is not None) and not padding:
+                    tis_stats = self.apply_correction(micro, out.logprobs.detach(), version, weight_stats)
                 micro.old_logprobs = out.logprobs.detach()
             with self.autocast():
                 loss, stats = agent.loss(micro, out)
@@ -552,25 +565,43 @@ class Learner:
             parts = micro_batches(batch, c.minibatch_size)
         return torch.cat([self.forward(part).logprobs for part in parts], dim=0)
 
-    def apply_tis(self, batch: Batch, learner_logprobs: torch.Tensor | None = None) -> dict[str, float]:
-        """Scale ``batch.advantages`` by the TIS weight; make the learner's log-probs π_old.
+    def apply_correction(self, batch: Batch, learner_logprobs: torch.Tensor, version: int = 0,
+                         weight_stats: ImportanceWeightStats | None = None) -> dict[str, float]:
+        """Scale ``batch.advantages`` by the importance weights; make the learner's log-probs π_old.
 
-        ``batch.old_logprobs`` holds the engine's generation-time log-probs on entry; the weight
-        compares them with ``learner_logprobs`` (the learner's log-probs of the same tokens before
-        the update; computed here when not given). Scaling the advantage by ``w > 0`` multiplies the
-        per-token policy-gradient loss by ``w`` in every surrogate (plain, clipped, dual-clip, GSPO).
+        ``batch.old_logprobs`` holds the engine's generation-time log-probs (π_behav) on entry;
+        ``learner_logprobs`` are the learner's of the same tokens before the update (π_prox). The
+        weight ``min(π_prox / π_behav, tis_cap)`` (:func:`~llmgym.agents.corrections.truncated_importance_weights`)
+        multiplies the advantage of every token with TIS (``tis`` set: the engine/learner gap), and of
+        the stale tokens only otherwise (sampled by a policy version older than ``version``; see
+        :mod:`llmgym.agents.corrections`), unless ``correct_staleness`` is off. Scaling the advantage
+        by ``w > 0`` multiplies the per-token policy-gradient loss by ``w`` in every surrogate (plain,
+        clipped, dual-clip, GSPO). π_old becomes π_prox with TIS, reduced precision, or stale tokens;
+        otherwise the engine's log-probs stay (the synchronous fp32 update, unchanged).
+        ``weight_stats`` receives the weights (applied or not: 1 on tokens the correction leaves alone).
         """
         c = self.config
-        if learner_logprobs is None:
-            learner_logprobs = self.learner_logprobs(batch)
         mask = batch.action_mask
-        weights = truncated_importance_weights(learner_logprobs, batch.old_logprobs, mask, c.tis, c.tis_cap)
-        adv = batch.advantages
-        batch.advantages = (adv[:, None] if adv.dim() == 1 else adv) * weights
-        batch.old_logprobs = learner_logprobs
-        truncated = (weights >= c.tis_cap * (1 - 1e-6)).float()
-        return {"tis_weight_mean": float(F.masked_mean(weights, mask)),
-                "tis_truncated_frac": float(F.masked_mean(truncated, mask))}
+        level = c.tis or "token"
+        weights = truncated_importance_weights(learner_logprobs, batch.old_logprobs, mask, level, c.tis_cap)
+        stale = (stale_token_mask(batch.policy_versions, version, mask) if batch.policy_versions is not None
+                 else torch.zeros_like(mask, dtype=torch.bool))
+        stats: dict[str, float] = {}
+        if c.tis is not None:
+            applied = weights
+            truncated = (weights >= c.tis_cap * (1 - 1e-6)).float()
+            stats = {"tis_weight_mean": float(F.masked_mean(weights, mask)),
+                     "tis_truncated_frac": float(F.masked_mean(truncated, mask))}
+        else:
+            applied = torch.where(stale, weights, torch.ones_like(weights))
+        if weight_stats is not None:
+            weight_stats.add(applied, learner_logprobs - batch.old_logprobs, mask)
+        if c.tis is not None or (self.correct_staleness and bool(stale.any())):
+            adv = batch.advantages
+            batch.advantages = (adv[:, None] if adv.dim() == 1 else adv) * applied
+        if c.tis is not None or c.precision != "fp32" or bool(stale.any()):
+            batch.old_logprobs = learner_logprobs
+        return stats
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

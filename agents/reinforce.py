@@ -112,11 +112,13 @@ class ReMax(REINFORCE):
     config_class = ReMaxConfig
     name = "remax"
 
-    def collect(self, env, num_tasks=None, draw=0) -> Batch:
-        batch = super().collect(env, num_tasks, draw)
+    collects_once = False  # the greedy baseline is a second rollout
+
+    def collect(self, env, num_tasks=None, draw=0, *, engine=None, step=None, **rollout) -> Batch:
+        batch = super().collect(env, num_tasks, draw, engine=engine, step=step, **rollout)
         tasks = [e.task for e in batch.episodes[:: self.config.group_size]]
-        greedy, _ = collect_episodes(env, self.engine, num_tasks=len(tasks), group_size=1,
-                                     sampling=self.sampling(temperature=0.0), seed=0, tasks=tasks)
+        greedy, _ = collect_episodes(env, engine or self.engine, num_tasks=len(tasks), group_size=1,
+                                     sampling=self.sampling(temperature=0.0), seed=0, tasks=tasks, **rollout)
         batch.baseline_rewards = torch.tensor([e.total_reward for e in greedy])[batch.groups]
         return batch
 

@@ -65,9 +65,9 @@ class RejectionSampling(Agent):
     config_class = RejectionSamplingConfig
     name = "rejection-sampling"
 
-    def collect(self, env, num_tasks: int | None = None, draw: int = 0) -> Batch:
+    def collect(self, env, num_tasks: int | None = None, draw: int = 0, **rollout) -> Batch:
         """Sample groups from ``env``; return each group's winner (best ≥ threshold, or best > worst)."""
-        sampled = super().collect(env, num_tasks, draw)
+        sampled = super().collect(env, num_tasks, draw, **rollout)
         g = self.config.group_size
         rewards = sampled.rewards.view(-1, g)
         best_reward, best = rewards.max(dim=1)

@@ -9,6 +9,8 @@ learning check under 1 and 2 threads and several seeds shows how much the held-o
     python benchmarks/learning_spread.py --threads 2 --seeds 0 1 2 3
     python benchmarks/learning_spread.py --recipe test_learning_tools --threads 1 --seeds 0 1 2   # the tool task
     python benchmarks/learning_spread.py --engine vllm --threads 1   # tests/test_vllm.py's recipe
+    python benchmarks/learning_spread.py --max-staleness 2 --agents grpo   # the pipelined learner (K = 2)
+    python benchmarks/learning_spread.py --max-staleness 2 --agents grpo --no-correction   # without its correction
 
 ``--engine vllm`` measures the vLLM learning test instead: its agents and model shape (head size 32),
 every rollout sampled by an in-process ``VLLMEngine`` with the weights synced after every update.
@@ -45,9 +47,15 @@ def main() -> None:
     parser.add_argument("--lr-scale", type=float, default=1.0, help="multiply every agent's lr")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                         help="hf: tests/test_learning.py's recipe; vllm: tests/test_vllm.py's (vLLM rollouts)")
+    parser.add_argument("--max-staleness", type=int, default=None, metavar="K",
+                        help="train with the pipelined learner, batches K updates stale (default: synchronous)")
+    parser.add_argument("--no-correction", action="store_true",
+                        help="with --max-staleness: do not reweight stale tokens (to measure what the correction does)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override an agent config field for every agent (repeatable)")
     args = parser.parse_args()
+    if args.no_correction and args.max_staleness is None:
+        parser.error("--no-correction turns off the pipelined learner's correction: pass --max-staleness K too")
     os.environ["LLMGYM_TEST_THREADS"] = str(args.threads)  # tests/conftest.py (imported by test_vllm) reads it
     torch.set_num_threads(args.threads)
 
@@ -82,18 +90,24 @@ def main() -> None:
             engine = test_vllm.make_engine(model, tokenizer) if args.engine == "vllm" else None
             agent = cls(model, tokenizer, max_new_tokens=recipe.MAX_NEW_TOKENS, seed=seed, engine=engine, **config)
             env = make_env(tokenizer)
-            cpu, wall, done = 0.0, 0.0, 0
+            cpu, wall, done, history = 0.0, 0.0, 0, []
+            agent.learner.correct_staleness = not args.no_correction
             for target in checkpoints:
                 started, started_wall = time.process_time(), time.perf_counter()
-                agent.learn(env, steps=target - done)
+                pipelined = {} if args.max_staleness is None else {"max_staleness": args.max_staleness}
+                history += agent.learn(env, steps=target - done, **pipelined)
                 cpu += time.process_time() - started
                 wall += time.perf_counter() - started_wall
                 done = target
                 after = recipe.held_out_reward(model, tokenizer, seed)
-                print(json.dumps({"agent": cls.name, "engine": args.engine, "threads": args.threads, "seed": seed,
-                                  "steps": target, "lr": config["lr"], "before": round(before, 4),
-                                  "after": round(after, 4), "gain": round(after - before, 4),
-                                  "train_cpu_s": round(cpu, 2), "train_wall_s": round(wall, 1)}), flush=True)
+                row = {"agent": cls.name, "engine": args.engine, "threads": args.threads, "seed": seed,
+                       "max_staleness": args.max_staleness, "correction": not args.no_correction,
+                       "steps": target, "lr": config["lr"], "before": round(before, 4),
+                       "after": round(after, 4), "gain": round(after - before, 4),
+                       "train_cpu_s": round(cpu, 2), "train_wall_s": round(wall, 1)}
+                if args.max_staleness:  # how far the learner is from the weights that sampled its batches, late
+                    row["late_drift"] = round(recipe.late_drift(history), 4)
+                print(json.dumps(row), flush=True)
             if engine is not None:
                 engine.close()
 

@@ -30,6 +30,8 @@ class Batch:
         longest_turn: ``[N]`` sampled tokens of each episode's longest turn (the per-turn budget's unit).
         ref_logprobs, values, advantages, returns: filled by agents where they need them.
         baseline_rewards: ``[N]`` an external per-episode baseline (ReMax's greedy rewards).
+        policy_versions: ``[N, L-1]`` long, the policy version that sampled each token (``-1`` off the
+            action mask); ``None`` when the engine reported no versions (the synchronous loop).
         stats: rollout statistics (``tokens_per_s``, ...); episodes: the source episodes.
     """
 
@@ -47,6 +49,7 @@ class Batch:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     baseline_rewards: torch.Tensor | None = None
+    policy_versions: torch.Tensor | None = None
     stats: dict[str, float] = dataclasses.field(default_factory=dict)
     episodes: list[Episode] = dataclasses.field(default_factory=list, repr=False)
 
@@ -71,6 +74,8 @@ class Batch:
         act = torch.zeros((n, width), dtype=torch.float32)
         lps = torch.zeros((n, width), dtype=torch.float32)
         rew = torch.zeros((n, width), dtype=torch.float32)
+        tagged = all(len(e.policy_versions) == len(e.token_ids) for e in episodes)
+        versions = torch.full((n, width), -1, dtype=torch.long) if tagged else None
         for i, e in enumerate(episodes):
             k = len(e.token_ids)
             ids[i, :k] = torch.tensor(e.token_ids)
@@ -78,6 +83,8 @@ class Batch:
             act[i, :k] = torch.tensor(e.action_mask, dtype=torch.float32)
             lps[i, :k] = torch.tensor(e.logprobs, dtype=torch.float32)
             rew[i, :k] = torch.tensor(e.rewards, dtype=torch.float32)
+            if versions is not None:
+                versions[i, :k] = torch.tensor(e.policy_versions, dtype=torch.long)
         return cls(
             input_ids=ids,
             attention_mask=attn,
@@ -88,6 +95,7 @@ class Batch:
             groups=torch.tensor([e.group for e in episodes], dtype=torch.long),
             truncated=torch.tensor(["length" in e.finish_reasons for e in episodes], dtype=torch.bool),
             longest_turn=torch.tensor([max(e.turn_lengths, default=0) for e in episodes], dtype=torch.float32),
+            policy_versions=versions[:, 1:] if versions is not None else None,
             episodes=list(episodes),
         )
 

@@ -464,6 +464,8 @@ class SequenceEnv(gym.Env):
 
     def _parse_action(self, action: Any) -> tuple[str, list[int]]:
         if isinstance(action, str):
+            # exactly a str: a subclass could redefine ==, strip(), `in` ... for every checker downstream
+            action = str.__str__(action)
             ids = encode_text(self.tokenizer, action, first=False) if self.tokenizer is not None else []
             return action, ids
         ids = _as_id_list(action)

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from llmgym.core import encode_text, render_prompt
 from llmgym.types import Score, Task
-from llmgym.verifiers import Verifier, escape_special_tokens, keep_last_tokens
+from llmgym.verifiers import Verifier, VerifierUnavailableError, escape_special_tokens, keep_last_tokens
 
 __all__ = ["JudgeVerifier", "DEFAULT_JUDGE_TEMPLATE", "escape_fence"]
 
@@ -150,13 +150,13 @@ class JudgeVerifier(Verifier):
         """All rows in one engine call (binary) or one log-prob pass (prob)."""
         if len(tasks) != len(completions):
             raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
+        contexts = [self._context_ids(t, c) for t, c in zip(tasks, completions)]
         try:
-            contexts = [self._context_ids(t, c) for t, c in zip(tasks, completions)]
             return self._binary(contexts) if self.mode == "binary" else self._probability(contexts)
-        except Exception:  # one row at a time, so each failure is that row's 0 with its error
-            if len(tasks) == 1:
-                raise
-            return [self(t, c) for t, c in zip(tasks, completions)]
+        except Exception as exc:  # the judge model failed (no completion makes a bounded context fail)
+            raise VerifierUnavailableError(
+                f"the judge model failed ({type(exc).__name__}: {exc}): it cannot score, and a 0 would train "
+                f"the policy on a lie; check the judge's engine (memory, device, context length)") from exc
 
     def _binary(self, contexts: list[list[int]]) -> list[Score]:
         from llmgym.engines import SamplingParams

@@ -35,7 +35,7 @@ import torch
 
 from llmgym.preferences import PreferenceSource, encode_pair, load_preferences
 from llmgym.types import Prompt, Score, Task
-from llmgym.verifiers import Verifier, escape_special_tokens, keep_last_tokens
+from llmgym.verifiers import Verifier, VerifierUnavailableError, escape_special_tokens, keep_last_tokens
 
 __all__ = [
     "bradley_terry_loss",
@@ -445,17 +445,23 @@ class RewardModelVerifier(Verifier):
         prefetched = self._prefetched.pop((id(task), completion), None)
         if prefetched is not None:
             return prefetched
-        return self._score(float(self.raw_scores([task], [completion])[0]))
+        return self._score(self._raw([task], [completion])[0])
+
+    def _raw(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
+        try:
+            return [float(v) for v in self.raw_scores(tasks, completions).tolist()]
+        except Exception as exc:  # the model failed: no completion makes a bounded input fail
+            raise VerifierUnavailableError(
+                f"the reward model failed ({type(exc).__name__}: {exc}): it cannot score, and a 0 would train "
+                f"the policy on a lie; check the model (memory, device, max_completion_tokens against its "
+                f"context length)") from exc
 
     def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str],
                      max_workers: int | None = None) -> list[Score]:
         """One batched forward pass per ``batch_size`` rows (``max_workers`` is not needed)."""
         if len(tasks) != len(completions):
             raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
-        try:
-            raw = self.raw_scores(tasks, completions).tolist()
-        except Exception:  # fall back to one by one, where each failure becomes that row's 0
-            return super().verify_batch(tasks, completions)
+        raw = self._raw(tasks, completions)
         scores = []
         for value in raw:
             score = self._score(value)

@@ -13,9 +13,11 @@ The result is a list of :class:`Episode`; :class:`llmgym.batch.Batch` pads them 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any, Sequence
 
 import gymnasium as gym
@@ -28,7 +30,8 @@ from llmgym.types import Task
 from llmgym.verifiers import Verifier
 from llmgym.vector import clone_env
 
-__all__ = ["Episode", "collect_episodes", "evaluate", "draw_tasks", "distinct_tasks", "turn_keys", "is_token_level"]
+__all__ = ["Episode", "collect_episodes", "evaluate", "draw_tasks", "distinct_tasks", "turn_keys", "is_token_level",
+           "at_most_one_turn"]
 
 
 @dataclasses.dataclass
@@ -47,6 +50,9 @@ class Episode:
         turn_lengths: per turn, the number of sampled tokens.
         terminated / truncated: how the episode ended (Gymnasium's flags).
         info: the last ``step`` info.
+        policy_versions: per token, the policy version (number of updates) of the weights that
+            sampled it, ``-1`` on prompt and env tokens; empty when the engine reports no version
+            (an engine reports one through a ``policy_version`` attribute: the pipelined learner's does).
     """
 
     task: Task
@@ -61,6 +67,7 @@ class Episode:
     terminated: bool = False
     truncated: bool = False
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    policy_versions: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def total_reward(self) -> float:
@@ -130,6 +137,8 @@ def collect_episodes(
     tasks: Sequence[Task] | None = None,
     max_turns: int = 10_000,
     on_episodes_done: Callable[[int], Any] | None = None,
+    step_pool: Executor | None = None,
+    observer: Any = None,
 ) -> tuple[list[Episode], dict[str, float]]:
     """Run ``num_tasks × group_size`` episodes to the end; return them and timing stats.
 
@@ -144,6 +153,19 @@ def collect_episodes(
     sampling), ``verify_s`` (inside ``env.step`` and verifier prefetch: scoring, and a multi-turn
     env's replies), ``tokens_sampled`` and ``tokens_per_s`` = tokens sampled / ``generate_s``, the
     sampling speed.
+
+    For a pipelined learner (:mod:`llmgym.agents.pipeline`):
+
+    * ``step_pool``: an executor that runs the ``env.step`` calls of a turn's completions
+      concurrently (sequence level; each env copy is stepped by one thread at a time, and results
+      are recorded in row order, so they do not depend on the pool). Verifiers that wait on the
+      sandbox, a process or the network overlap there.
+    * ``observer``: an object whose ``busy("generate")`` / ``busy("verify")`` context managers
+      wrap the same spans as ``generate_s`` / ``verify_s`` (the pipeline's per-stage busy time).
+    * Engine hooks, read where present: ``engine.policy_version`` tags every sampled token
+      (:attr:`Episode.policy_versions`); ``engine.generation_done()`` is called as soon as this
+      rollout will make no more engine calls -- right after the last completions of a single-turn
+      env (:func:`at_most_one_turn`), before they are verified; else when the last episode ends.
 
     Example:
         >>> import gymnasium, llmgym
@@ -173,11 +195,13 @@ def collect_episodes(
                                 [0.0] * len(ids), len(ids)))
         observations.append(obs)
     started = time.perf_counter()
-    clock = _RolloutClock(on_episodes_done)
+    clock = _RolloutClock(on_episodes_done, observer)
     if is_token_level(env):
         _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock)
     else:
-        _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock)
+        one_turn = max_turns <= 1 or at_most_one_turn(env)
+        _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock, step_pool, one_turn)
+    _generation_done(engine)
     elapsed = time.perf_counter() - started
     return episodes, {"rollout_s": elapsed, "generate_s": clock.generate_s, "verify_s": clock.verify_s,
                       "tokens_sampled": float(clock.sampled),
@@ -187,16 +211,17 @@ def collect_episodes(
 class _RolloutClock:
     """Where a rollout's time goes (the engine vs ``env.step``), tokens sampled, and episodes ended."""
 
-    def __init__(self, on_episodes_done: Callable[[int], Any] | None = None):
+    def __init__(self, on_episodes_done: Callable[[int], Any] | None = None, observer: Any = None):
         self.generate_s = self.verify_s = 0.0
         self.sampled = 0
         self.on_episodes_done = on_episodes_done
+        self.observer = observer
 
     def generating(self) -> _Timer:
-        return _Timer(self, "generate_s")
+        return _Timer(self, "generate_s", "generate")
 
     def verifying(self) -> _Timer:
-        return _Timer(self, "verify_s")
+        return _Timer(self, "verify_s", "verify")
 
     def episodes_done(self, count: int) -> None:
         if count and self.on_episodes_done is not None:
@@ -204,19 +229,52 @@ class _RolloutClock:
 
 
 class _Timer:
-    def __init__(self, clock: _RolloutClock, field: str):
+    def __init__(self, clock: _RolloutClock, field: str, stage: str):
         self.clock, self.field = clock, field
+        self.stage = clock.observer.busy(stage) if clock.observer is not None else contextlib.nullcontext()
 
     def __enter__(self) -> None:
+        self.stage.__enter__()
         self.started = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
         setattr(self.clock, self.field, getattr(self.clock, self.field) + time.perf_counter() - self.started)
+        self.stage.__exit__(*exc)
+
+
+def _generation_done(engine: Any) -> None:
+    done = getattr(engine, "generation_done", None)
+    if done is not None:
+        done()
+
+
+def at_most_one_turn(env: gym.Env) -> bool:
+    """Whether every episode of ``env`` ends after its first completion: a :class:`~llmgym.SequenceEnv`
+    that is not multi-turn and keeps its own ``step`` (a subclass that overrides it may not end).
+
+    Example:
+        >>> import gymnasium, llmgym
+        >>> from llmgym.rollout import at_most_one_turn
+        >>> at_most_one_turn(gymnasium.make("llmgym/Copy-v0")), at_most_one_turn(gymnasium.make("llmgym/CodeRetry-v0"))
+        (True, False)
+    """
+    from llmgym.core import MultiTurnEnv, SequenceEnv
+
+    inner = env.unwrapped
+    kind = type(inner)
+    return (isinstance(inner, SequenceEnv) and not isinstance(inner, MultiTurnEnv)
+            and kind.step is SequenceEnv.step and kind._after_completion is SequenceEnv._after_completion)
 
 
 def _record_turn(ep: Episode, completion_ids: list[int], logprobs: list[float], rewards: list[float],
-                 finish: str, next_obs: dict[str, Any], terminated: bool, truncated: bool, info: dict) -> None:
-    """Append one turn; ``rewards`` holds one reward per sampled token (dense) or one for the turn."""
+                 finish: str, next_obs: dict[str, Any], terminated: bool, truncated: bool, info: dict,
+                 version: int | None = None) -> None:
+    """Append one turn; ``rewards`` holds one reward per sampled token (dense) or one for the turn;
+    ``version`` is the policy version that sampled it (``None``: the engine reports none)."""
+    if version is not None and not ep.policy_versions:
+        ep.policy_versions = [-1] * len(ep.token_ids)  # the context so far: no policy sampled it
+    if ep.policy_versions:
+        ep.policy_versions += [-1 if version is None else int(version)] * len(completion_ids)
     ep.token_ids += completion_ids
     ep.action_mask += [1] * len(completion_ids)
     ep.logprobs += list(logprobs)
@@ -237,13 +295,16 @@ def _record_turn(ep: Episode, completion_ids: list[int], logprobs: list[float], 
                 "multi-turn envs must append to prompt_ids, not re-tokenise the transcript"
             )
         reply = context[len(ep.token_ids):]
+        if ep.policy_versions:
+            ep.policy_versions += [-1] * len(reply)
         ep.token_ids += reply
         ep.action_mask += [0] * len(reply)
         ep.logprobs += [0.0] * len(reply)
         ep.rewards += [0.0] * len(reply)
 
 
-def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock) -> None:
+def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock, step_pool=None,
+                        one_turn=False) -> None:
     for e in envs:  # a turn the engine stopped on one of its ids is a turn the model closed (chat replies)
         inner = e.unwrapped
         if hasattr(inner, "stop_token_ids"):
@@ -261,15 +322,24 @@ def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, ma
             prompts = [observations[i]["prompt_ids"].tolist() for i in rows]
             with clock.generating():
                 groups = engine.generate(prompts, per_turn, keys=[keys_all[i] for i in rows])
+            version = getattr(engine, "policy_version", None)
+            if one_turn and start + chunk >= len(live):
+                _generation_done(engine)  # the engine is free while these completions are verified
             with clock.verifying():
                 _prefetch_scores(envs, rows, groups)
-            for i, group in zip(rows, groups):
+            if step_pool is not None:  # the turn's checks run concurrently; results are used in row order
+                with clock.verifying():
+                    results = list(step_pool.map(lambda i, g: envs[i].step(list(g[0].token_ids)), rows, groups))
+            for k, (i, group) in enumerate(zip(rows, groups)):
                 c: Completion = group[0]
                 clock.sampled += len(c.token_ids)
-                with clock.verifying():
-                    obs, reward, terminated, truncated, info = envs[i].step(list(c.token_ids))
+                if step_pool is not None:
+                    obs, reward, terminated, truncated, info = results[k]
+                else:
+                    with clock.verifying():
+                        obs, reward, terminated, truncated, info = envs[i].step(list(c.token_ids))
                 _record_turn(episodes[i], list(c.token_ids), c.logprobs, [reward], c.finish_reason, obs,
-                             terminated, truncated, info)
+                             terminated, truncated, info, version)
                 observations[i] = obs
                 if terminated or truncated:
                     clock.episodes_done(1)
@@ -328,11 +398,12 @@ def _run_token_rows(live, envs, episodes, observations, engine, sampling, seed, 
 
     with clock.generating():
         session = open_decode_session(engine, [observations[i]["prompt_ids"] for i in live])
+    version = getattr(engine, "policy_version", None)
     with session:  # eval mode held for the whole rollout, not switched per token
-        _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock)
+        _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock, version)
 
 
-def _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock) -> None:
+def _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock, version=None) -> None:
     row_of = dict(zip(live, session.rows))
     turn_of = {i: 0 for i in live}
     buffers: dict[int, list[int]] = {i: [] for i in live}
@@ -362,7 +433,7 @@ def _step_rows(session, live, envs, episodes, observations, sampling, seed, max_
             turn_over = "finish_reason" in info
             if turn_over:
                 _record_turn(episodes[i], buffers[i], buffer_lps[i], buffer_rewards[i], info["finish_reason"], obs,
-                             terminated, truncated, info)
+                             terminated, truncated, info, version)
                 buffers[i], buffer_lps[i], buffer_rewards[i] = [], [], []
                 turn_of[i] += 1
             observations[i] = obs

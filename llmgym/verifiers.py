@@ -40,6 +40,7 @@ __all__ = [
     "exact_match",
     "keep_last_tokens",
     "escape_special_tokens",
+    "exact_str",
     "RewardFunctionVerifier",
     "from_reward_function",
 ]
@@ -64,6 +65,23 @@ def is_verifier_failure(exc: BaseException) -> bool:
         (True, False)
     """
     return isinstance(exc, (VerifierUnavailableError, SandboxError, ImportError))
+
+
+def exact_str(text: Any) -> Any:
+    """``text`` as exactly a ``str`` when it is a subclass of one (else unchanged).
+
+    A completion is data: a ``str`` subclass whose ``==`` is always true (or whose ``strip()`` returns
+    the answer) would pass every check that compares it.
+
+    Example:
+        >>> from llmgym.verifiers import exact_str
+        >>> class Equal(str):
+        ...     def __eq__(self, other): return True
+        ...     __hash__ = str.__hash__
+        >>> Equal("x") == "y", exact_str(Equal("x")) == "y", type(exact_str(Equal("x"))).__name__
+        (True, False, 'str')
+    """
+    return str.__str__(text) if isinstance(text, str) and type(text) is not str else text
 
 
 def _to_score(value: Any) -> Score:
@@ -127,6 +145,7 @@ class Verifier(abc.ABC):
         return _in_killable_child(self._guarded, task, completion, self.time_limit)
 
     def _guarded(self, task: Task, completion: str) -> Score:
+        completion = exact_str(completion)
         return self._guard(lambda: self.verify(task, completion))
 
     @staticmethod
@@ -568,6 +587,7 @@ class RewardFunctionVerifier(Verifier):
 
     def _scores(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[Score]:
         prompts = [list(t.prompt) if t.is_chat else t.prompt for t in tasks]
+        completions = [exact_str(c) for c in completions]
         shown = [[{"role": "assistant", "content": c}] if t.is_chat else c for t, c in zip(tasks, completions)]
         keys = sorted({k for t in tasks for k in t.metadata} - {"prompts", "completions"})
         columns = {k: [t.metadata.get(k) for t in tasks] for k in keys}

@@ -88,3 +88,42 @@ def saved_tiny_model_dir(tmp_path_factory) -> str:
     torch.manual_seed(0)
     model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
     return str(save_pretrained(model, tok, tmp_path_factory.mktemp("model") / "tiny-1layer"))
+
+
+@pytest.fixture
+def target(tmp_path):
+    """A host file a payload would create and a sleep a payload would leave running (both unique)."""
+    import time
+    import uuid
+
+    from host_traces import cmdline_pids
+
+    marker = f"{time.time() % 1000 + 4000:.6f}"
+    path = tmp_path / f"pwned-{uuid.uuid4().hex[:8]}"
+    yield path, marker
+    for pid in cmdline_pids(marker):  # a failed test must not leave it running
+        os.kill(pid, 9)
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch):
+    """This machine as if bubblewrap were not installed (and no opt-out set); sandbox workers restarted around it."""
+    import shutil
+
+    from llmgym.envs.math.sandboxed import close_workers as close_math_workers
+    from llmgym.interop.sandboxed import close_workers as close_interop_workers
+    from llmgym.sandbox import check_sandbox
+
+    def close():
+        close_math_workers()
+        close_interop_workers()
+
+    real = shutil.which
+    close()
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real(name, *a, **k))
+    monkeypatch.delenv("LLMGYM_ALLOW_UNSANDBOXED", raising=False)
+    check_sandbox(refresh=True)
+    yield monkeypatch
+    monkeypatch.undo()
+    close()
+    check_sandbox(refresh=True)

@@ -1,5 +1,6 @@
-"""The command line's device, precision and memory flags (``--device``, ``--dtype``, ``--lora-r``, ...)
-and ``llmgym rm`` (a Bradley–Terry reward model from a pairs file).
+"""The command line's device, precision and memory flags (``--device``, ``--dtype``, ``--lora-r``, ...),
+the pipelined learner's (``--async``, ``--max-staleness``, ``--verify-workers``) and ``llmgym rm`` (a
+Bradley–Terry reward model from a pairs file).
 
 Each flag must reach the agent's config (and the agent built from it), be recorded in ``config.json``
 so ``--resume`` continues with it, and a bad value must be one line on stderr with exit code 2. A LoRA
@@ -173,6 +174,43 @@ def test_bad_flag_values_print_one_line_and_exit_2(command, flags, expected, tmp
     err = capsys.readouterr().err
     assert err.startswith("llmgym: error: ") and expected in err, err
     assert err.count("\n") == 1 and not (tmp_path / "o").exists()
+
+
+def test_async_run_records_its_staleness_and_resumes_exactly(model_dir, tmp_path, captured_agents):
+    """--async --max-staleness 1: recorded in config.json; a checkpoint (every 2 steps: where the
+    pipeline drains) resumes to the uninterrupted run's metrics; rows carry the staleness."""
+    flags = ("--async", "--max-staleness", "1", "--verify-workers", "2", "--checkpoint-every", "2")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert main(train_args(model_dir, straight, 4, *flags)) == 0
+    recorded = json.loads((straight / "config.json").read_text())
+    assert (recorded["max_staleness"], recorded["verify_workers"]) == (1, 2)
+    assert main(train_args(model_dir, resumed, 2, *flags)) == 0
+    assert main(["train", "--resume", str(resumed), "--steps", "4"]) == 0
+    rows = read_metrics(straight / "metrics.jsonl")
+    assert without_timing(read_metrics(resumed / "metrics.jsonl")) == without_timing(rows)
+    assert [r["behaviour_version"] for r in rows] == [0, 0, 2, 2] and [r["staleness_max"] for r in rows] == [0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--max-staleness", "1"], "--max-staleness needs --async (options of the pipelined learner)"),
+    (["--verify-workers", "4", "--max-staleness", "2"], "--max-staleness and --verify-workers need --async"),
+    (["--async", "--max-staleness", "-1"], "--max-staleness must be >= 0 (0 = the synchronous schedule), got -1"),
+    (["--async", "--verify-workers", "0"], "--verify-workers must be >= 1, got 0"),
+    (["--async", "--agent", "dpo"], "--async: dpo cannot learn from stale samples"),
+])
+def test_async_flags_are_checked_before_any_work(flags, expected, tmp_path, capsys):
+    assert main(["train", "--env", ENV, "--agent", "grpo", "--out", str(tmp_path / "o"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("llmgym: error: ") and expected in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "o").exists()
+
+
+def test_resume_refuses_async_flags(model_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(train_args(model_dir, out, 1, "--checkpoint-every", "1")) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--steps", "2", "--async"]) == 2
+    assert "drop --async" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")

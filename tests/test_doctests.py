@@ -24,7 +24,8 @@ SKIP = {"llmgym.__main__"} | ({"llmgym.engines.vllm"} if importlib.util.find_spe
 # the interop adapters' examples run the adapted package itself (an optional extra; verifiers needs Python >= 3.11)
 NEEDS = {"llmgym.interop.verifiers_in": "verifiers", "llmgym.interop.verifiers_out": "verifiers",
          "llmgym.interop.verifiers_taskset": "verifiers", "llmgym.interop.textarena_in": "textarena",
-         "llmgym.interop.adapters": "textarena", "llmgym.interop.trl_out": "datasets"}
+         "llmgym.interop.adapters": "textarena", "llmgym.interop.trl_out": "datasets",
+         "llmgym.interop.sandboxed": "textarena"}
 # llmgym.agents and llmgym.envs live in other folders (package-dir), so each package is walked itself
 PACKAGES = (llmgym, llmgym.agents, llmgym.envs)
 MODULES = sorted(

@@ -5,7 +5,6 @@ line. Only games that ship with TextArena and start offline are used.
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -96,21 +95,23 @@ def test_two_player_games_seat_the_policy_against_a_fixed_opponent(tokenizer, tm
     check_env(kuhn, skip_render_check=True)
 
 
-def test_the_game_runs_in_its_own_process_and_a_hanging_one_is_killed(tmp_path):
-    log = tmp_path / "opponent.log"
+def test_the_game_and_its_opponent_run_in_the_sandbox_and_a_hanging_one_is_killed(tmp_path):
+    host_file = tmp_path / "opponent-was-here"
 
-    def recording(observation, rng):
-        with log.open("a") as f:
-            f.write(f"{os.getpid()}\n")
+    def writing(observation, rng):  # sees the policy's text: it runs where the host's files are out of reach
+        try:
+            host_file.write_text(observation)
+        except OSError:
+            pass
         if "[HANG]" in observation:
             time.sleep(60)
         return _highest_move(observation, rng)
 
-    env = from_textarena("TicTacToe-v0", opponent=recording, time_limit=1.0)
+    env = from_textarena("TicTacToe-v0", opponent=writing, time_limit=1.0)
     env.reset(seed=0)
-    log.write_text("")
-    env.step("[4] and some text")  # the policy's move, with its text, reaches the opponent only in the game's process
-    assert {int(p) for p in log.read_text().split()} and os.getpid() not in {int(p) for p in log.read_text().split()}
+    _, reward, terminated, _, info = env.step("[4] and some text")  # the opponent answers the policy's move ...
+    assert not terminated and "[Player 1] [8]" in info["reply"]  # ... with its highest free cell ...
+    assert not host_file.exists()  # ... in the sandbox, where the host's files do not exist
     started = time.perf_counter()
     _, reward, terminated, _, info = env.step("[0] [HANG]")
     assert (reward, terminated) == (0.0, True) and "timeout: " in info["error"]

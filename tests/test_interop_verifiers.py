@@ -74,9 +74,9 @@ def test_a_verifiers_taskset_scores_with_its_weighted_rewards(echo_env):
 
 def test_taskset_and_env_objects_and_taskset_config():
     env = vf.load_environment(vf.resolve_env_config({"taskset": {"id": "llmgym_test_vf", "num_tasks": 3}}))
-    from_env = from_verifiers(env, time_limit=None)
-    from_taskset = from_verifiers(env.taskset, time_limit=None)
-    by_id = from_verifiers("llmgym_test_vf", taskset={"num_tasks": 3}, time_limit=None)
+    from_env = from_verifiers(env)
+    from_taskset = from_verifiers(env.taskset)
+    by_id = from_verifiers("llmgym_test_vf", taskset={"num_tasks": 3})
     ids = [[t.id for t in e.unwrapped.tasks] for e in (from_env, from_taskset, by_id)]
     assert ids[0] == ids[1] == ids[2] and len(ids[0]) == 3
     assert len(list(from_verifiers(env, num_tasks=2).unwrapped.tasks)) == 2
@@ -114,6 +114,9 @@ class _SlowTask(vf.Task[_Data]):
         return 1.0
 
 
+_CALLS = {"n": 0}  # what a scoring process has scored before this completion (pickled with the task)
+
+
 class _PidTask(vf.Task[_Data]):
     @vf.reward
     async def right(self, trace: vf.Trace) -> float:
@@ -122,6 +125,15 @@ class _PidTask(vf.Task[_Data]):
     @vf.metric
     async def pid(self, trace: vf.Trace) -> float:
         return float(os.getpid())
+
+    @vf.metric
+    async def uid(self, trace: vf.Trace) -> float:
+        return float(os.getuid())
+
+    @vf.metric
+    async def calls(self, trace: vf.Trace) -> float:
+        _CALLS["n"] += 1
+        return float(_CALLS["n"])
 
 
 class _RuntimeTask(vf.Task[_Data]):
@@ -150,14 +162,13 @@ def test_a_reward_that_raises_scores_zero_with_the_error():
     assert "ZeroDivisionError" in info["error"]
 
 
-def test_scoring_runs_in_a_killable_process_by_default():
+def test_scoring_runs_in_the_sandbox_and_a_hanging_reward_is_killed():
     env = from_verifiers(_taskset(_PidTask))
     env.reset(seed=0)
     _, reward, _, _, info = env.step("x")
-    assert reward == 1.0 and info["score"]["metrics"]["pid"] != os.getpid()  # scored in another process
-    in_process = from_verifiers(_taskset(_PidTask), time_limit=None)
-    in_process.reset(seed=0)
-    assert in_process.step("x")[4]["score"]["metrics"]["pid"] == os.getpid()
+    metrics = info["score"]["metrics"]
+    assert reward == 1.0 and metrics["pid"] != os.getpid()  # scored in another process ...
+    assert metrics["uid"] != os.getuid() and metrics["uid"] >= 60000  # ... under the sandbox's unprivileged uid
     slow = from_verifiers(_taskset(_SlowTask), time_limit=1.0)
     slow.reset(seed=0)
     started = time.perf_counter()
@@ -165,14 +176,14 @@ def test_scoring_runs_in_a_killable_process_by_default():
     assert reward == 0.0 and "timeout: " in info["error"] and time.perf_counter() - started < 20
 
 
-def test_a_rollout_batch_is_scored_in_one_process_with_each_completion_still_time_limited():
+def test_each_completion_of_a_batch_is_scored_in_a_fresh_process_each_time_limited():
     from llmgym.interop.verifiers_in import VerifiersScorer, verifiers_tasks
 
     tasks = verifiers_tasks(_taskset(_PidTask, n=3)) * 2
     scores = VerifiersScorer().verify_batch(tasks, ["x", "y", "x", "x", "", "x"])
     assert [s.reward for s in scores] == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
-    pids = {s.info["metrics"]["pid"] for s in scores}
-    assert len(pids) == 1 and os.getpid() not in pids  # one scoring process for the batch, not this one
+    assert all(s.info["metrics"]["pid"] != os.getpid() for s in scores)
+    assert [s.info["metrics"]["calls"] for s in scores] == [1.0] * 6  # no scoring saw another's state
     slow = verifiers_tasks(_taskset(_SlowTask, n=2))
     started = time.perf_counter()
     scores = VerifiersScorer(time_limit=1.0).verify_batch(slow, ["x", "x"])
@@ -425,7 +436,7 @@ def test_bad_verifiers_specs_are_one_line_before_any_work(spec, message, capsys,
 
 
 def test_an_adapted_env_is_a_plain_llmgym_env_and_is_not_registered():
-    env = from_verifiers("llmgym_test_vf", time_limit=None)
+    env = from_verifiers("llmgym_test_vf")
     assert isinstance(env, SequenceEnv) and isinstance(env.unwrapped.tasks.source[0], Task)
     from llmgym.registry import registered_envs
 

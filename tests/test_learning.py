@@ -46,7 +46,7 @@ AGENTS = [
     # PPO's default minibatches of 8 make 32 noisy optimiser steps per batch of 128: same seed, 1 vs 2
     # threads ended 0.022 vs 0.108 after 40 steps. Minibatches of 32 (8 steps per batch) are steady.
     (PPO, dict(lr=5e-4, minibatch_size=32)),  # +0.133..+0.162 (0.148); threads: ≤ 0.028 apart
-    (GRPO, dict(lr=1e-3, kl_coef=0.0)),  # +0.091..+0.121 (0.108); threads: identical
+    (GRPO, dict(lr=1e-3, kl_coef=0.0)),  # +0.091..+0.121 (0.108); threads: identical (re-measured on the merged learner, 2026-11-26, threads 1: +0.078..+0.138)
     (DAPO, dict(lr=1e-3)),  # +0.096..+0.115 (0.103); threads: identical
 ]
 
@@ -63,9 +63,13 @@ def held_out_reward(model, tokenizer, seed: int = SEED) -> float:
     return evaluate(env, HFEngine(model, tokenizer), HELD_OUT, SAMPLING, seed=1000 + seed)["mean_reward"]
 
 
-def train(cls, config, model, tokenizer, seed: int = SEED, steps: int = STEPS):
+def train(cls, config, model, tokenizer, seed: int = SEED, steps: int = STEPS, correct_staleness: bool = True,
+          **learn):
+    """``cls`` trained ``steps`` steps on Copy; ``learn`` goes to ``learn`` (``max_staleness=K``: pipelined,
+    with its correction unless ``correct_staleness`` is false)."""
     agent = cls(model, tokenizer, max_new_tokens=MAX_NEW_TOKENS, seed=seed, **{**BATCH, **config})
-    return agent.learn(gym.make("llmgym/Copy-v0", tokenizer=tokenizer), steps=steps)
+    agent.learner.correct_staleness = correct_staleness
+    return agent.learn(gym.make("llmgym/Copy-v0", tokenizer=tokenizer), steps=steps, **learn)
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +86,63 @@ def test_agent_raises_held_out_reward(cls, config, warm_base, tokenizer):
     after = held_out_reward(model, tokenizer)
     assert len(history) == STEPS
     assert after > before + MARGIN, f"{cls.name}: held-out reward {before:.3f} -> {after:.3f}"
+
+
+# The pipelined learner (llmgym.agents.pipeline): GRPO with the same recipe and margin, every batch
+# after the first K sampled by the weights of K updates ago and importance-weighted. Measured with
+# `benchmarks/learning_spread.py --agents grpo --max-staleness K [--no-correction]` over seeds 0-3 ×
+# torch threads 1 and 2 (8 runs per K, 2026-11-26, 2-core machine, load 2-7 from other jobs):
+#   K=1: +0.081..+0.104 (0.093); threads ≤ 0.001 apart.  K=2: +0.074..+0.117 (0.095); threads ≤ 0.003 apart.
+# The smallest gain, 0.074, is 1.5× MARGIN (synchronous GRPO, measured the same day with the same script,
+# threads 1: +0.078..+0.138 (0.103)).
+# Without the correction: K=1 +0.069..+0.110 (0.089; threads 1 only); K=2 -0.005..+0.057 (0.032).
+PIPELINED = [1, 2]
+# The correction keeps the learner near the weights that sample its batches. ``late_drift``, the mean
+# |log π_prox − log π_behav| of the last 10 of the 40 steps at K=2, measured as above (seeds 0-3 ×
+# threads 1 and 2): with the correction 0.038..0.062, without it 0.099..0.130 (threads ≤ 0.0003 apart);
+# per seed, uncorrected / corrected 2.06..2.93. Margin: uncorrected > DRIFT_RATIO × corrected (the
+# smallest measured ratio is 1.47× it).
+DRIFT_RATIO = 1.4
+
+
+def late_drift(history, last: int = 10) -> float:
+    """Mean ``behaviour_log_ratio_abs`` of the last ``last`` steps: how far, per token, the weights being
+    updated are from the stale weights that sampled the batch."""
+    return sum(row["behaviour_log_ratio_abs"] for row in history[-last:]) / last
+
+
+@pytest.fixture(scope="module")
+def staleness_runs(warm_base, tokenizer):
+    """``run(K, correct)`` → ``(history, held-out reward after)``, each run trained once per module."""
+    runs = {}
+
+    def run(max_staleness: int, correct: bool = True):
+        if (max_staleness, correct) not in runs:
+            model = copy.deepcopy(warm_base[0])
+            history = train(GRPO, dict(AGENTS)[GRPO], model, tokenizer, correct_staleness=correct,
+                            max_staleness=max_staleness)
+            runs[max_staleness, correct] = history, held_out_reward(model, tokenizer)
+        return runs[max_staleness, correct]
+
+    return run
+
+
+@pytest.mark.parametrize("max_staleness", PIPELINED, ids=lambda k: f"K={k}")
+def test_pipelined_grpo_raises_held_out_reward(max_staleness, warm_base, staleness_runs):
+    before = warm_base[1]
+    history, after = staleness_runs(max_staleness)
+    assert len(history) == STEPS
+    # it really trained on stale samples, reweighted: K updates old from step K + 1 on
+    assert all(row["staleness_max"] == max_staleness and row["is_corrected"] == 1.0 for row in history[max_staleness:])
+    assert after > before + MARGIN, f"GRPO, max_staleness={max_staleness}: held-out reward {before:.3f} -> {after:.3f}"
+
+
+def test_without_the_correction_the_importance_weights_drift(staleness_runs):
+    corrected, _ = staleness_runs(2, correct=True)
+    uncorrected, _ = staleness_runs(2, correct=False)
+    assert all(row["is_corrected"] == 0.0 for row in uncorrected)
+    # same weights, same first batch: the runs part where the correction first applies (step 2's batch is stale)
+    assert corrected[0]["loss"] == uncorrected[0]["loss"] and corrected[1]["loss"] != uncorrected[1]["loss"]
+    drift = late_drift(corrected), late_drift(uncorrected)
+    assert drift[1] > DRIFT_RATIO * drift[0], f"late |log π_prox − log π_behav|: corrected {drift[0]:.4f}, " \
+                                              f"uncorrected {drift[1]:.4f}"

@@ -215,7 +215,8 @@ def test_own_checks_parse_without_evaluating_and_in_bounded_time():
     entry = {"answer": "['1', '2']", "metadata": {"sorted_numbers": ["1", "2"], "result": (1, 2),
                                                   "rational": {"numerator": 1, "denominator": 2},
                                                   "names": ["Ann", "Bo"], "solution": (True, False),
-                                                  "knight_knave_terms": {"knight": "knight", "knave": "knave"}}}
+                                                  "knight_knave_terms": {"knight": "knight", "knave": "knave"},
+                                                  "numbers": [1, 2, 3, 4]}}
     payloads = ["__import__('os').system('touch /tmp/pwned')", "[__import__('os')]", "1e99999999", "9" * 5000,
                 "[" + "1," * 50_000 + "1]", "(" * 10_000 + "1" + ")" * 10_000, "1/0", "0x1p3"]
     for dataset, check in rg_guards.OWN_CHECKS.items():

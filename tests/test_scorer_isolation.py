@@ -16,7 +16,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 
 import gymnasium as gym
 import pytest
@@ -28,7 +27,7 @@ from llmgym.envs.math.answer_grammar import GUARDED_DATASETS, check_answer
 from llmgym.envs.math.reasoning import upstream_score
 from llmgym.envs.math.sandboxed import close_workers, reasoning_gym_score
 from llmgym.sandbox import SandboxUnavailableError, check_sandbox
-from host_traces import cmdline_pids  # noqa: E402  (tests/ is on sys.path)
+from host_traces import host_is_clean  # noqa: E402  (tests/ is on sys.path)
 
 
 INFO = check_sandbox()
@@ -40,16 +39,6 @@ needs_sandbox = pytest.mark.skipif(
 EVAL_FAMILIES = ["binary_matrix", "spiral_matrix", "string_insertion", "n_queens"]
 SYMPY_FAMILIES = ["polynomial_multiplication", "simple_integration", "intermediate_integration", "countdown", "puzzle24"]
 FAMILIES = EVAL_FAMILIES + SYMPY_FAMILIES
-
-
-@pytest.fixture
-def target(tmp_path):
-    """A host file a payload would create and a sleep a payload would leave running (both unique)."""
-    marker = f"{time.time() % 1000 + 4000:.6f}"
-    path = tmp_path / f"pwned-{uuid.uuid4().hex[:8]}"
-    yield path, marker
-    for pid in cmdline_pids(marker):  # a failed test must not leave it running
-        os.kill(pid, 9)
 
 
 def forging(score: float) -> str:
@@ -80,12 +69,6 @@ def attacks(path, marker) -> dict[str, str]:
         "call of a sympy class": "Symbol('x').__class__.__init__.__globals__",
         "string": "'a' + 'b'",
     }
-
-
-def host_is_clean(path, marker) -> None:
-    assert not path.exists(), f"{path} was written on the host"
-    time.sleep(0.05)  # a `&` started just before the check ended would be visible by now
-    assert cmdline_pids(marker) == [], "a process started by the completion outlived the step"
 
 
 def floor(task) -> float:
@@ -258,20 +241,6 @@ def test_a_scorer_that_hangs_is_killed_and_scores_zero():
 
 
 # -- a verifier that cannot run raises ------------------------------------------------------------
-
-
-@pytest.fixture
-def no_bwrap(monkeypatch):
-    import shutil
-
-    real = shutil.which
-    close_workers()
-    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real(name, *a, **k))
-    monkeypatch.delenv("LLMGYM_ALLOW_UNSANDBOXED", raising=False)
-    check_sandbox(refresh=True)
-    yield
-    monkeypatch.undo()
-    check_sandbox(refresh=True)
 
 
 def test_without_the_sandbox_scoring_raises_never_a_silent_zero(no_bwrap):

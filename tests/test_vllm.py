@@ -56,16 +56,28 @@ SYNC_TOL = 1e-3
 DRIFT_MIN = 0.05
 
 
-def test_after_k_updates_vllm_logprobs_equal_the_learners_and_without_sync_they_do_not(tokenizer, monkeypatch):
-    model = build_tiny_model(tokenizer, VLLM_SHAPE)
-    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
-    prompts = [tokenizer.encode(t) for t in ("copy: 417", "copy: 90", "copy: 3382")]
-    with make_engine(model, tokenizer) as engine:
+@pytest.fixture(scope="class")
+def engine(tokenizer):
+    """One vLLM engine for the tests of :class:`TestOneEngine` (a start costs 10-35 s on this CPU)."""
+    with make_engine(build_tiny_model(tokenizer, VLLM_SHAPE), tokenizer) as engine:
+        yield engine
+
+
+class TestOneEngine:
+    """Weight sync, synchronous and pipelined; each test loads its own model's weights first."""
+
+    def test_after_k_updates_vllm_logprobs_equal_the_learners_and_without_sync_they_do_not(
+            self, engine, tokenizer, monkeypatch):
+        model = build_tiny_model(tokenizer, VLLM_SHAPE)
+        env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+        prompts = [tokenizer.encode(t) for t in ("copy: 417", "copy: 90", "copy: 3382")]
+        engine.sync_weights(model)
+        loaded = engine.weight_syncs
         agent = GRPO(model, tokenizer, engine=engine, lr=1e-2, tasks_per_step=4, group_size=4, max_new_tokens=6,
                      kl_coef=0.0, tis="token")
         initial = copy.deepcopy(model)
         rows = agent.learn(env, steps=3)  # each update ends with engine.sync_weights(model)
-        assert engine.weight_syncs == 1 + 3  # the initial load and one per update
+        assert engine.weight_syncs == loaded + 3  # one per update
         moved = max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(), initial.parameters()))
         assert moved > 1e-3, "the updates did not change the weights: the test would prove nothing"
         synced = logprob_gap(engine, model, tokenizer, prompts)
@@ -80,6 +92,33 @@ def test_after_k_updates_vllm_logprobs_equal_the_learners_and_without_sync_they_
         monkeypatch.undo()
         engine.sync_weights(model)
         assert logprob_gap(engine, model, tokenizer, prompts) < SYNC_TOL
+
+    def test_the_pipelined_learner_loads_each_version_into_vllm_and_repeats_the_sync_loop_at_k_0(
+            self, engine, tokenizer):
+        """vLLM is an engine of its own: the pipeline loads every version a batch needs into it (from a
+        rollout thread), K=0 trains exactly as the synchronous loop, and K=1 samples one update behind."""
+        from llmgym.logging import TIMING_FIELDS
+
+        base = build_tiny_model(tokenizer, VLLM_SHAPE)
+        prompts = [tokenizer.encode(t) for t in ("copy: 417", "copy: 90")]
+        histories = []
+        for k in (None, 0, 1):
+            model = copy.deepcopy(base)
+            engine.sync_weights(model)
+            loaded = engine.weight_syncs
+            agent = GRPO(model, tokenizer, engine=engine, lr=1e-2, tasks_per_step=4, group_size=4, max_new_tokens=6,
+                         kl_coef=0.0, seed=1)
+            rows = agent.learn(gym.make("llmgym/Copy-v0", tokenizer=tokenizer), 3,
+                               **({} if k is None else {"max_staleness": k}))
+            histories.append([{key: v for key, v in r.items() if key not in TIMING_FIELDS} for r in rows])
+            assert logprob_gap(engine, model, tokenizer, prompts) < SYNC_TOL  # afterwards: the trained weights
+            if k == 1:  # loads: version 0 (batches 0-1), version 1 (batch 2), the final weights after the run
+                assert engine.weight_syncs - loaded == 3
+                assert [r["behaviour_version"] for r in rows] == [0, 0, 1]
+                assert [r["staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
+                assert rows[2]["behaviour_log_ratio_abs"] > 100 * rows[0]["behaviour_log_ratio_abs"]
+        sync, piped = histories[0], histories[1]
+        assert [{key: v for key, v in r.items() if key in sync[0]} for r in piped] == sync
 
 
 # -- the engine's life cycle -------------------------------------------------------------------------

@@ -260,7 +260,6 @@ def failure_feedback(result: SandboxResult, limits: SandboxLimits | None = None,
         "memory_limit": "the program used more memory than allowed.",
         "output_limit": "the program wrote more output than allowed.",
         "file_size_limit": "the program wrote a file larger than allowed.",
-        "sandbox_error": "the sandbox could not run the program.",
     }
     if result.killed or result.timed_out:
         reason = result.killed_reason or "timeout"

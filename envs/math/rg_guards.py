@@ -9,6 +9,8 @@ answers that hold no solution — a policy trained on them learns the hole, not 
 * ``complex_arithmetic`` scores ``min(1, exp(-distance))``: ``NaN`` makes it ``min(1, nan) = 1.0``;
 * ``number_sorting`` accepts ``NaN`` (JSON's ``NaN`` compares as sorted and within tolerance) and any
   value off by less than 1;
+* ``puzzle24`` checks that the value truncates to 24 and that four numbers of the value range appear,
+  never that they are the puzzle's: the constant ``6*4*1*1`` scores 1.0 on every puzzle;
 * partial credit for content-free answers: an all-zero ``game_of_life`` grid (≈ 0.96), the number
   echoed for ``prime_factorization`` (0.5), the puzzle with its blanks filled with 1 for
   ``sudoku``/``mini_sudoku``/``futoshiki`` (≈ 0.5), a format example for ``knights_knaves``, ``00:00:00``
@@ -28,6 +30,7 @@ small parsers of plain numbers and lists, linear in the answer's length and refu
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from fractions import Fraction
@@ -181,6 +184,44 @@ def _knights_knaves(answer: str, entry: dict) -> bool:
     return said == {name: bool(truth) for name, truth in zip(names, meta["solution"])}
 
 
+def _exact_value(node: ast.AST) -> Fraction | None:
+    """An arithmetic expression of integers (``+ - * /``, unary signs, brackets) evaluated exactly, else ``None``."""
+    if isinstance(node, ast.Expression):
+        return _exact_value(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+        inner = _exact_value(node.operand)
+        return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+        a, b = _exact_value(node.left), _exact_value(node.right)
+        if a is None or b is None:
+            return None
+        if isinstance(node.op, ast.Div):
+            return a / b if b else None
+        return a + b if isinstance(node.op, ast.Add) else a - b if isinstance(node.op, ast.Sub) else a * b
+    return None
+
+
+def _puzzle24(answer: str, entry: dict) -> bool:
+    # upstream checks int(value) == 24 and that four numbers in the value range appear -- not that they
+    # are the puzzle's: "6*4*1*1" scored 1.0 on every puzzle, and int() made 24.5 pass ("7/2*7*1")
+    if len(answer) > 1000 or not answer.isascii():
+        return False
+    try:
+        tree = ast.parse(answer.strip(), mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    constants = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+    if not all(type(c) is int for c in constants):
+        return False
+    wanted = sorted(int(n) for n in entry["metadata"]["numbers"])
+    try:
+        return sorted(constants) == wanted and _exact_value(tree) == 24
+    except RecursionError:  # a thousand unary signs
+        return False
+
+
 OWN_CHECKS: dict[str, Callable[[str, dict], bool]] = {
     "game_of_life_halting": _game_of_life_halting,
     "coin_flip": _coin_flip,
@@ -188,6 +229,7 @@ OWN_CHECKS: dict[str, Callable[[str, dict], bool]] = {
     "number_sorting": _number_sorting,
     "gsm_symbolic": _gsm_symbolic,
     "knights_knaves": _knights_knaves,
+    "puzzle24": _puzzle24,
 }
 """Datasets whose upstream full score pays wrong answers: ``binary`` scoring decides these itself."""
 
@@ -226,12 +268,14 @@ def _top_level_parts(text: str, operator: str) -> list[str]:
 
 
 def _restates_premises(answer: str, entry: dict) -> bool:
-    """Whether a propositional-logic answer only restates the premises it was given.
+    """Whether a propositional-logic answer only restates (or weakens) the premises it was given.
 
     Any valid non-trivial conclusion scores 1.0 upstream, and a premise follows from the premises: an
     echo of the question's own premise scored 1.0. Refused: a premise (brackets, spaces and double
-    negations aside), a conjunction or disjunction made only of premises, and anything over 1,000
-    characters (the work stays bounded: each level of brackets is one linear pass, 20 levels at most).
+    negations aside), a conjunction or disjunction made only of premises, anything over 1,000
+    characters (the work stays bounded: each level of brackets is one linear pass, 20 levels at most),
+    and a premise weakened (:func:`_weakens_premises`: what follows from one premise alone, or from
+    the premises the answer quotes).
     """
     def canonical(text: str) -> str:
         return _strip_outer(text, double_negations=True)
@@ -250,7 +294,124 @@ def _restates_premises(answer: str, entry: dict) -> bool:
                 return all(restates(part, depth + 1) for part in parts)
         return False
 
-    return len(answer) > 1000 or restates(answer)  # a conclusion is short: a longer one is not credited
+    if len(answer) > 1000 or restates(answer):  # a conclusion is short: a longer one is not credited
+        return True
+    return _weakens_premises(answer, entry["metadata"]["premises"])
+
+
+# -- propositional formulas, read on the host: a linear recursive-descent parser and truth tables as bitsets
+
+_PROP_OPERATORS = {"↔": 0, "→": 1, "∨": 2, "∧": 3}  # reasoning-gym's precedence, loosest first
+_MAX_PROP_VARIABLES = 16
+_MAX_PROP_DEPTH = 100
+
+
+def _prop_tokens(text: str) -> list[str] | None:
+    tokens = []
+    for char in text:
+        if char.isspace():
+            continue
+        if char in "()¬" or char in _PROP_OPERATORS or "A" <= char <= "Z":
+            tokens.append(char)
+        else:
+            return None
+    return tokens
+
+
+def _prop_parse(text: str) -> Any:
+    """A formula as nested tuples (``("P",)``, ``("¬", f)``, ``(op, f, g)``, binary operators grouping
+    to the left as reasoning-gym's parser groups them), or ``None`` when it is not one. Linear."""
+    tokens = _prop_tokens(text)
+    if not tokens:
+        return None
+    pos = 0
+
+    def binary(level: int, depth: int) -> Any:
+        nonlocal pos
+        left = binary(level + 1, depth) if level < 3 else unary(depth)
+        while left is not None and pos < len(tokens) and _PROP_OPERATORS.get(tokens[pos]) == level:
+            op = tokens[pos]
+            pos += 1
+            right = binary(level + 1, depth) if level < 3 else unary(depth)
+            left = None if right is None else (op, left, right)
+        return left
+
+    def unary(depth: int) -> Any:
+        nonlocal pos
+        if pos >= len(tokens) or depth > _MAX_PROP_DEPTH:
+            return None
+        token = tokens[pos]
+        pos += 1
+        if token == "¬":
+            inner = unary(depth + 1)
+            return None if inner is None else ("¬", inner)
+        if token == "(":
+            inner = binary(0, depth + 1)
+            if inner is None or pos >= len(tokens) or tokens[pos] != ")":
+                return None
+            pos += 1
+            return inner
+        return (token,) if "A" <= token <= "Z" else None
+
+    formula = binary(0, 0)
+    return formula if formula is not None and pos == len(tokens) else None
+
+
+def _prop_table(formula: Any, bits: dict[str, int], full: int) -> int:
+    """The formula's truth table as a bitset: bit ``i`` is its value under the ``i``-th assignment."""
+    if len(formula) == 1:
+        return bits[formula[0]]
+    if formula[0] == "¬":
+        return full & ~_prop_table(formula[1], bits, full)
+    a, b = _prop_table(formula[1], bits, full), _prop_table(formula[2], bits, full)
+    return {"∧": a & b, "∨": a | b, "→": (full & ~a) | b, "↔": full & ~(a ^ b)}[formula[0]]
+
+
+def _prop_subformulas(formula: Any, found: set) -> set:
+    stack = [formula]
+    while stack:
+        node = stack.pop()
+        found.add(node)
+        stack.extend(node[1:] if len(node) > 1 else ())
+    return found
+
+
+def _prop_variables(formula: Any) -> set[str]:
+    return {node[0] for node in _prop_subformulas(formula, set()) if len(node) == 1}
+
+
+def _weakens_premises(answer: str, premises: list[str]) -> bool:
+    """Whether a (valid) conclusion is only a premise weakened: it follows from one premise alone, or
+    from the premises it quotes (as sub-formulas) -- ``(p ∨ X)``, ``(X → p)``, ``(p ∧ (X ∨ ¬X))``,
+    ``((p ∧ q) ∨ X)`` for premises ``p``, ``q`` and anything ``X``. A real inference combines premises:
+    from ``Q`` and ``(Q → P)``, ``(P ∧ Q)`` quotes ``Q`` but does not follow from it alone. An answer
+    this parser cannot read is refused too (only refused answers reasoning-gym paid 1.0 reach here)."""
+    conclusion = _prop_parse(answer)
+    parsed = [_prop_parse(p) for p in premises]
+    if conclusion is None:
+        return True
+    parsed = [p for p in parsed if p is not None]
+    variables = sorted(_prop_variables(conclusion).union(*(_prop_variables(p) for p in parsed)))
+    if len(variables) > _MAX_PROP_VARIABLES:
+        return False  # not decided here (2^16 assignments at most): the syntactic refusals above stand
+    size = 1 << len(variables)
+    full = (1 << size) - 1
+    # variable k is true in the assignments whose index has bit k set: 2^k zeros, 2^k ones, repeated
+    bits = {v: (((1 << (1 << k)) - 1) << (1 << k)) * (full // ((1 << (2 << k)) - 1)) for k, v in enumerate(variables)}
+    table = _prop_table(conclusion, bits, full)
+    tables = {p: _prop_table(p, bits, full) for p in parsed}
+
+    def entails(premise_table: int) -> bool:
+        return premise_table & ~table == 0
+
+    if any(entails(t) for t in tables.values()):
+        return True
+    quoted = _prop_subformulas(conclusion, set())
+    together = full
+    for premise, premise_table in tables.items():
+        if premise in quoted:
+            together &= premise_table
+    return together != full and entails(together)
 
 
 def _unevaluated_integral(answer: str, entry: dict) -> bool:

@@ -32,13 +32,10 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import threading
-from collections.abc import Iterator
 from typing import Any
 
+from llmgym.sandbox.pool import DEFAULT_POOL_SIZE, WorkerPool, WorkerPools
 from llmgym.sandbox.worker import SandboxWorker, site_packages
 from llmgym.verifiers import VerifierUnavailableError, in_time_limited_child
 
@@ -54,12 +51,17 @@ _INSTALL = {
 #: any real answer and still quick to handle.
 MATH_VERIFY_MAX_NUMBER_BITS = 1 << 20
 
+#: A gold answer gets at least this long to parse (it is trusted, and one that fails makes the step
+#: raise: a check's short time limit on a loaded machine must not stop a run).
+MATH_VERIFY_GOLD_PARSE_SECONDS = 20.0
+
 #: Worker source (runs in the sandbox): math-verify's parse and comparison, without its signal-based
 #: time-out (the sandbox kills the check).
 MATH_VERIFY_WORKER = r'''
 import logging, math
 
 MAX_NUMBER_BITS = __MAX_NUMBER_BITS__
+GOLD_PARSE_SECONDS = __GOLD_PARSE_SECONDS__
 mv = None
 _golds = {}
 
@@ -152,9 +154,10 @@ def _parse_gold(gold, limit):
 def prepare(context):  # in the zygote, on trusted data: the gold answer, parsed once
     gold, settings, limit = context
     if gold not in _golds:
-        parsed = _parse_gold(gold, limit)
+        # trusted data, and a gold that fails makes the step raise: a loaded machine gets time
+        parsed = _parse_gold(gold, max(limit, GOLD_PARSE_SECONDS))
         if parsed is None:  # not cached: a loaded machine may do it next time
-            return [], "timeout: parsing the gold answer took longer than %s s" % limit, settings
+            return [], "timeout: parsing the gold answer took longer than %s s" % max(limit, GOLD_PARSE_SECONDS), settings
         if len(_golds) >= 4096:
             _golds.clear()
         _golds[gold] = parsed
@@ -163,8 +166,8 @@ def prepare(context):  # in the zygote, on trusted data: the gold answer, parsed
 
 def handle(state, predicted):  # in the check's child: model text
     gold_parsed, error, (float_rounding, numeric_precision, strict) = state
-    if error is not None:
-        return [0.0, error]
+    if error is not None:  # the reference, not the completion: the host raises
+        return [None, error]
     parsed = _parse(predicted)
     if not parsed:
         return [0.0, None]
@@ -203,89 +206,42 @@ def handle(dataset, request):  # in the check's child: model text
     return float(dataset.score_answer(answer, entry) or 0.0)
 '''
 
-MATH_VERIFY_WORKER = MATH_VERIFY_WORKER.replace("__MAX_NUMBER_BITS__", str(MATH_VERIFY_MAX_NUMBER_BITS))
+MATH_VERIFY_WORKER = MATH_VERIFY_WORKER.replace("__MAX_NUMBER_BITS__", str(MATH_VERIFY_MAX_NUMBER_BITS)).replace(
+    "__GOLD_PARSE_SECONDS__", repr(MATH_VERIFY_GOLD_PARSE_SECONDS))
+
 #: Workers of one kind that concurrent single checks may use (a slow check then holds up only its own).
-DEFAULT_CONCURRENCY = max(1, min(4, os.cpu_count() or 1))
+DEFAULT_CONCURRENCY = DEFAULT_POOL_SIZE
 
 _SOURCES = {"math_verify": MATH_VERIFY_WORKER, "reasoning_gym": REASONING_GYM_WORKER}
 
 
-class _Workers:
-    """Idle workers of one kind, lent one per concurrent check, started on demand up to a count."""
+def _new_worker(module: str) -> SandboxWorker:
+    try:
+        paths = site_packages(module)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f"the {module!r} scorer is not installed: {_INSTALL[module]}", name=module) from exc
+    return SandboxWorker(
+        _SOURCES[module],
+        paths=paths,
+        start_hint=f"The sandboxed scorer needs {module!r} importable from {paths} by the sandbox's "
+        f"interpreter ({_INSTALL[module]}).",
+    )
 
-    def __init__(self, module: str):
-        self.module = module
-        self.idle: list[SandboxWorker] = []
-        self.count = 0
-        self.cond = threading.Condition()
 
-    def _new(self) -> SandboxWorker:
-        try:
-            paths = site_packages(self.module)
-        except ModuleNotFoundError as exc:
-            raise ModuleNotFoundError(
-                f"the {self.module!r} scorer is not installed: {_INSTALL[self.module]}", name=self.module
-            ) from exc
-        return SandboxWorker(
-            _SOURCES[self.module],
-            paths=paths,
-            start_hint=f"The sandboxed scorer needs {self.module!r} importable from {paths} by the sandbox's "
-            f"interpreter ({_INSTALL[self.module]}).",
+_pools = WorkerPools()
+
+
+def _kind(module: str) -> WorkerPool:
+    if in_time_limited_child() and module not in _pools:
+        # a worker's start-up (seconds) would be counted in the wrapper's limit: every check would
+        # time out, a silent 0 -- refuse, saying how to set the limit instead
+        raise VerifierUnavailableError(
+            f"the {module} scorer runs in a sandboxed worker, which it cannot start inside a child "
+            "forked to enforce another verifier's time limit (e.g. WeightedSum(..., time_limit=...) or "
+            "as_verifier(v, time_limit=...) around it): give the time limit to the math verifier itself "
+            "(MathVerifier(time_limit=...), ReasoningGymVerifier(time_limit=...)) and none to the wrapper"
         )
-
-    @contextlib.contextmanager
-    def lend(self) -> Iterator[SandboxWorker]:
-        with self.cond:
-            while not self.idle and self.count >= DEFAULT_CONCURRENCY:
-                self.cond.wait()
-            worker = self.idle.pop() if self.idle else None
-            if worker is None:
-                self.count += 1
-        if worker is None:
-            try:
-                worker = self._new()
-            except BaseException:
-                with self.cond:
-                    self.count -= 1
-                    self.cond.notify()
-                raise
-        try:
-            yield worker
-        finally:
-            with self.cond:
-                self.idle.append(worker)
-                self.cond.notify()
-
-    def close(self) -> None:
-        with self.cond:
-            workers, self.idle = self.idle, []
-            self.count -= len(workers)
-        for worker in workers:
-            worker.close()
-
-
-_workers: dict[str, _Workers] = {}
-_workers_pid = os.getpid()
-_workers_lock = threading.Lock()
-
-
-def _kind(module: str) -> _Workers:
-    global _workers, _workers_pid
-    with _workers_lock:
-        if _workers_pid != os.getpid():  # a forked process: the parent's workers are not ours
-            _workers, _workers_pid = {}, os.getpid()
-        if in_time_limited_child() and module not in _workers:
-            # a worker's start-up (seconds) would be counted in the wrapper's limit: every check would
-            # time out, a silent 0 -- refuse, saying how to set the limit instead
-            raise VerifierUnavailableError(
-                f"the {module} scorer runs in a sandboxed worker, which it cannot start inside a child "
-                "forked to enforce another verifier's time limit (e.g. WeightedSum(..., time_limit=...) or "
-                "as_verifier(v, time_limit=...) around it): give the time limit to the math verifier itself "
-                "(MathVerifier(time_limit=...), ReasoningGymVerifier(time_limit=...)) and none to the wrapper"
-            )
-        if module not in _workers:
-            _workers[module] = _Workers(module)
-        return _workers[module]
+    return _pools.get(module, lambda: _new_worker(module), DEFAULT_CONCURRENCY)
 
 
 def close_workers() -> None:
@@ -295,10 +251,7 @@ def close_workers() -> None:
         >>> from llmgym.envs.math.sandboxed import close_workers
         >>> close_workers()
     """
-    with _workers_lock:
-        kinds = list(_workers.values()) if _workers_pid == os.getpid() else []
-    for kind in kinds:
-        kind.close()
+    _pools.close()
 
 
 def _outcome(status: str, value: Any, time_limit: float | None) -> tuple[str, Any]:
@@ -332,6 +285,11 @@ def math_verify_equal(
     status, value = _outcome(status, value, time_limit)
     if status != "ok":
         return 0.0, value
+    if isinstance(value, list) and len(value) == 2 and value[0] is None and isinstance(value[1], str):
+        raise VerifierUnavailableError(
+            f"{value[1]}: the task's reference answer cannot be checked, so no completion can be scored "
+            "against it (not even the right one). Fix or drop this row of the dataset; a gold that timed out "
+            "parses with a larger time limit (MathVerifier(time_limit=...))")
     if (not isinstance(value, list) or len(value) != 2 or value[0] not in (0.0, 1.0)
             or not (value[1] is None or isinstance(value[1], str))):
         return 0.0, "malformed verdict from the sandbox"

@@ -42,13 +42,14 @@ characters are not compared at all.
 from __future__ import annotations
 
 import fractions
+import math
 import re
 from decimal import Decimal
 from typing import Any
 
 from llmgym import Score, Task, Verifier
 from llmgym.envs.math.sandboxed import MATH_VERIFY_MAX_NUMBER_BITS, close_workers, math_verify_equal
-from llmgym.verifiers import RegexFormat, WeightedSum
+from llmgym.verifiers import RegexFormat, VerifierUnavailableError, WeightedSum
 
 __all__ = [
     "MAX_ANSWER_CHARS",
@@ -120,7 +121,13 @@ def _is_math(text: str) -> bool:
     return re.search(r"[A-Za-z]{2,}", bare) is None
 
 
+# ``1\,000`` (a thin space between digit groups, as LaTeX typesets thousands): math-verify reads it as
+# ``1 \cdot 000`` = 0, so 1,000 scored 0 against 1000 and 1.0 against 0
+_THIN_SPACE_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:\\,\d{3})+(?![\d])")
+
+
 def _tidy(candidate: str) -> str:
+    candidate = _THIN_SPACE_THOUSANDS.sub(lambda m: m.group().replace("\\,", ""), candidate)
     candidate = candidate.strip().strip("*").strip()  # markdown bold around an answer
     candidate = candidate.rstrip(".。").strip()
     if len(candidate) > 1 and candidate[0] == candidate[-1] == "$":
@@ -298,17 +305,25 @@ _VARIABLE_PREFIX = re.compile(r"[A-Za-z]\s*=\s*")
 
 
 def _is_number_literal(text: str) -> bool:
-    r"""``-12``, ``3.5``, ``\frac{7}{2}``, ``7/2`` (after ``\text{}``/``$`` unwrapping, an optional ``x =``).
+    r"""``-12``, ``3.5``, ``\frac{7}{2}``, ``7/2`` (after ``\text{}``/``$`` unwrapping, an optional ``x =``);
+    a fraction only in lowest terms, with a denominator above 1: ``20/4`` is a division left undone
+    (the question "Compute 20 / 4." echoed), not a number written out.
 
     Example:
         >>> [_is_number_literal(t) for t in ["-12", "x = 3.5", r"\frac{7}{2}", "8 * 18", "1 = 17", "2^{3}"]]
         [True, True, True, False, False, False]
+        >>> [_is_number_literal(t) for t in ["20 / 4", r"\frac{6}{1}", "-14/4"]]
+        [False, False, False]
     """
     text = _unwrap(text).strip().strip("$").strip()
     match = _VARIABLE_PREFIX.match(text)
     if match:
         text = text[match.end():]
-    return bool(_NUMBER_LITERAL.fullmatch(text.replace(" ", "")))
+    text = text.replace(" ", "")
+    if not _NUMBER_LITERAL.fullmatch(text):
+        return False
+    value = _host_number(text)
+    return value is None or value[1] or "/" not in _canonical(text) or value[0].denominator > 1 and _is_evaluated_number(text)
 
 
 def _is_words(text: str) -> bool:
@@ -337,6 +352,71 @@ def _symbols(text: str) -> set[str]:
         elif command.lower() in _GREEK:
             found.add(command)
     return found
+
+
+_FRACTION_COMMAND = re.compile(r"\\[dt]?frac\s*(?:\{\s*(\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))")
+_SIZING = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg|displaystyle)(?![A-Za-z])|\\[,;:! ]")
+_STYLE_VARIANT = re.compile(r"\\[dt](frac|binom)(?![A-Za-z])")
+_ONE_CHAR_GROUP = re.compile(r"([\^_])\{\s*([A-Za-z0-9])\s*\}")
+_SPACE_AFTER_COMMAND = re.compile(r"(\\[A-Za-z]+)\s+(?=([A-Za-z])?)")
+
+
+def _canonical(text: str) -> str:
+    r"""Text for telling an echo: ``_plain`` with ``\frac{3}{6}`` / ``\dfrac36`` as ``3/6``, ``\dbinom`` as
+    ``\binom``, ``2^{3}`` as ``2^3``, sizing and thin spaces dropped, and no space after a command but
+    one before a letter (``\cdot 3`` is ``\cdot3``, ``\pi r`` stays)."""
+    text = _STYLE_VARIANT.sub(r"\\\1", text.strip().strip("$"))
+    text = _FRACTION_COMMAND.sub(lambda m: f"{m[1] or m[2]}/{m[3] or m[4]}", text)
+    text = _ONE_CHAR_GROUP.sub(r"\1\2", _SIZING.sub("", text))
+    text = _SPACE_AFTER_COMMAND.sub(lambda m: m[1] + (" " if m[2] else ""), text)
+    return _plain(text)
+
+
+def _is_evaluated_number(text: str) -> bool:
+    """An integer, a decimal or a fraction in lowest terms: a value written out, never an echo."""
+    value = _host_number(text)
+    if value is None:
+        return False
+    plain = _canonical(text).lstrip("+-")
+    if "/" not in plain:
+        return True
+    num, _, den = plain.partition("/")
+    return num.isdigit() and den.isdigit() and math.gcd(int(num), int(den)) == 1
+
+
+def _question_expressions(prompt: str) -> set[str]:
+    """The canonical text of each math span of ``prompt`` and of each side of an ``=`` in it."""
+    found = set()
+    for span in _math_spans(prompt):
+        found.add(_canonical(span))
+        if "=" in span:
+            found.update(_canonical(side) for side in span.split("="))
+    found.discard("")
+    return found
+
+
+def _echoes_question(task: Task, predicted: str, gold: str) -> bool:
+    r"""Whether ``predicted`` is one of the question's own expressions, verbatim, and not the reference.
+
+    Example:
+        >>> _echoes_question(Task(r"What is $\frac{3}{6}$ in lowest terms?"), "3/6", r"\frac{1}{2}")
+        True
+        >>> _echoes_question(Task(r"Express $\frac{3}{4}$ as a decimal."), r"\frac34", "0.75")
+        True
+        >>> _echoes_question(Task(r"Is $7$ more than $2 + 4$?"), "7", r"\text{yes}")  # an integer is a value
+        False
+    """
+    prompt = task.prompt if isinstance(task.prompt, str) else "\n".join(
+        str(m.get("content", "")) for m in task.prompt if isinstance(m, dict))
+    mine = _canonical(predicted)
+    value = _host_number(predicted)
+    if not mine or mine == _canonical(gold) or (value is not None and not value[1] and "/" not in mine):
+        return False  # an integer is a value, never a form of one; the reference as written is right
+    return mine in _question_expressions(prompt[:DEFAULT_PROMPT_SCAN_CHARS])
+
+
+#: Characters of a prompt searched for the question's expressions (prompts are trusted, but bounded anyway).
+DEFAULT_PROMPT_SCAN_CHARS = 65_536
 
 
 def _case_only_difference(gold: str, predicted: str) -> bool:
@@ -437,9 +517,16 @@ class MathVerifier(Verifier):
         literal_answer: the answer must be a number written out (``-12``, ``3.5``, ``\frac{7}{2}``,
             ``7/2``, optionally ``x = ...``), not an expression: math-verify evaluates expressions, so
             without this a policy scores 1.0 by echoing the question's ``8 * 18`` (on for Arithmetic).
+        refuse_echo: an answer that is, verbatim, one of the question's own math expressions (a
+            ``$…$`` span, or one side of an ``=`` in it) scores 0 unless it is the reference answer
+            as written or an integer: math-verify evaluates it, so "What is $\frac{3}{6}$ in
+            lowest terms?" answered ``\frac{3}{6}`` (or ``3/6``), or "Express $0.75$ as a common
+            fraction." answered ``0.75``, would score 1.0 (default on).
 
     Raises:
         ModuleNotFoundError: math-verify is not installed (at construction: an env fails at ``make``).
+        VerifierUnavailableError: at a check, the task's reference answer is empty or math-verify
+            cannot parse it (in time): no completion could be scored against it, the right one included.
 
     ``info`` holds ``extracted`` (the prediction's answer), ``extracted_by`` (the rule) and ``gold``.
     A check that cannot run at all (no sandbox, a worker that does not start) raises; a completion
@@ -470,15 +557,21 @@ class MathVerifier(Verifier):
         numeric_precision: int = 15,
         strict: bool = True,
         literal_answer: bool = False,
+        refuse_echo: bool = True,
     ):
         _math_verify_installed()
         super().__init__()
         self.time_limit = time_limit
         self.literal_answer = literal_answer
+        self.refuse_echo = refuse_echo
         self.float_rounding, self.numeric_precision, self.strict = float_rounding, numeric_precision, strict
 
     def verify(self, task: Task, completion: str) -> Score:
         gold = normalize_gold(task.answer)
+        if not gold.strip():  # the dataset's fault, not the completion's: never a silent 0 for everyone
+            raise VerifierUnavailableError(
+                f"the task has no reference answer (answer={task.answer!r}): nothing can be scored against it; "
+                "give the task its answer or drop it from the dataset")
         predicted, rule = _extract(completion)
         info = {"extracted": predicted, "extracted_by": rule, "gold": gold}
         if predicted is None:
@@ -491,6 +584,8 @@ class MathVerifier(Verifier):
         words = _is_words(_unwrap(predicted)) and _is_words(_unwrap(gold))
         if _plain(predicted, fold_case=words) == _plain(gold, fold_case=words):
             return Score(1.0, info)
+        if self.refuse_echo and _echoes_question(task, predicted, gold):
+            return Score(0.0, {**info, "error": "the answer is one of the question's own expressions, not evaluated"})
         if not words and _case_only_difference(gold, predicted):
             return Score(0.0, {**info, "error": "the answers differ in the case of a symbol"})
         verdict = _host_verdict(gold, predicted, self.float_rounding)

@@ -3,7 +3,8 @@
 Metrics JSONL, curves PNG, config JSON and checkpoints; ``--resume`` continues an interrupted run
 exactly; Ctrl-C saves a checkpoint (never a half-updated mid-step state); ``--env-arg key=value``
 passes keywords to ``gymnasium.make`` (e.g. ``path=`` for GSM8K/MATH); ``--engine vllm`` samples the rollouts
-with vLLM in process (``--engine-arg key=value`` for its options), recorded for ``--resume``.
+with vLLM in process (``--engine-arg key=value`` for its options), recorded for ``--resume``; ``--async
+[--max-staleness K]`` trains with the pipelined learner (generation, verification and learning overlap).
 
 Example:
     >>> from llmgym.cli import main
@@ -43,7 +44,7 @@ from llmgym.cli.common import (
 from llmgym.cli.training import RunSpec, checkpoint_step, train_run
 from llmgym.logging import TRACKERS
 
-__all__ = ["add_parser", "cmd_train"]
+__all__ = ["add_parser", "check_async", "cmd_train"]
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -73,11 +74,44 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
                    help="every N steps, the greedy reward on --eval-tasks fixed tasks (logged as eval_reward, "
                         "plotted; default 0 = never)")
     p.add_argument("--eval-tasks", type=int, metavar="M", help="tasks of the --eval-every evaluation (default 32)")
+    p.add_argument("--async", dest="pipelined", action="store_true", default=None,
+                   help="the pipelined learner: the next steps' rollouts are generated and verified while this step "
+                        "updates (docs/scale.md, 'Asynchronous training'); recorded for --resume")
+    p.add_argument("--max-staleness", type=int, metavar="K",
+                   help="with --async: each batch is sampled by the weights of K updates ago (default 1; 0 = the "
+                        "synchronous schedule); stale tokens are importance-weighted")
+    p.add_argument("--verify-workers", type=int, metavar="N",
+                   help="with --async: threads that verify a batch's completions concurrently (default 8)")
     p.add_argument("--log-to", action="append", choices=TRACKERS, metavar="TRACKER",
                    help=f"also log every step to an experiment tracker ({', '.join(TRACKERS)}; repeatable; "
                         f"the package must be installed; project name from $LLMGYM_PROJECT)")
     p.set_defaults(handler=cmd_train)
     return p
+
+
+def check_async(args: argparse.Namespace, agent_cls) -> tuple[int | None, int | None]:
+    """``(max_staleness, verify_workers)`` of ``--async``/``--max-staleness``/``--verify-workers``,
+    checked before any work (``(None, None)``: the synchronous loop)."""
+    if not args.pipelined:
+        given = [flag for flag, value in (("--max-staleness", args.max_staleness),
+                                          ("--verify-workers", args.verify_workers)) if value is not None]
+        if given:
+            raise UsageError(f"{' and '.join(given)} {'need' if len(given) > 1 else 'needs'} --async (options of the "
+                             f"pipelined learner)")
+        return None, None
+    staleness = 1 if args.max_staleness is None else args.max_staleness
+    if staleness < 0:
+        raise UsageError(f"--max-staleness must be >= 0 (0 = the synchronous schedule), got {staleness}")
+    if args.verify_workers is not None and args.verify_workers < 1:
+        raise UsageError(f"--verify-workers must be >= 1, got {args.verify_workers}")
+    if not agent_cls.pipelined:
+        raise UsageError(f"--async: {agent_cls.name} cannot learn from stale samples (no policy-gradient correction); "
+                         f"drop --async")
+    from llmgym import distributed
+
+    if distributed.is_distributed():
+        raise UsageError("--async runs in one process; under torchrun drop --async (data parallel is synchronous)")
+    return staleness, args.verify_workers
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -97,7 +131,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                                              ("--engine-decode", args.engine_decode),
                                              ("--lr-schedule", args.lr_schedule),
                                              ("--lr-warmup-steps", args.lr_warmup_steps),
-                                             ("--engine", args.engine), ("--engine-arg", args.engine_arg))
+                                             ("--engine", args.engine), ("--engine-arg", args.engine_arg),
+                                             ("--async", args.pipelined), ("--max-staleness", args.max_staleness),
+                                             ("--verify-workers", args.verify_workers))
                     if value is not None]
         if clashing:
             raise UsageError(f"--resume continues the run as recorded in its config.json; drop {', '.join(clashing)} "
@@ -161,13 +197,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         engine_args = parse_overrides(args.engine_arg or [], "--engine-arg")
         engine = check_engine(args.engine, engine_args, args.model or "tiny", level=args.level or "sequence",
                               lora=config.lora_r > 0)
+        max_staleness, verify_workers = check_async(args, agent_cls)
         spec = RunSpec(env=args.env, agent=agent_cls.name, model=args.model or "tiny",
                        steps=args.steps if args.steps is not None else 100, level=args.level or "sequence",
                        checkpoint_every=args.checkpoint_every if args.checkpoint_every is not None else 50,
                        threads=args.threads, agent_config=dataclasses.asdict(config), env_args=env_args,
                        eval_every=args.eval_every or 0,
                        eval_tasks=args.eval_tasks if args.eval_tasks is not None else 32,
-                       log_to=list(args.log_to or []), device=device, engine=engine, engine_args=engine_args)
+                       log_to=list(args.log_to or []), device=device, engine=engine, engine_args=engine_args,
+                       max_staleness=max_staleness, verify_workers=verify_workers)
     if spec.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {spec.steps}")
     for flag, value in (("--checkpoint-every", spec.checkpoint_every), ("--eval-every", spec.eval_every)):
@@ -187,6 +225,8 @@ def cmd_train(args: argparse.Namespace) -> int:
               if spec.agent_config.get(field) not in (None, 0, "fp32")]
     if spec.engine != "hf":
         extras.append(f"engine {spec.engine}")
+    if spec.max_staleness is not None:
+        extras.append(f"async, max staleness {spec.max_staleness}")
     banner = (f"[bold]{verb}[/] {spec.agent} on {spec.env} (model {spec.model}, {spec.steps} steps, "
               f"seed {spec.agent_config.get('seed', 0)}, device {spec.device or 'cpu'}"
               f"{''.join(', ' + e for e in extras)}) → {out}")

@@ -64,6 +64,10 @@ class RunSpec:
     """The rollout engine (``--engine``): ``"hf"`` or ``"vllm"`` (weights synced after every update)."""
     engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Options of the engine (``--engine-arg``), e.g. vLLM's ``dtype`` or ``kv_cache_memory_bytes``."""
+    max_staleness: int | None = None
+    """``None``: the synchronous loop; ``K``: the pipelined learner (``--async --max-staleness K``)."""
+    verify_workers: int | None = None
+    """Threads that verify a batch concurrently under the pipelined learner (``--verify-workers``)."""
 
     def to_json(self) -> dict[str, Any]:
         from llmgym import __version__
@@ -388,7 +392,10 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
         consistent = True
         try:
             if remaining:
-                agent.learn(env, remaining, callback=on_step)
+                pipelined = {} if spec.max_staleness is None else dict(
+                    max_staleness=spec.max_staleness, verify_workers=spec.verify_workers,
+                    drain_every=spec.checkpoint_every if checkpoints and spec.checkpoint_every > 0 else None)
+                agent.learn(env, remaining, callback=on_step, **pipelined)
             interrupted = stop.requested
         except KeyboardInterrupt:
             interrupted = True

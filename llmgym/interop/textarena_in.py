@@ -24,11 +24,14 @@ any: a legal random player in games that list their moves (TicTacToe, KuhnPoker,
 examples...), a weak or invalid one where they do not (Nim lists only an example). Pass your own
 for anything serious.
 
-The game runs in a forked process for the whole episode
-(:class:`~llmgym.interop.worker.EpisodeWorker`): model text never reaches TextArena's parsers in
-the trainer's process, a game that hangs is killed after ``time_limit`` seconds, and only plain
-data comes back. (TextArena's parsers are regular expressions and, in Tak, ``ast.literal_eval``;
-nothing there calls ``eval``.) Games that need NLTK corpora (Wordle, Hangman, WordLadder...) or an
+The game runs in the sandbox (:mod:`llmgym.interop.sandboxed`): every turn replays it from its seed
+with the policy's moves so far, in a fresh sandboxed process killed after ``time_limit`` seconds, so
+model text never reaches TextArena's parsers -- nor the opponent, which sees the policy's moves -- in
+the trainer's process, and only plain data comes back. (TextArena's parsers are regular expressions
+and, in Tak, ``ast.literal_eval``; nothing there calls ``eval``. The opening, before any move of the
+policy, is computed here: it is the task's prompt.) An opponent defined in ``__main__`` or a notebook
+travels to the sandbox by value; one imported from a module is loaded there from that module's
+directory, bound read-only. Games that need NLTK corpora (Wordle, Hangman, WordLadder...) or an
 API key (TwentyQuestions, Debate...) raise a clear error at construction where those are missing.
 
 Example:
@@ -45,16 +48,17 @@ Example:
 from __future__ import annotations
 
 import collections
+import math
 import random
-import re
 import threading
 from typing import Any, Callable
 
 import numpy as np
 
+from llmgym.interop import sandboxed
 from llmgym.interop.adapters import import_package
-from llmgym.interop.episode_env import WorkerEpisodeEnv
-from llmgym.interop.worker import Channel
+from llmgym.interop.episode_env import ReplayEpisodeEnv
+from llmgym.interop.in_sandbox import Game, random_move_opponent
 from llmgym.types import Task
 
 __all__ = ["REWARD_MODES", "from_textarena", "random_move_opponent", "TextArenaEnv"]
@@ -62,85 +66,10 @@ __all__ = ["REWARD_MODES", "from_textarena", "random_move_opponent", "TextArenaE
 REWARD_MODES = ("win", "game")
 Opponent = Callable[[str, random.Random], str]
 
-_LINE_PREFIX = re.compile(r"^\[[^\[\]\n]{1,40}\] ?")  # a line's speaker tag, "[GAME] " / "[Player 1] "
-_MOVE = re.compile(r"\[[^\[\]\n]{1,40}\]")  # a bracketed move; no nesting, bounded: linear time
-_MAX_OBSERVATION_CHARS = 200_000  # what the default opponent scans of its history at most
-
 
 def import_textarena() -> Any:
     """``textarena``, or a ``ModuleNotFoundError`` saying how to install it."""
     return import_package("textarena")
-
-
-def random_move_opponent(observation: str, rng: random.Random) -> str:
-    """A uniformly random bracketed move from the latest message of ``observation`` that lists any.
-
-    Speaker tags at the start of a line (``[GAME]``, ``[Player 0]``) are not moves. With no move
-    listed anywhere it answers ``"[]"`` (an invalid move: TextArena then applies its rules).
-
-    Example:
-        >>> import random
-        >>> from llmgym.interop.textarena_in import random_move_opponent
-        >>> seen = "[GAME] Your card is K\\n[GAME] Your available actions are: '[check]', '[bet]'"
-        >>> random_move_opponent(seen, random.Random(0)) in ("[check]", "[bet]")
-        True
-        >>> random_move_opponent("[GAME] no moves listed", random.Random(0))
-        '[]'
-    """
-    for message in reversed(observation[-_MAX_OBSERVATION_CHARS:].split("\n[")):
-        moves = []
-        for line in message.splitlines():
-            moves += [m for m in _MOVE.findall(_LINE_PREFIX.sub("", line)) if m not in moves]
-        if moves:
-            return rng.choice(moves)
-    return "[]"
-
-
-class _Game:
-    """One seeded TextArena game, with the opponent playing every seat but the policy's."""
-
-    def __init__(self, ta: Any, env_id: str, seed: int, num_players: int, player_id: int,
-                 opponent: Opponent) -> None:
-        self.ta, self.player_id, self.opponent = ta, player_id, opponent
-        random.seed(seed)  # TextArena draws from the global generator (reset and some steps)
-        self.env = ta.make(env_id)
-        self.env.reset(num_players=num_players, seed=seed)
-        self.inner = self.env
-        while isinstance(self.inner, ta.Wrapper):  # observations are read raw and formatted here
-            self.inner = self.inner.env
-        self.rng = random.Random(seed)
-        self.seen: dict[int, list[str]] = collections.defaultdict(list)
-
-    @property
-    def done(self) -> bool:
-        return bool(self.inner.state.done)
-
-    def _format(self, messages: list) -> str:
-        roles = getattr(self.inner.state, "role_mapping", {}) or {}
-        lines = []
-        for sender, message, kind in messages:
-            if sender == self.player_id and kind == self.ta.ObservationType.PLAYER_ACTION:
-                continue  # the policy's own move: its transcript already holds it
-            name = "GAME" if sender == self.ta.GAME_ID else roles.get(sender, f"Player {sender}")
-            lines.append(f"[{name}] {message}")
-        return "\n".join(lines)
-
-    def advance(self) -> str | None:
-        """Opponent moves until the policy's turn; then what the policy sees next (``None``: the game ended)."""
-        while not self.done:
-            seat, messages = self.inner.get_observation()
-            text = self._format(messages) if seat == self.player_id else None
-            if seat == self.player_id:
-                return text
-            self.seen[seat].append("\n".join(f"[{s if s != self.ta.GAME_ID else 'GAME'}] {m}" for s, m, _ in messages))
-            self.env.step(str(self.opponent("\n".join(self.seen[seat]), self.rng)))
-        return None
-
-    def outcome(self) -> tuple[float, dict[str, Any]]:
-        rewards = self.inner.state.rewards or {}
-        info = (getattr(self.inner.state, "game_info", {}) or {}).get(self.player_id, {})
-        return float(rewards.get(self.player_id, 0.0)), {
-            "outcome": str(info.get("reason", "")), "invalid_move": bool(info.get("invalid_move", False))}
 
 
 def count_players(env_id: str) -> int:
@@ -164,7 +93,7 @@ def count_players(env_id: str) -> int:
     raise AssertionError("unreachable")
 
 
-class TextArenaEnv(WorkerEpisodeEnv):
+class TextArenaEnv(ReplayEpisodeEnv):
     """A TextArena game as a :class:`~llmgym.MultiTurnEnv`; see the module docstring and :func:`from_textarena`."""
 
     def __init__(self, env_id: str, tokenizer: Any = None, *, opponent: Opponent | None = None, player_id: int = 0,
@@ -192,6 +121,11 @@ class TextArenaEnv(WorkerEpisodeEnv):
         self._openings: collections.OrderedDict[int, str] = collections.OrderedDict()
         self._lock = threading.Lock()
         super().__init__(self._draw, None, tokenizer, max_turns=max_turns, **kwargs)
+        # the game and its opponent, for the sandbox (the default opponent is the sandbox's own copy)
+        self.payload = sandboxed.make_payload("textarena", {
+            "op": "textarena", "env_id": env_id, "num_players": self.num_players, "player_id": player_id,
+            "opponent": None if self.opponent is random_move_opponent else self.opponent})
+        sandboxed.check_available(self.payload)  # no sandbox here: said now, not at the first step
 
     # -- tasks: the game's first observation for the policy, computed from the seed (no model text involved)
     def task_for_seed(self, seed: int) -> Task:
@@ -204,9 +138,6 @@ class TextArenaEnv(WorkerEpisodeEnv):
     def _draw(self, rng: np.random.Generator) -> Task:
         return self.task_for_seed(int(rng.integers(2**31 - 1)))
 
-    def _new_game(self, seed: int) -> _Game:
-        return _Game(self._ta, self.env_id, seed, self.num_players, self.player_id, self.opponent)
-
     def _opening(self, seed: int) -> str:
         with self._lock:
             if seed in self._openings:
@@ -214,7 +145,7 @@ class TextArenaEnv(WorkerEpisodeEnv):
                 return self._openings[seed]
             state = random.getstate()  # the trainer's global generator is not ours to move
             try:
-                opening = self._new_game(seed).advance()
+                opening = Game(self._ta, self.env_id, seed, self.num_players, self.player_id, self.opponent).advance()
             finally:
                 random.setstate(state)
             if opening is None:
@@ -224,35 +155,25 @@ class TextArenaEnv(WorkerEpisodeEnv):
                 self._openings.popitem(last=False)
             return opening
 
-    # -- the episode, in its own process
-    def episode(self, task: Task) -> Callable[[Channel], None]:
+    # -- the episode, replayed in the sandbox every turn
+    def play(self, task: Task, completions: list[str], replies: list[str | None]) -> dict[str, Any]:
         spec = task.metadata.get("textarena")
         if not spec or spec.get("game") != self.env_id:
             raise ValueError(f"this task is not a {self.env_id} game (metadata['textarena'] is {spec!r}): make it "
                              f"with env.task_for_seed(seed)")
         seed = int(spec["seed"])
-        opening = self._opening(seed)
+        return self.run_sandboxed(self.payload, {"seed": seed, "opening": self._opening(seed), "completions": completions,
+                                                 "replies": replies, "max_turns": self.max_turns})
 
-        def play(channel: Channel) -> None:
-            game = self._new_game(seed)
-            if game.advance() != opening:
-                raise RuntimeError(f"{self.env_id} is not reproducible from its seed: its opening differs")
-            reply: str | None = None
-            while True:
-                completion = channel.ask(reply)
-                game.env.step(completion)
-                reply = game.advance()
-                if reply is None:  # the game is over
-                    value, info = game.outcome()
-                    won = float(value >= 1.0)
-                    channel.finish(won if self.reward_mode == "win" else value, {"game_reward": value, **info})
-                    return
-                if channel.last:
-                    channel.finish(0.0, {"game_reward": None, "outcome": "unfinished at max_turns",
-                                         "stop_condition": "max_turns"})
-                    return
-
-        return play
+    def finished(self, reward: float, info: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        if info.get("stop_condition") == "max_turns":
+            return 0.0, {"game_reward": None, "outcome": "unfinished at max_turns", "stop_condition": "max_turns"}
+        value = info.get("game_reward")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"the game's reward is not a finite number: {str(value)[:40]}")
+        kept = {"game_reward": float(value), "outcome": str(info.get("outcome", ""))[:2000],
+                "invalid_move": info.get("invalid_move") is True}
+        return (float(value >= 1.0) if self.reward_mode == "win" else float(value)), kept
 
     def clone(self) -> "TextArenaEnv":
         other = super().clone()
@@ -278,7 +199,7 @@ def from_textarena(env_id: str, tokenizer: Any = None, *, opponent: Opponent | N
         num_players: players of the game (default: 1 if the game starts with one, else 2).
         reward: ``"win"`` (1.0 for a win or a solved puzzle, else 0) or ``"game"`` (TextArena's own value).
         max_turns: the policy's moves per episode at most (the episode is ``truncated`` there, reward 0).
-        time_limit: seconds the game may take to answer one move (its process is killed past it).
+        time_limit: seconds one turn's replay of the game may take in the sandbox (its process is killed past it).
         system_prompt: an optional system message before the game's opening observation.
         env_kwargs: passed to :class:`~llmgym.MultiTurnEnv` (``max_prompt_chars=``, ``render_mode=``...).
     """

@@ -4,7 +4,8 @@ TRL calls a reward function as ``fn(prompts=, completions=, completion_ids=, **c
 list entry per completion (``columns`` are the dataset's other columns, repeated per completion,
 plus ``trainer_state``, ``log_extra``, ``log_metric``). The functions here score through llmgym's
 own verifier — its time limits, sandbox and error handling included — so a completion gets the
-reward it would get from ``env.step``. This is the other direction of
+reward it would get from ``env.step``: cut, like there, to the env's ``max_completion_chars`` (64k
+characters for a bare verifier), so host-side parsing never reads more than ``env.step`` lets it. This is the other direction of
 :func:`llmgym.verifiers.from_reward_function` (a TRL reward function as an llmgym verifier).
 
 Which task a completion answers: with an env, the row's ``task_id`` column names it in a finite
@@ -132,9 +133,11 @@ def trl_reward_funcs(env_or_verifier: Any, *, name: str = "llmgym_reward", max_w
     Components a verifier reports as ``info[name] = {"reward": ...}`` (:class:`~llmgym.verifiers.WeightedSum`,
     verifiers rubrics) are logged as their batch means through TRL's ``log_metric`` when it is given.
     """
-    from llmgym.core import MultiTurnEnv, SequenceEnv
+    from llmgym.core import DEFAULT_MAX_COMPLETION_CHARS, MultiTurnEnv, SequenceEnv
 
     inner = getattr(env_or_verifier, "unwrapped", None)
+    # the bound env.step puts on what host-side parsing reads: TRL hands over completions of any length
+    max_chars = DEFAULT_MAX_COMPLETION_CHARS
     if isinstance(inner, MultiTurnEnv):
         raise TypeError("a multi-turn env's reward depends on the env's replies, which a TRL reward function of one "
                         "completion never sees: train it with llmgym's agents, or hand it to verifiers "
@@ -143,6 +146,7 @@ def trl_reward_funcs(env_or_verifier: Any, *, name: str = "llmgym_reward", max_w
         if inner.verifier is None:
             raise TypeError(f"{type(inner).__name__} has no verifier to score with")
         verifier, tasks = inner.verifier, _EnvTasks(env_or_verifier)
+        max_chars = inner.max_completion_chars
     elif isinstance(env_or_verifier, Verifier) or callable(env_or_verifier):
         verifier, tasks = as_verifier(env_or_verifier), None
     else:
@@ -158,7 +162,7 @@ def trl_reward_funcs(env_or_verifier: Any, *, name: str = "llmgym_reward", max_w
         else:
             chosen = [Task(p, answer=row.get("answer"), metadata=row, id=str(row.get("task_id", "")))
                       for p, row in zip(prompts, rows)]
-        texts = [_text(c) for c in completions]
+        texts = [_text(c)[:max_chars] for c in completions]  # what env.step would score
         scores = verifier.verify_batch(chosen, texts, max_workers=max_workers)  # each verifier's own batch path
         if callable(log_metric):
             for part, mean in _component_means(scores).items():

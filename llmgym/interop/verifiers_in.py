@@ -22,11 +22,13 @@ multi-turn exchange through ``agents.<role>.interaction(task)`` and ``await inte
   one reward, given at its last step (earlier steps earn 0).
 
 Model text meets code llmgym does not control here (a taskset's rewards may hand it to
-math-verify, SymPy, a regex...): by default (``time_limit=30``) scoring runs in a forked process
-killed at the limit, and a multi-turn episode runs in its own process for its whole length
-(:class:`~llmgym.interop.worker.EpisodeWorker`), from which only plain data (JSON) comes back.
-``time_limit=None`` scores single-turn tasks in the calling process (for scorers you trust with
-model text).
+math-verify, SymPy's ``parse_expr`` -- an ``eval`` --, a regex...), so that code runs in the sandbox
+(:mod:`llmgym.interop.sandboxed`): each completion is scored, and each turn of a multi-turn episode is
+replayed from the episode's start, in a fresh sandboxed process killed after ``time_limit`` seconds;
+only plain data (JSON) comes back, checked here. The taskset's module is loaded there from its own
+directory, bound read-only (a class defined in ``__main__`` or a notebook travels by value). No sandbox
+on this machine raises :class:`~llmgym.sandbox.SandboxUnavailableError` at construction (the one
+opt-out is the sandbox's own, ``LLMGYM_ALLOW_UNSANDBOXED=1``).
 
 What does not map (a clear ``ValueError`` at construction, never a silent 0): rewards, metrics or
 hooks that need a runtime (a container or sandbox box), LLM judges (a model endpoint), tool
@@ -36,7 +38,7 @@ harness (the program verifiers would run the model in) is not used: the policy a
 
 Example:
     >>> from llmgym.interop import from_verifiers
-    >>> env = from_verifiers(_doc_taskset(), time_limit=None)   # a taskset: What is i + i? (exact: 1.0, short: 0.05)
+    >>> env = from_verifiers(_doc_taskset())   # a taskset: What is i + i? (exact: 1.0, short: 0.05)
     >>> obs, info = env.reset(seed=0)
     >>> obs["prompt"]
     'user: What is 3 + 3?\\nassistant:'
@@ -47,20 +49,34 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import contextlib
+import hashlib
 import inspect
+import math
+import sys
+import threading
 from typing import Any, Callable, Sequence
 
 from llmgym.core import SequenceEnv
+from llmgym.interop import sandboxed
 from llmgym.interop.adapters import import_package
-from llmgym.interop.episode_env import WorkerEpisodeEnv
-from llmgym.interop.worker import Channel, map_in_child
+from llmgym.interop.episode_env import EpisodeError, ReplayEpisodeEnv
+from llmgym.interop.in_sandbox import (  # noqa: F401  (append_message, new_trace, run_coroutine, scored: re-exported)
+    ReplayChannel,
+    append_message,
+    new_trace,
+    play_verifiers,
+    replay,
+    run_coroutine,
+    score_reply,
+    scored,
+    stop_parameters,
+)
+from llmgym.sandbox.pool import DEFAULT_POOL_SIZE
 from llmgym.types import Score, Task
 from llmgym.verifiers import Verifier
 
-__all__ = ["from_verifiers", "VerifiersScorer", "VerifiersEpisodeEnv", "verifiers_tasks"]
+__all__ = ["from_verifiers", "VerifiersScorer", "VerifiersEpisodeEnv", "checked_parts", "verifiers_tasks"]
 
 DEFAULT_INFINITE_TASKS = 1000
 """Tasks taken from an infinite (procedural) taskset when ``num_tasks`` is not given."""
@@ -71,16 +87,6 @@ TASK_KEY = "verifiers_task"
 def import_verifiers() -> Any:
     """``verifiers.v1``, or a ``ModuleNotFoundError`` saying how to install it."""
     return import_package("verifiers", "verifiers.v1")
-
-
-def run_coroutine(coroutine: Any) -> Any:
-    """Run ``coroutine`` to completion from synchronous code, also where an event loop is running (a notebook)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a fresh loop on a helper thread
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -165,56 +171,82 @@ def verifiers_tasks(taskset: Any, *, num_tasks: int | None = None, label: str = 
     return tasks
 
 
-def new_trace(vf: Any, vf_task: Any, name: str = "llmgym") -> Any:
-    """A verifiers ``Trace`` holding the task's opening messages, as a rollout starts one."""
-    from verifiers.v1.state import state_cls
-
-    trace = vf.Trace(task=vf.TraceTask(type=type(vf_task).__name__, data=vf_task.data, key=vf_task.key,
-                                       hash=vf_task.hash),
-                     state=state_cls(type(vf_task))(), agent=vf.AgentInfo(config=vf.AgentConfig(), name=name))
-    opening = []
-    if vf_task.data.system_prompt:
-        opening.append(vf.SystemMessage(content=vf_task.data.system_prompt))
-    prompt = vf_task.data.prompt
-    opening += [vf.UserMessage(content=prompt)] if isinstance(prompt, str) else list(prompt or [])
-    for message in opening:
-        append_message(vf, trace, message)
-    return trace
+def _vf_task(task: Task) -> Any:
+    vf_task = task.metadata.get(TASK_KEY)
+    if vf_task is None:
+        raise ValueError("this task was not made from a verifiers task (no metadata['verifiers_task']): "
+                         "build tasks with llmgym.interop.verifiers_in.verifiers_tasks")
+    return vf_task
 
 
-def append_message(vf: Any, trace: Any, message: Any, sampled: bool = False) -> None:
-    """Append ``message`` to the trace's single branch (``sampled``: the policy wrote it)."""
-    from verifiers.v1.graph import MessageNode
+def _llmgym_own(vf_obj: Any) -> bool:
+    """Whether ``vf_obj`` is llmgym's own verifiers taskset task or env (:mod:`~llmgym.interop.verifiers_taskset`),
+    exactly (not a subclass): its reward is an llmgym verifier, which isolates what it hands to third-party
+    code itself; it runs here (the sandbox has no llmgym)."""
+    module = sys.modules.get("llmgym.interop.verifiers_taskset")
+    if module is None or type(vf_obj) not in (module.LlmgymTask, module.LlmgymEnv):
+        return False
+    config = getattr(vf_obj, "config", None)  # a task whose config plugs in other functions is not ours alone
+    return not any(getattr(config, name, None) for name in ("rewards", "metrics", "stops", "judges"))
 
-    parent = len(trace.nodes) - 1 if trace.nodes else None
-    trace.nodes.append(MessageNode(parent=parent, message=message, sampled=sampled))
+
+def _reference_answer(vf_task: Any) -> str:
+    """Trusted text to re-run a check on: the task's own answer where it has a text one, else ``""``."""
+    answer = getattr(vf_task.data, "answer", None)
+    return answer if isinstance(answer, str) else ""
 
 
-def scored(trace: Any) -> dict[str, Any]:
-    """``{name: {"reward", "weight"}, ..., "metrics": {...}}`` from a scored trace; raises if a signal did not run."""
-    missing = [name for name, reward in trace.rewards.items() if reward is None]
-    if missing:
-        raise RuntimeError(f"verifiers did not score {missing}")
-    parts: dict[str, Any] = {name: {"reward": r.score, "weight": r.weight} for name, r in trace.rewards.items()}
-    metrics = {name: value for name, value in trace.metrics.items() if value is not None}
-    if metrics:
-        parts["metrics"] = metrics
-    return parts
+_MAX_PARTS = 256
+
+
+def checked_parts(parts: Any) -> tuple[float, dict[str, Any]]:
+    """``(reward, parts)`` from a scored trace's parts as they came back from the sandbox, or a ``ValueError``.
+
+    Each part must be ``{"reward": finite, "weight": finite}``, ``metrics`` finite numbers; the reward is
+    their weighted sum, computed here (as verifiers computes ``trace.reward``).
+
+    Example:
+        >>> from llmgym.interop.verifiers_in import checked_parts
+        >>> checked_parts({"exact": {"reward": 1.0, "weight": 1.0}, "short": {"reward": 1.0, "weight": 0.05}})[0]
+        1.05
+        >>> checked_parts({"exact": {"reward": float("nan"), "weight": 1.0}})
+        Traceback (most recent call last):
+        ...
+        ValueError: the sandbox's scores are not plain finite numbers
+    """
+    def finite(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    if not isinstance(parts, dict) or len(parts) > _MAX_PARTS or not all(isinstance(k, str) for k in parts):
+        raise ValueError("the sandbox's scores are not a table of named parts")
+    metrics = parts.get("metrics", {})
+    if not isinstance(metrics, dict) or not all(isinstance(k, str) and finite(v) for k, v in metrics.items()):
+        raise ValueError("the sandbox's metrics are not plain finite numbers")
+    rewards = {name: part for name, part in parts.items() if name != "metrics"}
+    if not all(isinstance(p, dict) and set(p) == {"reward", "weight"} and finite(p["reward"]) and finite(p["weight"])
+               for p in rewards.values()):
+        raise ValueError("the sandbox's scores are not plain finite numbers")
+    total = sum(float(p["reward"]) * float(p["weight"]) for p in rewards.values())
+    if not math.isfinite(total):
+        raise ValueError("the sandbox's scores add up to a non-finite reward")
+    return total, parts
 
 
 class VerifiersScorer(Verifier):
-    """Score a completion with the verifiers task's own rewards: ``Task.score(trace)`` on a one-reply trace.
+    """Score a completion with the verifiers task's own rewards: ``Task.score(trace)`` on a one-reply trace, sandboxed.
 
     The llmgym task must come from :func:`verifiers_tasks` (the verifiers task in its metadata). The
-    reward is ``trace.reward`` (the weighted sum); ``info`` holds each component
-    (``{"reward", "weight"}``) and ``metrics``. A reward function that raises scores 0 with the
-    error, as any llmgym verifier. ``time_limit`` (default 30 s) runs each scoring in a forked
-    process killed at the limit; ``None`` scores in this process.
+    reward is ``trace.reward`` (the weighted sum, recomputed here from the parts); ``info`` holds each
+    component (``{"reward", "weight"}``) and ``metrics``. Each completion is scored in its own sandboxed
+    process (:mod:`llmgym.interop.sandboxed`), killed after ``time_limit`` seconds (``None``: the
+    worker's 60 s); a reward function that raises, hangs or crashes scores 0 with the error. One that
+    cannot import a module -- on the completion and again on the task's own answer -- raises
+    (:class:`~llmgym.verifiers.VerifierUnavailableError`), as does a missing sandbox.
 
     Example:
         >>> from llmgym.interop.verifiers_in import VerifiersScorer, verifiers_tasks
         >>> task = verifiers_tasks(_doc_taskset())[1]
-        >>> scorer = VerifiersScorer(time_limit=None)
+        >>> scorer = VerifiersScorer()
         >>> scorer(task, "2").reward, scorer(task, "two").reward
         (1.05, 0.0)
     """
@@ -222,29 +254,42 @@ class VerifiersScorer(Verifier):
     def __init__(self, time_limit: float | None = 30.0) -> None:
         super().__init__(time_limit)
         self._prefetched: dict[tuple[int, str], list[Score]] = {}
+        self._payloads: dict[int, tuple[Any, sandboxed.Payload]] = {}
+        self._lock = threading.Lock()
+
+    def _safe(self, task: Task, completion: str) -> Score:
+        return self._guarded(task, completion)  # the sandbox enforces time_limit: no fork of this process
+
+    def payload(self, vf_task: Any) -> sandboxed.Payload:
+        """The sandbox's copy of ``vf_task`` (made once per task)."""
+        with self._lock:
+            held = self._payloads.get(id(vf_task))
+        if held is not None and held[0] is vf_task:
+            return held[1]
+        payload = sandboxed.make_payload("verifiers", {"op": "score", "task": vf_task})
+        with self._lock:
+            if len(self._payloads) >= 4096:
+                self._payloads.clear()
+            self._payloads[id(vf_task)] = (vf_task, payload)
+        return payload
+
+    def check(self, task: Task) -> None:
+        """Raise now what scoring ``task`` would raise first (a module the sandbox cannot read, no sandbox)."""
+        vf_task = _vf_task(task)
+        if not _llmgym_own(vf_task):
+            sandboxed.check_available(self.payload(vf_task))
 
     def prefetch(self, tasks: Sequence[Task], completions: Sequence[str]) -> None:
-        """Score a rollout turn's completions in one forked process (not one per completion); the envs' calls read them.
-
-        Each completion still has ``time_limit`` seconds; one that overstays is scored 0 ("timeout")
-        and the ones after it are left to the envs' own calls (one process each).
-        """
+        """Score a rollout turn's completions ahead of the envs' calls, each in its own sandboxed child, on
+        up to :data:`~llmgym.sandbox.pool.DEFAULT_POOL_SIZE` workers at once (one per 8 completions: a
+        worker's start costs seconds, a check tens of milliseconds); the envs' calls read them."""
         self._prefetched = {}
-        if self.time_limit is None or not tasks:
+        if not tasks:
             return
-
-        def score(index: int) -> dict[str, Any]:
-            result = self._guarded(tasks[index], completions[index])
-            return {"reward": result.reward, "info": result.info}
-
-        for index, result in enumerate(map_in_child(score, list(range(len(tasks))), self.time_limit)):
-            if result is None:
-                continue
-            status, value = result
-            reward_ok = status == "ok" and isinstance(value, dict) and isinstance(value.get("reward"), (int, float))
-            self._prefetched.setdefault((id(tasks[index]), completions[index]), []).append(
-                Score(value["reward"], value.get("info") or {}) if reward_ok else
-                Score(0.0, {"error": value if status == "error" else "the scoring process sent bad data"}))
+        with concurrent.futures.ThreadPoolExecutor(min(DEFAULT_POOL_SIZE, max(1, len(tasks) // 8))) as pool:
+            scores = list(pool.map(self._guarded, tasks, completions))
+        for task, completion, score in zip(tasks, completions, scores):
+            self._prefetched.setdefault((id(task), completion), []).append(score)
 
     def __call__(self, task: Task, completion: str) -> Score:
         prefetched = self._prefetched.get((id(task), completion))
@@ -254,173 +299,49 @@ class VerifiersScorer(Verifier):
 
     def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str],
                      max_workers: int | None = None) -> list[Score]:
-        """Every completion scored in one forked process (see :meth:`prefetch`)."""
+        """Every completion scored, concurrently on the pool's workers (see :meth:`prefetch`)."""
         if len(tasks) != len(completions):
             raise ValueError(f"verify_batch got {len(tasks)} tasks but {len(completions)} completions")
         self.prefetch(tasks, completions)
         return [self(t, c) for t, c in zip(tasks, completions)]
 
     def verify(self, task: Task, completion: str) -> Score:
-        vf = import_verifiers()
-        vf_task = task.metadata.get(TASK_KEY)
-        if vf_task is None:
-            raise ValueError("this task was not made from a verifiers task (no metadata['verifiers_task']): "
-                             "build tasks with llmgym.interop.verifiers_in.verifiers_tasks")
-        trace = new_trace(vf, vf_task)
-        append_message(vf, trace, vf.AssistantMessage(content=completion), sampled=True)
-        trace.stop("agent_completed")
-        run_coroutine(vf_task.score(trace))
-        return Score(trace.reward, scored(trace))
+        vf_task = _vf_task(task)
+        if _llmgym_own(vf_task):  # llmgym's own verifier scores; it isolates what it must itself
+            reward, parts = checked_parts(score_reply(import_verifiers(), vf_task, completion))
+            return Score(reward, parts)
+        payload = self.payload(vf_task)
+        status, answer = sandboxed.run(payload, completion, self.time_limit)
+        failed = sandboxed.failure(status, answer, self.time_limit)
+        if failed is not None:
+            if failed["import_error"]:
+                sandboxed.reference_check(payload, _reference_answer(vf_task), self.time_limit, failed,
+                                          f"the reward functions of {type(vf_task).__name__}")
+            return Score(0.0, {"error": failed["error"]})
+        try:
+            reward, parts = checked_parts(answer.get("score"))
+        except ValueError as exc:
+            return Score(0.0, {"error": str(exc)})
+        return Score(reward, parts)
 
 
 # ------------------------------------------------------------------------------------------------
-# multi-turn: the env's own run(), with the policy as one agent
+# multi-turn: the env's own run(), with the policy as one agent, replayed in the sandbox turn by turn
 
 
-class _PolicyInteraction:
-    """``agent.interaction(task)`` for the policy: each ``turn`` asks the llmgym env's policy (over the channel)."""
-
-    def __init__(self, vf: Any, vf_task: Any, channel: Channel) -> None:
-        self._vf, self._task, self._channel = vf, vf_task, channel
-        self.trace = new_trace(vf, vf_task)
-        self._stops = vf_task.hooks("stop")
-        self._started = self._over = self._closed = self._limit_reached = False
-
-    async def turn(self, message: Any = None) -> Any:
-        from verifiers.v1.agent import Segment
-
-        vf = self._vf
-        if self._closed:
-            raise RuntimeError("this interaction is closed")
-        if self._over:
-            raise RuntimeError("the exchange is over (the run ended); read interaction.trace")
-        if self._limit_reached:  # as verifiers' own turn limit: the turn after the last one is refused
-            self.trace.stop("max_turns")
-        if self.trace.stop_condition is not None:  # a @stop or the turn limit ended it: this turn is refused
-            self._over = True
-            return Segment(messages=[], terminated=True)
-        prompted = not self._started and self._task.data.prompt is not None
-        if message is None and not prompted:
-            raise ValueError("nothing to run a turn on: a bare turn() takes a prompted task's opening reply")
-        if message is not None and prompted:
-            raise ValueError("the task's prompt opens this exchange: take its first reply with a bare turn()")
-        shown = None
-        if message is not None:
-            from verifiers.v1.dialects.chat import parse_message
-
-            messages = [vf.UserMessage(content=message)] if isinstance(message, str) else [
-                parse_message(m) if isinstance(m, dict) else m for m in message]
-            for item in messages:
-                append_message(vf, self.trace, item)
-            shown = "\n\n".join(vf.types.content_text(item.content) for item in messages)
-        self._started = True
-        completion = self._channel.ask(shown)
-        reply = vf.AssistantMessage(content=completion)
-        append_message(vf, self.trace, reply, sampled=True)
-        self._limit_reached = self._channel.last
-        from verifiers.v1.utils.decorators import invoke
-
-        for stop in self._stops:
-            verdict = invoke(stop, {"trace": self.trace, vf.Trace: self.trace})
-            if inspect.isawaitable(verdict):
-                verdict = await verdict
-            if verdict:
-                self.trace.stop(stop.__name__)
-                break
-        return Segment(messages=[reply])
-
-    async def send(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("steering/queued user messages (interaction.send/steer) do not map to an llmgym "
-                                  "env: use interaction.turn(message)")
-
-    steer = send
-
-    async def close(self) -> Any:
-        if not self._closed:
-            self._closed = True
-            self.trace.stop("user_closed")
-            await self._task.score(self.trace)
-            self.trace.ok = True
-        return self.trace
-
-
-class _PolicyAgent:
-    """The one agent llmgym's policy plays: ``interaction(task)`` and ``run(task)`` over the channel."""
-
-    trainable = True
-
-    def __init__(self, vf: Any, name: str, channel: Channel) -> None:
-        self._vf, self.name, self._channel = vf, name, channel
-        self.traces: list[Any] = []
-
-    @contextlib.asynccontextmanager
-    async def interaction(self, task: Any, **_: Any):
-        if self.traces:
-            raise RuntimeError(f"agent {self.name!r} was asked for a second rollout in one episode; llmgym plays "
-                               f"one exchange per episode")
-        interaction = _PolicyInteraction(self._vf, task, self._channel)
-        self.traces.append(interaction.trace)
-        try:
-            yield interaction
-        finally:
-            await interaction.close()
-
-    async def run(self, task: Any, **_: Any) -> Any:
-        async with self.interaction(task) as interaction:
-            await interaction.turn()
-        return interaction.trace
-
-
-class _PolicyAgents:
-    """``agents`` as ``Env.run`` sees it: the policy's role, and a clear error for any other."""
-
-    def __init__(self, role: str, agent: _PolicyAgent, roles: Sequence[str]) -> None:
-        self._role, self._agent, self._roles = role, agent, list(roles)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if name == self._role:
-            return self._agent
-        if name in self._roles:
-            raise RuntimeError(f"this env's run() uses agent {name!r}; llmgym's policy plays {self._role!r} only and "
-                               f"cannot run a second agent")
-        raise AttributeError(f"no agent {name!r}; this env declares {self._roles}")
-
-
-async def _play(vf_env: Any, vf_task: Any, role: str, channel: Channel) -> None:
-    vf = import_verifiers()
-    from verifiers.v1.configs.agent import agent_config_fields
-
-    agent = _PolicyAgent(vf, role, channel)
-    agents = _PolicyAgents(role, agent, list(agent_config_fields(vf_env.config)))
-    await vf_env.setup(agents)
-    await vf_env.run(vf_task, agents)
-    if not agent.traces:
-        raise RuntimeError(f"{type(vf_env).__name__}.run() never let agent {role!r} speak")
-    (trace,) = agent.traces
-    episode = vf.Episode(env=vf.EnvInfo(id=vf_env.config.env_id), task=trace.task, traces=[trace])
-    await vf_env.finalize(vf_task, episode)
-    channel.finish(trace.reward, {"score": scored(trace), "stop_condition": trace.stop_condition})
-
-
-def _episode(vf_env: Any, vf_task: Any, role: str) -> Callable[[Channel], None]:
-    def play(channel: Channel) -> None:
-        asyncio.run(_play(vf_env, vf_task, role, channel))
-
-    return play
-
-
-class VerifiersEpisodeEnv(WorkerEpisodeEnv):
+class VerifiersEpisodeEnv(ReplayEpisodeEnv):
     """A verifiers ``Env``'s own multi-turn ``run()`` as a :class:`~llmgym.MultiTurnEnv` (see the module docstring).
 
-    Each episode runs in a forked process (:class:`~llmgym.interop.episode_env.WorkerEpisodeEnv`)
-    started at ``reset``; ``time_limit`` bounds every wait for it (the env's work between two
-    turns). A failure of the env's code, a time-out, or a run that ends with an error ends the
-    episode with reward 0 and the error in ``info["error"]``; one that fails before the policy first
-    speaks raises at ``reset``. After ``max_turns`` completions the env's next ``turn()`` is refused
-    (``"max_turns"``, as verifiers' own turn limit) and the partial trajectory is scored: that step
-    is ``truncated``; a ``run()`` that ends by itself on the last turn ``terminated`` as usual.
+    Every turn replays the episode -- ``setup``, ``run()`` up to the policy's next turn, at the end the
+    task's rewards and ``finalize`` -- from its start in a fresh sandboxed process
+    (:class:`~llmgym.interop.episode_env.ReplayEpisodeEnv`), with ``random`` (and numpy's generator) seeded
+    from the task; ``time_limit`` bounds each such call. A failure of the env's code, a time-out, or a run
+    that ends with an error ends the episode with reward 0 and the error in ``info["error"]``; one that
+    fails before the policy first speaks raises at ``reset``. After ``max_turns`` completions the env's next
+    ``turn()`` is refused (``"max_turns"``, as verifiers' own turn limit) and the partial trajectory is
+    scored: that step is ``truncated``; a ``run()`` that ends by itself on the last turn ``terminated`` as
+    usual. llmgym's own :class:`~llmgym.interop.verifiers_taskset.LlmgymEnv` (an llmgym env handed out and
+    back) is replayed in this process: its reward is an llmgym env's, which isolates what it must itself.
 
     Args:
         tasks: llmgym tasks from :func:`verifiers_tasks`.
@@ -433,12 +354,39 @@ class VerifiersEpisodeEnv(WorkerEpisodeEnv):
                  time_limit: float | None = 30.0, **kwargs: Any) -> None:
         super().__init__(tasks, None, tokenizer, max_turns=max_turns, **kwargs)
         self.vf_env, self.role, self.time_limit = vf_env, role, time_limit
+        self._payloads: dict[int, tuple[Any, sandboxed.Payload]] = {}
 
-    def episode(self, task: Task) -> Callable[[Channel], None]:
-        vf_task = task.metadata.get(TASK_KEY)
-        if vf_task is None:
-            raise ValueError("this task was not made from a verifiers task (no metadata['verifiers_task'])")
-        return _episode(self.vf_env, vf_task, self.role)
+    def payload(self, vf_task: Any) -> sandboxed.Payload:
+        """The sandbox's copy of the env and ``vf_task`` (made once per task)."""
+        held = self._payloads.get(id(vf_task))
+        if held is not None and held[0] is vf_task:
+            return held[1]
+        payload = sandboxed.make_payload("verifiers", {
+            "op": "vf_episode", "env": self.vf_env, "task": vf_task, "role": self.role,
+            "stop_params": stop_parameters(import_verifiers(), vf_task)})
+        if len(self._payloads) >= 1024:
+            self._payloads.clear()
+        self._payloads[id(vf_task)] = (vf_task, payload)
+        return payload
+
+    def play(self, task: Task, completions: list[str], replies: list[str | None]) -> dict[str, Any]:
+        vf_task = _vf_task(task)
+        if _llmgym_own(self.vf_env):
+            channel = ReplayChannel(completions, replies, self.max_turns)
+            try:
+                return replay(play_verifiers(import_verifiers(), self.vf_env, vf_task, self.role), channel)
+            except Exception as exc:  # the llmgym env's own failure: the completion's 0, as in env.step
+                raise EpisodeError(f"{type(exc).__name__}: {exc}") from exc
+        seed = int(hashlib.sha256(str(task.id).encode()).hexdigest()[:8], 16)
+        return self.run_sandboxed(self.payload(vf_task), {"seed": seed, "completions": completions,
+                                                          "replies": replies, "max_turns": self.max_turns})
+
+    def finished(self, reward: float, info: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        if _llmgym_own(self.vf_env):
+            return reward, info
+        reward, parts = checked_parts(info.get("score"))
+        stop = info.get("stop_condition")
+        return reward, {"score": parts, "stop_condition": stop if isinstance(stop, str) else None}
 
     def describe(self) -> str:
         return f"{type(self.vf_env).__name__}.run()"
@@ -479,8 +427,8 @@ def from_verifiers(source: Any, tokenizer: Any = None, *, taskset: dict[str, Any
         num_tasks: take only the first N tasks (an infinite taskset: default 1000).
         role: the agent the policy plays in a multi-agent ``Env`` (default: its only one).
         max_turns: completions per multi-turn episode at most.
-        time_limit: seconds a scoring (single-turn) or one wait for the episode (multi-turn) may
-            take, in a process killed at the limit; ``None``: single-turn scoring in this process.
+        time_limit: seconds a scoring (single-turn) or one turn of the episode (multi-turn, replayed from
+            its start) may take in the sandbox, whose process is killed at the limit; ``None``: 60 s.
         env_kwargs: passed to the llmgym env (``max_prompt_chars=``, ``render_mode=``...).
     """
     vf = import_verifiers()
@@ -491,7 +439,9 @@ def from_verifiers(source: Any, tokenizer: Any = None, *, taskset: dict[str, Any
     if not multi_turn:
         if role is not None:
             raise ValueError(f"role= picks the agent of a multi-agent env; {label} is single-turn (one agent)")
-        return SequenceEnv(tasks, VerifiersScorer(time_limit), tokenizer, **env_kwargs)
+        scorer = VerifiersScorer(time_limit)
+        scorer.check(tasks[0])  # a module the sandbox cannot read, or no sandbox: said now, not at the first step
+        return SequenceEnv(tasks, scorer, tokenizer, **env_kwargs)
     from verifiers.v1.configs.agent import agent_config_fields
 
     roles = list(agent_config_fields(vf_env.config))
@@ -501,8 +451,11 @@ def from_verifiers(source: Any, tokenizer: Any = None, *, taskset: dict[str, Any
         role = roles[0]
     elif role not in roles:
         raise ValueError(f"{label} has no agent {role!r}; its agents are {roles}")
-    return VerifiersEpisodeEnv(tasks, vf_env, role, tokenizer, max_turns=max_turns, time_limit=time_limit,
-                               **env_kwargs)
+    env = VerifiersEpisodeEnv(tasks, vf_env, role, tokenizer, max_turns=max_turns, time_limit=time_limit,
+                              **env_kwargs)
+    if not _llmgym_own(vf_env):
+        sandboxed.check_available(env.payload(tasks[0].metadata[TASK_KEY]))
+    return env
 
 
 def _doc_taskset() -> Any:

@@ -91,8 +91,8 @@ class SandboxResult:
         killed: ended by a signal (a limit, a time-out, an output flood, or a crash).
         killed_reason: ``"timeout"``, ``"cpu_limit"``, ``"memory_limit"`` (the tree's cgroup
             cap; a single process over ``memory_mb`` gets ``MemoryError`` instead),
-            ``"output_limit"``, ``"file_size_limit"``, ``"sandbox_error"`` or
-            ``"signal:NAME"``; ``None`` when the program exited by itself.
+            ``"output_limit"``, ``"file_size_limit"`` or ``"signal:NAME"``; ``None`` when the
+            program exited by itself (a sandbox killed from outside raises ``SandboxError``).
         duration_s: wall-clock seconds of the run, sandbox start-up included.
         cpu_s: CPU seconds used by the program (user + system, waited-for children included).
         max_rss_mb: peak resident memory of the largest process.

@@ -670,7 +670,12 @@ class Sandbox:
         elif "signal" in status:
             killed_reason = signal_reason(int(status["signal"]), cpu_s, lim)
         elif "exit" not in status:
-            killed_reason = "sandbox_error"
+            # the supervisor started the program and died without a word, with no limit hit: killed from
+            # outside (nothing inside may signal it). The verdict is unknown; a 0 would be a lie.
+            raise SandboxError(
+                f"the sandbox was killed from outside during the run (its supervisor ended without "
+                f"reporting; exit {proc.returncode}): the program's result is unknown. "
+                f"{stderr.strip()[-500:]}".rstrip())
         candidate_rc = None
         if "candidate_signal" in status:
             candidate_rc = -int(status["candidate_signal"])

@@ -86,6 +86,7 @@ GRACE_S = 3.0
 #: Memory of the zygote itself, added to the tree's cgroup cap (where there is a cgroup).
 ZYGOTE_MB = 1536
 
+_DIED = ("died", None)  # _answer's sentinel: the zygote died during the call
 _HEAD_IN = struct.Struct("!IdII")
 _HEAD_OUT = struct.Struct("!IBI")
 # statuses of the zygote's frames (the same numbers in _ZYGOTE below); _STARTED: the call's child runs
@@ -661,7 +662,15 @@ class SandboxWorker:
                     if attempt:
                         raise SandboxError("the sandboxed worker died before it could take the call") from None
                     continue
-                return self._answer(call_id, limit)
+                answer = self._answer(call_id, limit)
+                if answer is _DIED and not attempt:
+                    # killed from outside (or by the tree's memory cap) mid-call: the verdict is unknown,
+                    # and a 0 would be a lie -- the call runs again on a fresh worker; dying twice is the
+                    # call's own doing, and its error
+                    continue
+                if answer is _DIED:
+                    return "error", "the sandboxed worker died during the call, twice (it is restarted for the next one)"
+                return answer
         raise AssertionError("unreachable")
 
     def _answer(self, call_id: int, limit: float) -> tuple[str, Any]:
@@ -683,7 +692,7 @@ class SandboxWorker:
             self._stop()
             if alive:
                 return "timeout", None
-            return "error", "the sandboxed worker died during the call (it is restarted for the next one)"
+            return _DIED
         if got != call_id:
             self._stop()
             raise SandboxError(f"the sandboxed worker answered call {got} to call {call_id}")
