@@ -1,31 +1,35 @@
 """Learning to use a tool: GRPO raises the tiny model's held-out reward on ``llmgym/Calculator-v0``.
 
-The tiny model (with the tiny tokenizer's chat template, which has tool roles) gets a short supervised
-warm-up on the call format, built by stepping the env itself: for each task, the context the env shows
-is paired with the call a tool user writes (``write_tool_calls``), and the context after the
-calculator's reply with the product. Then GRPO trains on the env — multi-turn episodes in which the
-calculator runs in the tool worker — and the mean reward of sampled episodes on a fixed held-out set
-must rise by a clear margin.
+The tiny model (with the tiny tokenizer's chat template, which has tool roles) gets a supervised warm-up
+built by stepping the env itself: for each task, the context the env shows is paired with the call a
+tool user writes (``write_tool_calls``), and the context after the calculator's reply with the answer.
+Half the warm-up's answers are near misses (the tool's result with its last digit off by one), so the
+warm model calls the calculator, reads the result and answers, but copies it right only about half the
+time. GRPO then trains on the env (multi-turn episodes, the calculator in the tool worker) and has to
+make the right answer win: the mean reward of sampled episodes on a fixed held-out set must rise by a
+clear margin.
 
-Factors have a fixed 3 digits here (products of 5-6 digits, still no sum a tiny model does in its
-head): the model must copy them into its call across ~80 tokens of call syntax, and with lengths that
-vary it did not learn to in 600 warm-up steps; with fixed lengths it does, abruptly, around step 250.
-The margin is to be set against the improvement measured over seeds and thread counts with
-``benchmarks/learning_spread.py --recipe test_learning_tools`` (which imports this recipe).
+Factors have a fixed 3 digits (products of 5-6 digits, no sum a tiny model does in its head): the
+model must copy them into its call across ~80 tokens of call syntax, which it learns only late in the
+warm-up (after 350 steps it never did; lengths that vary were not learnt in 600).
 
-**Not yet a passing recipe: opt-in with ``LLMGYM_TOOL_LEARNING=1``.** Measured 2026-11-26 on the shared
-2-core machine (load 2.6-4.4), 1 torch thread, seed 0: the warm-up gives held-out 0.578; GRPO at lr 1e-3
-ends 30 steps at 0.523 (the test fails); at lr 3e-4 (``--lr-scale 0.3``) 0.578 after 10 steps and 0.602
-after 20. A warm-up of 350 steps leaves 0.0. No spread over seeds or threads was measured. The module
-took 12 min 40 s (warm-up 320 s, GRPO 433 s wall), over the suite's budget. What it needs: a recipe whose
-gain is several times the held-out noise (128 episodes: about ±0.04 per evaluation) in a few minutes.
+Held-out reward before -> after ``STEPS``, measured with ``benchmarks/learning_spread.py --recipe
+test_learning_tools`` (which imports this recipe) on 2026-11-26, shared 2-core machine (load 1-3):
+
+    seed 0, 1 thread: 0.227 -> 0.445 (+0.219)     seed 0, 2 threads: 0.164 -> 0.500 (+0.336)
+    seed 1, 1 thread: 0.242 -> 0.398 (+0.156)     seed 1, 2 threads: 0.102 -> 0.445 (+0.344)
+
+The smallest gain, 0.156, is 1.95x ``MARGIN``. The thread count moves the warm model itself (0.10-0.24)
+more than the seed does. Recipes that failed: lr 1e-3 took seed 1 to 0.0 within 10 steps (seed 0:
++0.148); without the near-miss answers the warm model scored 0.578 and GRPO (lr 1e-3, 30 steps of
+16 x 8) ended at 0.523. Cost on 1 thread: warm-up ~170 CPU s, 20 GRPO steps ~85 CPU s, each held-out
+evaluation ~10 CPU s.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 
 import gymnasium as gym
 import numpy as np
@@ -43,18 +47,14 @@ DIGITS = dict(min_digits=3, max_digits=3)
 WARMUP_STEPS = 550
 WARMUP_TASKS = 1000
 ANSWER_REPEATS = 3
-STEPS = 30
+DISTRACTOR_SHARE = 0.5  # of the warm-up's answers: the tool's result with its last digit off by one
+STEPS = 20
 MAX_NEW_TOKENS = 96  # a call is ~85 tokens of the byte-level tokenizer
-BATCH = dict(tasks_per_step=16, group_size=8)
+BATCH = dict(tasks_per_step=8, group_size=8)
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW_TOKENS)
 SEED = 0
-MARGIN = 0.05
-AGENTS = [(GRPO, dict(lr=1e-3, kl_coef=0.0))]
-pytestmark = pytest.mark.skipif(
-    not os.environ.get("LLMGYM_TOOL_LEARNING"),
-    reason="the tool learning recipe is not measured to pass yet (see this module's docstring); "
-           "LLMGYM_TOOL_LEARNING=1 runs it (~13 min on 2 cores)",
-)
+MARGIN = 0.08
+AGENTS = [(GRPO, dict(lr=3e-4, kl_coef=0.0))]
 
 
 def tasks(n: int, seed: int):
@@ -70,7 +70,8 @@ def make_env(tokenizer):
 
 
 def expert_pairs(tokenizer, n: int = WARMUP_TASKS, seed: int = 1) -> list[tuple[list[int], str]]:
-    """(context ids, what to write) for both turns of ``n`` tasks, through the env: the call, then the answer.
+    """(context ids, what to write) for both turns of ``n`` tasks, through the env: the call, then the answer
+    (for the first ``DISTRACTOR_SHARE`` of the tasks, a near miss of it).
 
     Answer pairs are repeated ``ANSWER_REPEATS`` times: they are a few tokens each against a call's ~85,
     and without the repeats the answer was still unlearnt after 500 steps (with them: 0.19 reward)."""
@@ -82,7 +83,9 @@ def expert_pairs(tokenizer, n: int = WARMUP_TASKS, seed: int = 1) -> list[tuple[
         call = write_tool_calls([ToolCall("calculator", {"expression": f"{a} * {b}"})])
         calls.append((obs["prompt_ids"].tolist(), call))
         obs, *_ = env.step(tokenizer.encode(call, add_special_tokens=False) + [tokenizer.eos_token_id])
-        answers.append((obs["prompt_ids"].tolist(), task.answer))
+        wrong = len(answers) < DISTRACTOR_SHARE * n  # the warm-up samples pairs at random
+        near_miss = task.answer[:-1] + str((int(task.answer[-1]) + 1) % 10)
+        answers.append((obs["prompt_ids"].tolist(), near_miss if wrong else task.answer))
     return calls + answers * ANSWER_REPEATS
 
 
