@@ -7,12 +7,14 @@ learning check under 1 and 2 threads and several seeds shows how much the held-o
 
     python benchmarks/learning_spread.py --threads 1 --seeds 0 1 2 3
     python benchmarks/learning_spread.py --threads 2 --seeds 0 1 2 3
+    python benchmarks/learning_spread.py --recipe test_learning_tools --threads 1 --seeds 0 1 2   # the tool task
     python benchmarks/learning_spread.py --engine vllm --threads 1   # tests/test_vllm.py's recipe
     python benchmarks/learning_spread.py --max-staleness 2 --agents grpo   # the pipelined learner (K = 2)
     python benchmarks/learning_spread.py --max-staleness 2 --agents grpo --no-correction   # without its correction
 
 ``--engine vllm`` measures the vLLM learning test instead: its agents and model shape (head size 32),
 every rollout sampled by an in-process ``VLLMEngine`` with the weights synced after every update.
+``--recipe`` names another learning test whose recipe (agents, steps, held-out set, ``make_env``) to run.
 
 One JSON line per (agent, seed, step checkpoint): held-out reward before/after, improvement, and the
 process CPU seconds the training took (wall time is meaningless on a shared machine).
@@ -34,6 +36,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="test_learning",
+                        help="the learning test whose recipe to run (a module in tests/; default test_learning)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--agents", nargs="+", default=None, help="agent names (default: all in the test)")
@@ -55,9 +59,12 @@ def main() -> None:
     os.environ["LLMGYM_TEST_THREADS"] = str(args.threads)  # tests/conftest.py (imported by test_vllm) reads it
     torch.set_num_threads(args.threads)
 
+    import importlib
+
     import gymnasium as gym
 
-    import test_learning as recipe  # the learning test's own recipe (agents, steps, held-out set)
+    recipe = importlib.import_module(args.recipe)  # the learning test's own recipe (agents, steps, held-out set)
+    make_env = getattr(recipe, "make_env", lambda tok: gym.make("llmgym/Copy-v0", tokenizer=tok))
     from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer()
@@ -82,7 +89,7 @@ def main() -> None:
             before = recipe.held_out_reward(model, tokenizer, seed)
             engine = test_vllm.make_engine(model, tokenizer) if args.engine == "vllm" else None
             agent = cls(model, tokenizer, max_new_tokens=recipe.MAX_NEW_TOKENS, seed=seed, engine=engine, **config)
-            env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+            env = make_env(tokenizer)
             cpu, wall, done, history = 0.0, 0.0, 0, []
             agent.learner.correct_staleness = not args.no_correction
             for target in checkpoints:

@@ -260,13 +260,14 @@ class Turn:
 
     Attributes:
         reward: reward for this completion.
-        reply: the env's answer, shown to the policy next; ``None`` when the episode ends.
+        reply: the env's answer, shown to the policy next (a user turn); ``None`` when the episode ends.
+            :class:`~llmgym.tools.ToolEnv` replies with chat messages instead (its tool turns).
         done: ``True`` when the episode is over (solved, lost).
         info: details for ``step``'s ``info``.
     """
 
     reward: float
-    reply: str | None = None
+    reply: str | Sequence[Mapping[str, Any]] | None = None
     done: bool = False
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -381,8 +382,7 @@ class SequenceEnv(gym.Env):
         else:
             task = self.tasks.draw(self.np_random)
         self.task, self._done, self.state = task, False, {}
-        self._text = render_prompt(task, self.tokenizer)
-        self._ids = encode_text(self.tokenizer, self._text, first=not task.is_chat) if self.tokenizer else []
+        self._text, self._ids = self._render_prompt(task)
         self.start(task)
         return self._observation(), {"task": task}
 
@@ -425,6 +425,11 @@ class SequenceEnv(gym.Env):
         return self.verifier(self.task, completion)
 
     # -- internals --------------------------------------------------------------------------------
+    def _render_prompt(self, task: Task) -> tuple[str, list[int]]:
+        """The first observation's text and ids (chat prompts through the template, BOS only for plain text)."""
+        text = render_prompt(task, self.tokenizer)
+        return text, (encode_text(self.tokenizer, text, first=not task.is_chat) if self.tokenizer is not None else [])
+
     def _after_completion(self, text: str, ids: list[int]):
         score = self.score(text)
         self._done = True
@@ -626,6 +631,10 @@ class MultiTurnEnv(SequenceEnv):
     respond_time_limit: float | None = None
     """Seconds one :meth:`respond` may take; ``None``: no limit (a verifier it calls has its own)."""
 
+    setup_errors: tuple[type[Exception], ...] = ()
+    """Exceptions that mean the env's set-up failed, not the completion: raised from ``step``, never a silent
+    zero (as a verifier failure always is: :func:`~llmgym.verifiers.is_verifier_failure`)."""
+
     def respond(self, completion: str) -> Turn:
         """Judge ``completion`` and decide the env's reply. Override this for games and tools.
 
@@ -662,8 +671,9 @@ class MultiTurnEnv(SequenceEnv):
         """How a reply is appended to a plain-text transcript (chat tasks use the chat template instead)."""
         return f"\n{reply}\n"
 
-    def _chat_reply(self, reply: str, ids: list[int]) -> str:
-        """Close the assistant turn where the model did not, then the reply as a user turn."""
+    def _close_turn(self, ids: list[int]) -> str:
+        """What follows the model's completion to end its turn: the template's text after the end-of-turn
+        token when the model wrote one (kept as it closed it), else the template's whole closing."""
         if self._chat_turns is None:
             self._chat_turns = ChatTurns.of(self.tokenizer)
         turns = self._chat_turns
@@ -671,8 +681,17 @@ class MultiTurnEnv(SequenceEnv):
             end_text = self.tokenizer.decode(ids[-1:], skip_special_tokens=False)
             if not self._text.endswith(end_text):  # the transcript text shows it, as the ids do
                 self._text += end_text
-            return turns.after_end_of_turn + turns.user_turn(reply)
-        return turns.closing + turns.user_turn(reply)
+            return turns.after_end_of_turn
+        return turns.closing
+
+    def _chat_reply(self, reply: str, ids: list[int]) -> str:
+        """Close the assistant turn where the model did not, then the reply as a user turn."""
+        closing = self._close_turn(ids)
+        return closing + self._chat_turns.user_turn(reply)
+
+    def _reply_text(self, turn: Turn, ids: list[int]) -> str:
+        """The text appended after the completion to show ``turn.reply`` (a chat user turn, or plain text)."""
+        return self._chat_reply(turn.reply, ids) if self._uses_chat_template() else self.format_reply(turn.reply)
 
     def _uses_chat_template(self) -> bool:
         return bool(self.task.is_chat and self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None))
@@ -692,7 +711,7 @@ class MultiTurnEnv(SequenceEnv):
         except Exception as exc:  # a game's or tool's failure is the completion's zero, never a crash
             from llmgym.verifiers import is_verifier_failure
 
-            if is_verifier_failure(exc):  # the machine's failure, not the completion's: never a silent zero
+            if is_verifier_failure(exc) or isinstance(exc, self.setup_errors):  # the machine's failure: never a silent zero
                 raise
             return Turn(self._zero_score(before), None, True, {"error": f"{type(exc).__name__}: {exc}",
                                                                "traceback": traceback.format_exc(limit=5)})
@@ -716,7 +735,7 @@ class MultiTurnEnv(SequenceEnv):
         info: dict[str, Any] = {"task": self.task, "completion": text, "turn": self.turn, "reply": None}
         info.update(turn.info)
         if not (terminated or truncated) and turn.reply is not None:
-            shown = self._chat_reply(turn.reply, ids) if self._uses_chat_template() else self.format_reply(turn.reply)
+            shown = self._reply_text(turn, ids)
             self._text += shown
             if self.tokenizer is not None:
                 self._ids += encode_text(self.tokenizer, shown, first=False)

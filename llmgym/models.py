@@ -35,9 +35,18 @@ __all__ = [
 ]
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
-# A minimal chat template, so chat-message prompts render with the tiny tokenizer too.
+# A minimal chat template, so chat-message prompts render with the tiny tokenizer too: one line per
+# turn, ``<|role|>content``. It has tool roles, compactly (tests and tool envs run on it): ``tools=``
+# become one ``<|tools|>name(arg, ...)`` line, an assistant's ``tool_calls`` are written in the Hermes
+# format ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, a tool result is a ``<|tool|>`` turn.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if tools %}<|tools|>{% for t in tools %}{% set f = t.function if t.function is defined else t %}"
+    "{{ f.name }}({{ (f.parameters.properties if f.parameters is defined and f.parameters.properties is defined "
+    "else {}) | join(', ') }}){% if not loop.last %} {% endif %}{% endfor %}{{ '\\n' }}{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{% if m['content'] is string %}{{ m['content'] }}{% endif %}"
+    "{% for c in m['tool_calls'] or [] %}{% set f = c.function if c.function is defined else c %}"
+    "<tool_call>{{ {'name': f.name, 'arguments': f.arguments} | tojson }}</tool_call>{% endfor %}"
+    "{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
@@ -244,7 +253,8 @@ def tiny_model_path(config: TinyModelConfig | None = None) -> Path:
     The cache is per transformers major version: a tokenizer saved by transformers 5 names a class
     (``TokenizersBackend``) that transformers 4 cannot load."""
     config = config or TinyModelConfig()
-    key = {**dataclasses.asdict(config), "transformers_major": _transformers_version()[0]}
+    key = {**dataclasses.asdict(config), "transformers_major": _transformers_version()[0],
+           "chat_template": hashlib.sha1(CHAT_TEMPLATE.encode()).hexdigest()[:10]}  # a new template, a new cache
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     path = cache_dir() / f"tiny-{digest}"
     if not (path / "config.json").exists():
@@ -295,7 +305,7 @@ def flush_denormals() -> None:
 def supervised_warmup(
     model,
     tokenizer,
-    pairs: Iterable[tuple[str, str]] | Sequence[tuple[str, str]],
+    pairs: Iterable[tuple[str | Sequence[int], str]] | Sequence[tuple[str | Sequence[int], str]],
     *,
     steps: int = 200,
     batch_size: int = 32,
@@ -304,7 +314,9 @@ def supervised_warmup(
 ) -> list[float]:
     """Teacher-forced fine-tuning on ``(prompt, answer)`` pairs; the loss covers answer + EOS only.
 
-    ``pairs`` is a sequence (sampled with replacement) or an endless iterator. Returns the loss
+    ``pairs`` is a sequence (sampled with replacement) or an endless iterator. A prompt is text
+    (encoded with the tokenizer's special tokens, BOS) or a list of token ids, used as they are: an
+    env observation's ``prompt_ids``, e.g. a multi-turn context after a tool's reply. Returns the loss
     per step. This is the warm-up that lets a tiny model start RL "imperfect but not hopeless".
 
     Example:
@@ -334,7 +346,7 @@ def supervised_warmup(
             batch = [next(stream) for _ in range(batch_size)]
         seqs, label_masks = [], []
         for prompt, answer in batch:
-            p = tokenizer.encode(prompt)
+            p = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
             a = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
             seqs.append(p + a)
             label_masks.append([0] * len(p) + [1] * len(a))

@@ -313,6 +313,11 @@ def _register_builtin() -> None:
                  description="function + unit tests from MBPP-style JSONL (path=), else 8 built-in problems")
     register_env("CodeRetry", "llmgym.envs.code.retry:code_retry_env", family="code", multi_turn=True,
                  description="code tasks with the failing test shown and up to 3 attempts")
+    # -- tools (issue 20): the policy calls functions, then answers; only the answer is scored --
+    register_env("Calculator", "llmgym.envs.tools.calculator:calculator_env", family="tools", multi_turn=True,
+                 description="multiply two 4-5 digit numbers with a calculator tool; exact answer scores 1")
+    register_env("PythonMath", "llmgym.envs.tools.python_math:python_math_env", family="tools", multi_turn=True,
+                 description="exact-integer problems (prime sums, digit sums, Fibonacci mod m) with a sandboxed python tool")
 
 
 _register_builtin()

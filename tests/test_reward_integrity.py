@@ -9,8 +9,11 @@
    left out of that string's mean: a constant guess earns a two-way question's base rate by
    construction, and the sweep is about what *wrong* answers earn. Envs that pay partial credit by
    design say so in their description and offer binary scoring; the sweep checks them with it.
-2. **Failing on purpose** — in every multi-turn env, deliberate near misses followed by the right
-   answer never return more than answering right at once (:meth:`llmgym.MultiTurnEnv.progress`).
+2. **Tool calls alone** — in every tool env, calling its tool right (and wrongly) every turn, never
+   answering, returns nothing: only the final answer is scored.
+3. **Failing on purpose** — in every multi-turn env, deliberate near misses followed by the right
+   answer never return more than answering right at once (:meth:`llmgym.MultiTurnEnv.progress`); in a
+   tool env the near misses are calls (right, malformed, to an unknown tool, with bad arguments).
 
 Cost: reasoning-gym and code envs check each kind of answer once (on one of two tasks, alternating),
 since each check there costs a process; the cheap envs check every kind on three tasks. A hole that
@@ -55,6 +58,8 @@ FAMILY_KWARGS = {"reasoning-gym": {"time_limit": None}}
 ANSWER_FORMAT = {"reasoning-gym": "<answer>{}</answer>", "math": "\\boxed{{{}}}"}
 #: Families where a check costs a process (reasoning-gym's scorer, the code sandbox): each kind once.
 COSTLY = {"reasoning-gym", "code"}
+#: Envs outside the code family whose steps may run the sandbox (the python tool).
+SANDBOXED = {"llmgym/PythonMath-v0"}
 
 ENVS = [info for info in llmgym.registered_envs() if isinstance(info.factory, str)]
 
@@ -102,7 +107,7 @@ def _is_reference(answer: str, task) -> bool:
 def _needs(info) -> None:
     for module in info.requires:
         pytest.importorskip(module)
-    if info.family == "code":
+    if info.family == "code" or info.id in SANDBOXED:
         from llmgym.sandbox import check_sandbox
 
         missing = check_sandbox()["missing"]
@@ -151,6 +156,58 @@ def test_content_free_answers_earn_nothing(info):
     assert means and all(m < 0.1 for m in means.values()), {k: round(m, 3) for k, m in means.items() if m >= 0.1}
 
 
+# -- tool calls alone ----------------------------------------------------------------------------------------
+def _hermes_call(name: str, arguments) -> str:
+    import json
+
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+#: For every tool env: its tool and ``task -> the arguments of a right call`` (one that computes the
+#: answer). Calls are written in the Hermes format: the registry's envs have no tokenizer, so
+#: ``call_format="auto"`` reads Hermes. A new tool env must add its own here.
+TOOL_CALLS = {
+    "llmgym/Calculator-v0": ("calculator", lambda task: {"expression": " * ".join(task.id.split("-")[1:])}),
+    "llmgym/PythonMath-v0": ("python", lambda task: {"code": f"print({int(task.answer)})"}),
+}
+TOOL_ENVS = [info for info in ENVS if info.family == "tools"]
+
+
+def _right_call(env_id: str):
+    name, arguments = TOOL_CALLS[env_id]
+    return lambda task, turn: _hermes_call(name, arguments(task))
+
+
+def _tool_detour(env_id: str):
+    """Turn by turn: a right tool with bad arguments, a malformed call, a call to an unknown tool, a right call."""
+    name, arguments = TOOL_CALLS[env_id]
+
+    def detour(task, turn: int) -> str:
+        bad = {key: 12 for key in arguments(task)}  # every argument of the wrong type
+        kinds = (_hermes_call(name, bad), "<tool_call>{not json</tool_call>", _hermes_call("no_such_tool", {}),
+                 _hermes_call(name, arguments(task)))
+        return kinds[turn % len(kinds)]
+
+    return detour
+
+
+def test_every_tool_env_has_a_call_below():
+    missing = sorted(info.id for info in TOOL_ENVS if info.id not in TOOL_CALLS)
+    assert TOOL_ENVS and not missing, f"add a right call for {missing} to TOOL_CALLS in this file"
+
+
+@pytest.mark.parametrize("info", TOOL_ENVS, ids=[info.id for info in TOOL_ENVS])
+def test_tool_calls_alone_earn_nothing(info):
+    _needs(info)
+    env = gymnasium.make(info.id)
+    for seed in (0, 1):
+        for answer_for in (_right_call(info.id), _tool_detour(info.id)):
+            assert _episode_return(env, seed, answer_for) == 0.0, (info.id, seed)
+            assert env.unwrapped.state["tool_calls"] == env.unwrapped.max_turns  # every turn called, none answered
+    errors = env.unwrapped.state["tool_errors"]  # the detour's wrong calls were refused, each for its reason
+    assert {"malformed", "unknown_tool", "bad_arguments"} <= set(errors), errors
+
+
 # -- failing on purpose ------------------------------------------------------------------------------------
 def _digits_near_miss(task, turn):  # one digit off: the most partial credit short of the answer
     answer = str(task.answer)
@@ -186,6 +243,7 @@ STRATEGIES = {
     "llmgym/CodeRetry-v0": (lambda task, turn: f"```python\n{task.answer}\n```", _code_near_miss),
     "llmgym/GuessNumber-v0": (lambda task, turn: str(task.answer), _number_near_miss),
     "llmgym/Wordle-v0": (lambda task, turn: str(task.answer), _word_near_miss),
+    **{env_id: (lambda task, turn: str(task.answer), _tool_detour(env_id)) for env_id in TOOL_CALLS},
 }
 MULTI_TURN = [info for info in ENVS if info.multi_turn]
 
