@@ -160,6 +160,21 @@ def test_a_call_may_import_what_the_zygote_did_not():
         assert w.call(None, None, time_limit=60) == ("ok", "ok")
 
 
+def test_a_module_dir_under_tmp_is_importable_in_the_sandbox():
+    # a checkout or venv under /tmp (CI clones, pip's build dirs) must not be hidden by the sandbox's own /tmp
+    host_dir = tempfile.mkdtemp(prefix="llmgym-tmp-pkg-", dir="/tmp")
+    try:
+        os.chmod(host_dir, 0o755)
+        with open(os.path.join(host_dir, "tmp_scorer.py"), "w") as fh:
+            fh.write("VALUE = 41\n")
+        os.chmod(os.path.join(host_dir, "tmp_scorer.py"), 0o644)
+        source = "def setup():\n    import tmp_scorer\ndef handle(s, r):\n    import tmp_scorer\n    return tmp_scorer.VALUE + r\n"
+        with SandboxWorker(source, paths=[host_dir]) as w:
+            assert w.call(None, 1, time_limit=30) == ("ok", 42)
+    finally:
+        shutil.rmtree(host_dir)
+
+
 def test_a_worker_that_cannot_start_raises_naming_the_cause():
     with pytest.raises(SandboxError, match="(?s)could not start.*No module named 'no_such_scorer'.*pip install it"):
         SandboxWorker("def setup():\n    import no_such_scorer\ndef handle(s, r):\n    return 0\n",

@@ -501,10 +501,12 @@ class SandboxWorker:
             if sb._use_bwrap:
                 # CAP_KILL: the zygote (root of the namespace) kills each call's child, another uid
                 cmd = bwrap_base_args(sb._bwrap_args[0], sb.python, os.geteuid() == 0, ("CAP_KILL",))
+                # the tmpfs first: a module dir under /tmp (a checkout or venv there) is bound on top of it,
+                # not hidden by it
+                cmd += tmpfs_args(int(lim.tmp_size_mb * (1 << 20)), mode="0755") + ["--chdir", "/"]
                 cmd += ro_bind_args(self.paths)
                 for k, v in env.items():
                     cmd += ["--setenv", k, v]
-                cmd += tmpfs_args(int(lim.tmp_size_mb * (1 << 20)), mode="0755") + ["--chdir", "/"]
                 if sb._use_seccomp and sb._bpf:
                     bpf_fd = _memfd(sb._bpf, "llmgym-worker-bpf")
                     fds.append(bpf_fd)
