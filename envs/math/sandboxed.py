@@ -36,6 +36,7 @@ import math
 from typing import Any
 
 from llmgym.sandbox.pool import DEFAULT_POOL_SIZE, WorkerPool, WorkerPools
+from llmgym.sandbox import SandboxError
 from llmgym.sandbox.worker import SandboxWorker, site_packages
 from llmgym.verifiers import VerifierUnavailableError, in_time_limited_child
 
@@ -54,6 +55,7 @@ MATH_VERIFY_MAX_NUMBER_BITS = 1 << 20
 #: A gold answer gets at least this long to parse (it is trusted, and one that fails makes the step
 #: raise: a check's short time limit on a loaded machine must not stop a run).
 MATH_VERIFY_GOLD_PARSE_SECONDS = 20.0
+_GOLD_UNUSABLE = "gold answer unusable: "  # the zygote's prepare() error that means the task's gold, not a check
 
 #: Worker source (runs in the sandbox): math-verify's parse and comparison, without its signal-based
 #: time-out (the sandbox kills the check).
@@ -62,6 +64,7 @@ import logging, math
 
 MAX_NUMBER_BITS = __MAX_NUMBER_BITS__
 GOLD_PARSE_SECONDS = __GOLD_PARSE_SECONDS__
+GOLD_UNUSABLE = "__GOLD_UNUSABLE__"
 mv = None
 _golds = {}
 
@@ -157,17 +160,17 @@ def prepare(context):  # in the zygote, on trusted data: the gold answer, parsed
         # trusted data, and a gold that fails makes the step raise: a loaded machine gets time
         parsed = _parse_gold(gold, max(limit, GOLD_PARSE_SECONDS))
         if parsed is None:  # not cached: a loaded machine may do it next time
-            return [], "timeout: parsing the gold answer took longer than %s s" % max(limit, GOLD_PARSE_SECONDS), settings
+            raise ValueError(GOLD_UNUSABLE + "parsing the gold answer took longer than %s s" % max(limit, GOLD_PARSE_SECONDS))
         if len(_golds) >= 4096:
             _golds.clear()
         _golds[gold] = parsed
     gold_parsed, error = _golds[gold]
-    return gold_parsed, error, settings
+    if error is not None:  # raised here, in the trusted zygote: a check's child could forge anything it sends
+        raise ValueError(GOLD_UNUSABLE + error)
+    return gold_parsed, settings
 
 def handle(state, predicted):  # in the check's child: model text
-    gold_parsed, error, (float_rounding, numeric_precision, strict) = state
-    if error is not None:  # the reference, not the completion: the host raises
-        return [None, error]
+    gold_parsed, (float_rounding, numeric_precision, strict) = state
     parsed = _parse(predicted)
     if not parsed:
         return [0.0, None]
@@ -207,7 +210,7 @@ def handle(dataset, request):  # in the check's child: model text
 '''
 
 MATH_VERIFY_WORKER = MATH_VERIFY_WORKER.replace("__MAX_NUMBER_BITS__", str(MATH_VERIFY_MAX_NUMBER_BITS)).replace(
-    "__GOLD_PARSE_SECONDS__", repr(MATH_VERIFY_GOLD_PARSE_SECONDS))
+    "__GOLD_PARSE_SECONDS__", repr(MATH_VERIFY_GOLD_PARSE_SECONDS)).replace("__GOLD_UNUSABLE__", _GOLD_UNUSABLE)
 
 #: Workers of one kind that concurrent single checks may use (a slow check then holds up only its own).
 DEFAULT_CONCURRENCY = DEFAULT_POOL_SIZE
@@ -280,16 +283,19 @@ def math_verify_equal(
         (1.0, None)
     """
     with _kind("math_verify").lend() as worker:
-        status, value = worker.call((gold, (float_rounding, numeric_precision, strict), worker.limit(time_limit)),
-                                    predicted, time_limit)
+        try:
+            status, value = worker.call((gold, (float_rounding, numeric_precision, strict), worker.limit(time_limit)),
+                                        predicted, time_limit)
+        except SandboxError as exc:  # only the trusted zygote reports this: no completion can forge it
+            if _GOLD_UNUSABLE not in str(exc):
+                raise
+            reason = str(exc).split(_GOLD_UNUSABLE, 1)[1]
+            raise VerifierUnavailableError(
+                f"{reason}: the task's reference answer cannot be checked, so no completion can be scored "
+                "against it (not even the right one). Fix or drop this row of the dataset") from None
     status, value = _outcome(status, value, time_limit)
     if status != "ok":
         return 0.0, value
-    if isinstance(value, list) and len(value) == 2 and value[0] is None and isinstance(value[1], str):
-        raise VerifierUnavailableError(
-            f"{value[1]}: the task's reference answer cannot be checked, so no completion can be scored "
-            "against it (not even the right one). Fix or drop this row of the dataset; a gold that timed out "
-            "parses with a larger time limit (MathVerifier(time_limit=...))")
     if (not isinstance(value, list) or len(value) != 2 or value[0] not in (0.0, 1.0)
             or not (value[1] is None or isinstance(value[1], str))):
         return 0.0, "malformed verdict from the sandbox"
