@@ -175,6 +175,12 @@ def test_a_module_dir_under_tmp_is_importable_in_the_sandbox():
         shutil.rmtree(host_dir)
 
 
+def test_binding_the_whole_of_tmp_is_refused():
+    # a user's module saved straight in /tmp would bind the host's /tmp over the sandbox's private one
+    with pytest.raises(ValueError, match="cannot bind /tmp into the sandbox: put the module in a directory"):
+        SandboxWorker("def handle(s, r):\n    return 0\n", paths=["/tmp"])
+
+
 def test_a_worker_that_cannot_start_raises_naming_the_cause():
     with pytest.raises(SandboxError, match="(?s)could not start.*No module named 'no_such_scorer'.*pip install it"):
         SandboxWorker("def setup():\n    import no_such_scorer\ndef handle(s, r):\n    return 0\n",

@@ -438,6 +438,10 @@ class SandboxWorker:
             raise TypeError(f"source must be str, got {type(source).__name__}")
         self.source = source
         self.paths = [os.path.realpath(p) for p in paths]
+        for path in self.paths:
+            if path in ("/", "/tmp", "/dev", "/proc"):  # would expose the host's own (or replace the private) tree
+                raise ValueError(f"cannot bind {path} into the sandbox: put the module in a directory of its own "
+                                 f"(e.g. {path.rstrip('/')}/my_env/) and import it from there")
         self.limits = limits or WORKER_LIMITS
         if sandbox is None:
             sandbox = Sandbox(self.limits, python=interpreter_for(self.paths))
