@@ -239,7 +239,7 @@ def start_child_process(process: multiprocessing.process.BaseProcess) -> None:
 
     Example:
         >>> import multiprocessing
-        >>> p = multiprocessing.get_context("spawn").Process(target=abs, args=(-1,), daemon=True)
+        >>> p = multiprocessing.get_context("fork").Process(target=abs, args=(-1,), daemon=True)
         >>> start_child_process(p); p.join(); p.exitcode
         0
     """
