@@ -94,7 +94,9 @@ def vllm_server(model_dir: str | Path, served_name: str = "tiny", *, dtype: str 
 
 
 class RolloutServers:
-    """``llmgym serve`` processes started at once (their start-ups overlap); :meth:`urls` waits for them."""
+    """Rollout servers (``llmgym serve``) started at once (their start-ups overlap); :meth:`urls` waits for
+    them. Even-numbered ones start as ``python -m llmgym.engines.serve``, odd ones as ``python -m llmgym
+    serve``."""
 
     def __init__(self, model_dir: str | Path, count: int, *, dtype: str = "float32", kv_cache_bytes: int = 64 << 20,
                  startup_timeout: float = 420.0):
@@ -105,7 +107,9 @@ class RolloutServers:
             self.bases.append(f"http://127.0.0.1:{port}")
             log = tempfile.NamedTemporaryFile(prefix=f"llmgym-serve-{i}-", suffix=".log", delete=False)
             self.logs.append(log)
-            command = [sys.executable, "-m", "llmgym.engines.serve", "--model", str(model_dir), "--port", str(port),
+            # both documented entry points: python -m llmgym.engines.serve, and the command line's llmgym serve
+            entry = ["llmgym", "serve"] if i % 2 else ["llmgym.engines.serve"]
+            command = [sys.executable, "-m", *entry, "--model", str(model_dir), "--port", str(port),
                        "--dtype", dtype, "--kv-cache-memory-bytes", str(kv_cache_bytes)]
             # one core per server (vLLM's CPU worker binds its threads; by default every server would take core 0)
             env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": str(i % cores),
