@@ -29,8 +29,9 @@
   the retries, a 5xx answer — and ``GET /health`` no longer answers 200) is reported once (a
   :class:`ServerLostWarning` naming it, the error and how many servers remain) and dropped: its
   unfinished rows go to the other servers, later syncs skip it, and the run continues on the
-  others. A server that is up but fails a request or refuses the weights raises that error. It is not taken back (restarted, it would hold its initial weights). With no
-  server left, :class:`FleetError` stops the call (the command line then saves its checkpoint).
+  others; it is not taken back (restarted, it would hold its initial weights). With no server left,
+  :class:`FleetError` stops the call (the command line then saves its checkpoint). A server that is
+  up but fails a request or refuses the weights raises that error: another server would fail alike.
 
 A server that is not an llmgym rollout server — a plain ``vllm serve``, another OpenAI-compatible
 API — is refused at construction (:class:`NotARolloutServerError`): it cannot take the learner's
