@@ -24,6 +24,7 @@ from llmgym.agents.learner import ForwardOutput, Learner, check_learner_config, 
 from llmgym import distributed
 from llmgym.batch import Batch
 from llmgym.engines import HFEngine, SamplingParams
+from llmgym.engines.base import sync_engine_weights
 from llmgym.engines.session import token_stepper
 from llmgym.engines.sampling import row_keys, sample_next_token
 from llmgym.models import flush_denormals
@@ -362,7 +363,8 @@ class Agent(abc.ABC):
         batch = self.prepare(batch.to(self.device))
         metrics = self.learner.update(self, batch)
         self.step_count += 1
-        self.engine.sync_weights(self.model)  # a no-op for an HFEngine over this very model
+        # a no-op for an HFEngine over this very model; a fleet of servers records the version
+        sync_engine_weights(self.engine, self.model, self.step_count)
         return metrics
 
     # -- data parallel ----------------------------------------------------------------------------
@@ -508,7 +510,7 @@ class Agent(abc.ABC):
         self._rng.set_state(state["rng"])
         self.learner.load_state_dict(state.get("learner", {}))
         self.load_extra_state(state.get("extra", {}))
-        self.engine.sync_weights(self.model)
+        sync_engine_weights(self.engine, self.model, self.step_count)
 
     def load_extra_state(self, extra: dict[str, Any]) -> None:
         pass

@@ -72,6 +72,7 @@ import torch
 
 from llmgym import distributed
 from llmgym.engines import HFEngine
+from llmgym.engines.base import sync_engine_weights
 
 __all__ = ["DEFAULT_VERIFY_WORKERS", "STAGES", "Pipeline", "StageMeter", "WeightChannel", "behaviour_version"]
 
@@ -234,7 +235,7 @@ class WeightChannel:
             if version not in self._pending:
                 return
             if self._waiting_for == version:  # the rollout thread waits for exactly these weights
-                self._loaded(version, self._copy_in(model))
+                self._loaded(version, self._copy_in(model, version))
             else:
                 self._snapshots[version] = _snapshot(model)
                 self.snapshots += 1
@@ -250,7 +251,7 @@ class WeightChannel:
                 if source is None:
                     if self._live is not None and self._live[0] == version:
                         # under the lock: the learner's freeze() waits for this copy, never the reverse
-                        self._loaded(version, self._copy_in(self._live[1]))
+                        self._loaded(version, self._copy_in(self._live[1], version))
                         return
                     if stopped():
                         raise PipelineStopped("the pipeline stopped while a rollout waited for weights")
@@ -258,14 +259,14 @@ class WeightChannel:
                     self._cond.wait(_POLL_S)
                     self._waiting_for = None
                     continue
-            seconds = self._copy_in(source)  # a private copy: loaded without holding the learner up
+            seconds = self._copy_in(source, version)  # a private copy: loaded without holding the learner up
             with self._cond:
                 self._loaded(version, seconds)
             return
 
-    def _copy_in(self, source: Any) -> float:
+    def _copy_in(self, source: Any, version: int) -> float:
         started = time.perf_counter()
-        self.engine.sync_weights(source)
+        sync_engine_weights(self.engine, source, version)  # a fleet of servers records the version
         return time.perf_counter() - started
 
     def _loaded(self, version: int, seconds: float) -> None:
@@ -299,7 +300,13 @@ class _RolloutEngine:
         if self._done:
             raise RuntimeError("a rollout generated after it handed the engine on (collect_episodes said it was "
                                "done): an env that is not single-turn was taken for one")
-        return self._engine.generate(prompt_ids, sampling, keys=keys)
+        groups = self._engine.generate(prompt_ids, sampling, keys=keys)
+        # an engine that tags its completions (a fleet of servers) must have sampled this batch's version
+        tagged = {c.policy_version for group in groups for c in group} - {None}
+        if tagged - {self.policy_version}:
+            raise RuntimeError(f"the engine sampled with policy version(s) {sorted(tagged)}, but this batch is "
+                               f"version {self.policy_version}'s: the staleness bound would not hold")
+        return groups
 
     def generation_done(self) -> None:
         if self._early and not self._done:
@@ -317,7 +324,7 @@ class _LearnerSideEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model, **_version) -> None:
         pass  # the pipeline publishes every version itself (also after an update that skipped the optimiser)
 
     def generate(self, *args: Any, **kwargs: Any):
@@ -469,7 +476,7 @@ class Pipeline:
             agent.engine = engine_before
             channel.close()
         if not self.owns_engine:  # the agent's engine samples the trained policy afterwards, as after learn()
-            self.engine.sync_weights(agent.model)
+            sync_engine_weights(self.engine, agent.model, agent.step_count)
         return history
 
     def _staleness(self, batch, version: int) -> dict[str, float]:

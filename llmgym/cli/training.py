@@ -390,6 +390,7 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
         if own_progress:
             progress.start()
         consistent = True
+        lost: ConnectionError | None = None
         try:
             if remaining:
                 pipelined = {} if spec.max_staleness is None else dict(
@@ -400,6 +401,9 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
         except KeyboardInterrupt:
             interrupted = True
             consistent = at_step_boundary and agent.step_count == completed_step
+        except ConnectionError as exc:  # the rollout servers are gone (a fleet with none left): save, then stop
+            lost = exc
+            consistent = agent.step_count == completed_step  # raised between updates, or inside one (not saved)
         finally:
             if own_progress:
                 progress.stop()
@@ -420,6 +424,10 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
                               f"steps); start again with --overwrite[/]")
         curves = plot_curves(rows, out / "curves.png", title=f"{spec.agent} on {spec.env}",
                              reward_range=_reward_range(env)) if rows else None
+        if lost is not None:
+            saved = (f"checkpoints/last is step {checkpoint_step}: restart the servers and continue with llmgym train "
+                     f"--resume {out}" if checkpoints and checkpoint_step is not None else "no checkpoint was saved")
+            raise UsageError(f"the run stopped after step {completed_step}: {' '.join(str(lost).split())}; {saved}")
         interrupted = (interrupted or stop.requested) and agent.step_count < spec.steps  # a late Ctrl-C: done anyway
     return TrainResult(out, rows, agent, interrupted, time.perf_counter() - started, last_checkpoint, curves,
                        tensorboard_dir, checkpoint_step if checkpoints else None)

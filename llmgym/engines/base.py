@@ -9,7 +9,7 @@ import torch
 
 from llmgym.engines.sampling import row_keys
 
-__all__ = ["SamplingParams", "Completion", "Engine", "DecodeSession", "expand_rows"]
+__all__ = ["SamplingParams", "Completion", "Engine", "DecodeSession", "expand_rows", "sync_engine_weights"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +65,8 @@ class Completion:
         finish_reason: ``"stop"`` (EOS or a stop string) or ``"length"`` (budget spent).
         text: ``token_ids`` decoded without special tokens.
         key: the sampling key of this row (reproduces its noise; see :mod:`llmgym.engines.sampling`).
+        policy_version: the version of the weights that sampled it, where the engine knows it (a fleet
+            of rollout servers reports the version it synced; ``None``: the engine does not say).
     """
 
     prompt_ids: list[int]
@@ -73,6 +75,7 @@ class Completion:
     finish_reason: str
     text: str = ""
     key: int = 0
+    policy_version: int | None = None
 
 
 @runtime_checkable
@@ -162,3 +165,25 @@ def expand_rows(
     elif len(keys) != len(rows):
         raise ValueError(f"got {len(keys)} keys for {len(rows)} rows (prompts x n)")
     return sampling, prompts, rows, [int(k) for k in keys]
+
+
+def sync_engine_weights(engine, model, version: int) -> None:
+    """``engine.sync_weights(model)``, telling an engine that records versions (one whose
+    ``versioned_weights`` is true, as :class:`~llmgym.engines.fleet.FleetEngine`'s) that these weights are
+    policy version ``version`` (the number of updates behind them); other engines get the plain call.
+
+    Example:
+        >>> from llmgym.engines.base import sync_engine_weights
+        >>> class Recorder:
+        ...     versioned_weights = True
+        ...     def sync_weights(self, model, *, version=None):
+        ...         self.version = version
+        >>> engine = Recorder()
+        >>> sync_engine_weights(engine, model=None, version=3)
+        >>> engine.version
+        3
+    """
+    if getattr(engine, "versioned_weights", False):
+        engine.sync_weights(model, version=int(version))
+    else:
+        engine.sync_weights(model)

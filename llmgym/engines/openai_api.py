@@ -30,7 +30,8 @@ get the plain OpenAI fields. For log-probs that include the temperature, as the 
 vLLM with ``--logprobs-mode processed_logprobs`` (its default, raw, ignores the temperature).
 
 A server holds its own weights: :meth:`OpenAIEngine.sync_weights` raises (train with
-``VLLMEngine``; use this engine for evaluation, judges and frozen policies). Chat-only endpoints
+``VLLMEngine``, or with :class:`~llmgym.engines.fleet.FleetEngine` over servers started with ``llmgym
+serve``; use this engine for evaluation, judges and frozen policies). Chat-only endpoints
 (``/chat/completions`` without ``/completions``) are not supported: token-exact prompts need the
 completions endpoint.
 
@@ -162,11 +163,15 @@ class OpenAIEngine:
 
     # -- the engine contract --------------------------------------------------------------------------
     def sync_weights(self, model) -> None:
-        """Not possible: the server holds its own weights. Train with ``VLLMEngine``; use this engine for
-        evaluation, judges and frozen policies."""
+        """Not possible through this engine: the server holds its own weights. A server started with
+        ``llmgym serve`` (an llmgym rollout server) takes them through
+        :class:`~llmgym.engines.fleet.FleetEngine`; for any other, train with ``VLLMEngine`` or
+        ``HFEngine`` and use this engine for evaluation, judges and frozen policies."""
         raise NotImplementedError(
             f"OpenAIEngine samples from the weights of the server at {self.base_url}; it cannot take the learner's: "
-            f"train with VLLMEngine (in process) or HFEngine, and use OpenAIEngine for evaluation and judges")
+            f"if it is an llmgym rollout server (llmgym serve), train through FleetEngine([url]) (llmgym train "
+            f"--engine vllm-server --server URL); else train with VLLMEngine (in process) or HFEngine, and use "
+            f"OpenAIEngine for evaluation and judges")
 
     def generate(
         self,
@@ -185,6 +190,12 @@ class OpenAIEngine:
         else:
             flat = self._sample_all(rows, sampling, keys)
         return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
+
+    def sample_row(self, row: Sequence[int], sampling: SamplingParams, key: int) -> Completion:
+        """One completion of the prompt ``row`` sampled with the row key ``key`` (one request; what
+        ``generate`` sends per row). :class:`~llmgym.engines.fleet.FleetEngine` spreads rows over
+        servers with it."""
+        return self._sample([int(t) for t in row], sampling, int(key))
 
     def _sample_all(self, rows, sampling, keys) -> list[Completion]:
         if len(rows) <= 1 or self.max_concurrency == 1:

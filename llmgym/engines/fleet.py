@@ -1,0 +1,512 @@
+"""Rollouts from a fleet of served vLLM rollout workers that take the learner's weights.
+
+:class:`FleetEngine` is the :class:`~llmgym.engines.Engine` contract over N rollout servers
+(``llmgym serve``: vLLM's own OpenAI-compatible server with its RL weight routes, see
+:mod:`llmgym.engines.serve`), on this machine or others:
+
+* **Sampling** reuses :class:`~llmgym.engines.openai_api.OpenAIEngine` — one per server, through its
+  one-row seam :meth:`~llmgym.engines.openai_api.OpenAIEngine.sample_row` (token-id prompts, per-token
+  log-probs, seeds, stop strings, retries and the validation of each reply are that engine's). The
+  rows of a call go to a shared queue; each server takes rows with ``max_concurrency`` workers, so at
+  most that many requests are in flight per server and a faster server takes more rows. A row keeps
+  its key (its seed) whichever server samples it.
+* **Weight sync** (:meth:`FleetEngine.sync_weights`) pushes the learner's state dict to every server
+  at once through vLLM's weight-transfer protocol: ``/pause?mode=wait`` (nothing is sampled
+  half-old, half-new), ``/start_weight_update``, ``/update_weights`` with the tensors broadcast over
+  a ``torch.distributed`` group (gloo: :mod:`llmgym.engines.weight_transfer`; one group per server),
+  ``/finish_weight_update`` with the **policy version** (vLLM records it as the server's weight
+  version), ``/resume``.
+* **Versions**: every :class:`~llmgym.engines.Completion` carries ``policy_version``, the version the
+  fleet synced; after each batch every server that sampled it is asked its weight version
+  (``/weight_info``), and a server holding another one (another learner pushed to it) stops the run.
+  :func:`~llmgym.engines.base.sync_engine_weights` passes the learner's version (its update count);
+  the pipelined learner passes the version of each batch's behaviour policy and checks the tags.
+* **Under torchrun** every learner rank samples its share from the whole fleet; rank 0 alone holds
+  the weight-transfer groups and pushes (the ranks' weights are identical after each update; an
+  FSDP model is gathered on every rank, a collective), and every rank waits at a barrier until the
+  push has landed.
+* **A server that dies** (a request or a sync fails — connection refused or reset, time-outs after
+  the retries, a 5xx answer — and ``GET /health`` no longer answers 200) is reported once (a
+  :class:`ServerLostWarning` naming it, the error and how many servers remain) and dropped: its
+  unfinished rows go to the other servers, later syncs skip it, and the run continues on the
+  others; it is not taken back (restarted, it would hold its initial weights). With no server left,
+  :class:`FleetError` stops the call (the command line then saves its checkpoint). A server that is
+  up but fails a request or refuses the weights raises that error: another server would fail alike.
+
+A server that is not an llmgym rollout server — a plain ``vllm serve``, another OpenAI-compatible
+API — is refused at construction (:class:`NotARolloutServerError`): it cannot take the learner's
+weights (use :class:`~llmgym.engines.openai_api.OpenAIEngine` for evaluation there).
+
+Example:
+    >>> from llmgym.engines.fleet import FleetEngine, FleetError
+    >>> try:
+    ...     FleetEngine(["http://127.0.0.1:9"], tokenizer=None, max_retries=0, timeout=2)
+    ... except FleetError as err:
+    ...     print(str(err)[:57])
+    no OpenAI-compatible server answers at http://127.0.0.1:9
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import queue
+import threading
+import time
+import urllib.parse
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from llmgym import distributed
+from llmgym.engines.base import Completion, SamplingParams, expand_rows
+from llmgym.engines.weight_transfer import DEFAULT_BUCKET_BYTES, GlooSender, TransferError, local_address_towards
+
+__all__ = ["FleetEngine", "FleetError", "NotARolloutServerError", "ServerLostWarning", "api_root"]
+
+
+class FleetError(ConnectionError):
+    """The fleet cannot go on: no server left, a server that does not answer at start, or a server whose
+    weights are not the version the fleet gave it."""
+
+
+class NotARolloutServerError(FleetError):
+    """The server answers, but cannot take a learner's weights (not started with ``llmgym serve``)."""
+
+
+class ServerLostWarning(UserWarning):
+    """A rollout server stopped answering; the fleet goes on without it."""
+
+
+def api_root(url: str) -> tuple[str, str]:
+    """``(root, api)``: the server's root URL and its OpenAI API root (``.../v1``), from either.
+
+    Example:
+        >>> from llmgym.engines.fleet import api_root
+        >>> api_root("http://10.0.0.2:8000/v1/")
+        ('http://10.0.0.2:8000', 'http://10.0.0.2:8000/v1')
+        >>> api_root("http://10.0.0.2:8000")[1]
+        'http://10.0.0.2:8000/v1'
+    """
+    if not isinstance(url, str):
+        raise ValueError(f"a server URL must be a string like http://HOST:PORT, got {url!r}")
+    text = url.strip().rstrip("/")
+    parsed = urllib.parse.urlparse(text)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"server URL {url!r}: give http://HOST:PORT (optionally ending in /v1)")
+    root = text[: -len("/v1")] if text.endswith("/v1") else text
+    return root, root + "/v1"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+class _Server:
+    """One rollout server: its sampling client, its control-plane client and its weight link."""
+
+    def __init__(self, url: str, client: Any, http: Any):
+        self.root, self.api = api_root(url)
+        self.client, self.http = client, http
+        self.host = urllib.parse.urlparse(self.root).hostname
+        self.link: GlooSender | None = None
+        self.world_size = 1
+        self.lost: str | None = None
+        self.rows_served = 0
+
+    def call(self, method: str, path: str, *, timeout: float | None = None, **kwargs) -> Any:
+        """A control-plane request; the JSON reply (``None`` for an empty one). Raises ``FleetError``."""
+        import httpx
+
+        if timeout is not None:  # (httpx reads an explicit None as "no time limit")
+            kwargs["timeout"] = timeout
+        try:
+            response = self.http.request(method, self.root + path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise FleetError(f"{self.root}{path}: {type(exc).__name__}: {_one_line(exc)}") from None
+        if response.status_code == 404:
+            raise NotARolloutServerError(
+                f"the server at {self.root} has no {path} route: it is not an llmgym rollout server (start it with "
+                f"`llmgym serve --model DIR`, which turns on vLLM's weight-update routes); a plain OpenAI-compatible "
+                f"server cannot take the learner's weights (use OpenAIEngine for evaluation)")
+        if response.status_code >= 400:
+            raise FleetError(f"{self.root}{path} answered HTTP {response.status_code}: {response.text[:300]!r}")
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise FleetError(f"{self.root}{path} answered something that is not JSON: {response.text[:200]!r}") from None
+
+    def alive(self) -> bool:
+        """Whether the server answers ``GET /health`` with 200 (vLLM's engine is up) within a few seconds."""
+        import httpx
+
+        try:
+            return self.http.get(self.root + "/health", timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def weight_version(self) -> str:
+        reply = self.call("GET", "/weight_info", timeout=30)
+        version = reply.get("weight_version") if isinstance(reply, dict) else None
+        if not isinstance(version, str) or len(version) > 100:
+            raise FleetError(f"{self.root}/weight_info answered {str(reply)[:200]!r}, not a weight version")
+        return version
+
+
+class FleetEngine:
+    """Sampling from N llmgym rollout servers, with the learner's weights pushed to all of them.
+
+    Args:
+        servers: the servers' URLs (``http://HOST:PORT``, with or without ``/v1``), each started with
+            ``llmgym serve`` for the same model architecture as the learner's.
+        tokenizer: the learner's tokenizer (decodes ``Completion.text``, gives the end-of-turn ids).
+        model: the learner's model: when given, its weights are pushed now (policy version ``0``), so
+            the servers sample the learner's policy from the first rollout.
+        served_model: the model's name on the servers (default: each server's only model).
+        max_concurrency: requests in flight per server.
+        timeout, max_retries, api_key: per sampling request, as in
+            :class:`~llmgym.engines.openai_api.OpenAIEngine`.
+        sync_address: the address of this machine the servers reach for the weight transfer
+            (default: the interface that routes to each server).
+        sync_timeout_s: seconds one weight transfer (or forming its group) may take.
+        bucket_bytes: the largest broadcast of a weight transfer (:mod:`llmgym.engines.weight_transfer`).
+
+    Raises:
+        FleetError: a server does not answer, or answers something that is not an OpenAI-compatible API.
+        NotARolloutServerError: a server was not started with ``llmgym serve`` (or not for vLLM).
+    """
+
+    #: :func:`~llmgym.engines.base.sync_engine_weights` passes the policy version to :meth:`sync_weights`
+    versioned_weights = True
+    #: vLLM reports top-p log-probs under the nucleus-renormalised distribution (see llmgym.engines.vllm)
+    top_p_renormalised_logprobs = True
+
+    def __init__(self, servers: Sequence[str], tokenizer: Any, model: Any = None, *, served_model: str | None = None,
+                 max_concurrency: int = 16, timeout: float = 120.0, max_retries: int = 2, api_key: str | None = None,
+                 sync_address: str | None = None, sync_timeout_s: float = 120.0,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        import httpx
+
+        from llmgym.engines.openai_api import ModelNotServedError, OpenAIEngine, ServerError
+
+        if isinstance(servers, str):
+            servers = [servers]
+        urls = [api_root(u)[0] for u in servers]
+        if not urls:
+            raise ValueError("FleetEngine needs at least one server URL")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"a server is listed twice: {', '.join(urls)}")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if sync_timeout_s <= 0:
+            raise ValueError(f"sync_timeout_s must be > 0, got {sync_timeout_s}")
+        self.tokenizer = tokenizer
+        self.max_concurrency, self.sync_timeout_s, self.bucket_bytes = max_concurrency, sync_timeout_s, bucket_bytes
+        self.sync_address = sync_address
+        # under torchrun every rank samples, and rank 0 alone pushes the (identical) weights
+        self.pushes_weights = distributed.rank() == 0
+        self.servers: list[_Server] = []
+        self.policy_version: int | None = None
+        self.weight_syncs = 0
+        self.last_sync_s = 0.0
+        self._busy = threading.Lock()  # one generate or sync at a time: a batch never straddles a sync
+        self._state = threading.Lock()  # the servers' lost flags, set from worker threads
+        self._unreported: list[str] = []
+        try:
+            for url in urls:
+                try:
+                    client = OpenAIEngine(api_root(url)[1], served_model, tokenizer, api_key=api_key, timeout=timeout,
+                                          max_retries=max_retries, max_concurrency=max_concurrency,
+                                          prompt_format="token_ids")
+                except ServerError as exc:
+                    raise FleetError(str(exc)) from None
+                except ModelNotServedError as exc:
+                    raise FleetError(str(exc)) from None
+                server = _Server(url, client, httpx.Client(timeout=timeout))
+                self.servers.append(server)
+                if not client.server_is_vllm:
+                    raise NotARolloutServerError(f"the server at {server.root} is not vLLM (its model list does not "
+                                                 f"say owned_by 'vllm'): a rollout server is `llmgym serve`")
+                server.weight_version()  # 404 here: a plain server, not an llmgym rollout server
+                size = server.call("GET", "/get_world_size", params={"include_dp": "true"}, timeout=30)
+                world = size.get("world_size") if isinstance(size, dict) else None
+                if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= 4096:
+                    raise FleetError(f"{server.root}/get_world_size answered {str(size)[:200]!r}, not a world size")
+                server.world_size = world
+            first = self.servers[0].client
+            self.pad_id, self.eos_ids = first.pad_id, first.eos_ids
+            if self.pushes_weights:
+                self._connect_all()
+            if model is not None:
+                self.sync_weights(model, version=0)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- the fleet ----------------------------------------------------------------------------------
+    @property
+    def live(self) -> list[str]:
+        """URLs of the servers still in the fleet."""
+        return [s.root for s in self.servers if s.lost is None]
+
+    @property
+    def lost(self) -> dict[str, str]:
+        """``{url: why}`` of the servers the fleet dropped."""
+        return {s.root: s.lost for s in self.servers if s.lost is not None}
+
+    def server_versions(self) -> dict[str, str]:
+        """``{url: weight version}`` as each live server reports it (``/weight_info``; ``"default"`` before
+        any sync)."""
+        return {s.root: s.weight_version() for s in self.servers if s.lost is None}
+
+    def rows_served(self) -> dict[str, int]:
+        """``{url: rows sampled}`` per server since the engine was made (how the load was spread)."""
+        return {s.root: s.rows_served for s in self.servers}
+
+    def _report(self) -> None:
+        with self._state:
+            messages, self._unreported = self._unreported, []
+        for message in messages:
+            warnings.warn(message, ServerLostWarning, stacklevel=3)
+
+    def _live_servers(self) -> list[_Server]:
+        self._report()
+        live = [s for s in self.servers if s.lost is None]
+        if not live:
+            reasons = "; ".join(f"{url}: {why}" for url, why in self.lost.items())
+            raise FleetError(f"every rollout server is lost ({reasons}): restart them and resume the run")
+        return live
+
+    def _lose(self, server: _Server, why: str) -> None:
+        """Drop ``server`` (any thread); the calling thread of ``generate``/``sync_weights`` reports it."""
+        with self._state:
+            if server.lost is not None:
+                return
+            server.lost = why
+            left = sum(s.lost is None for s in self.servers)
+            self._unreported.append(f"rollout server {server.root} is lost ({why}); continuing on {left} of "
+                                    f"{len(self.servers)} servers")
+        if server.link is not None:
+            with contextlib.suppress(Exception):
+                server.link.close()
+            server.link = None
+
+    def _connect(self, server: _Server) -> None:
+        address = self.sync_address or local_address_towards(server.host)
+        link = GlooSender(address, world_size=1 + server.world_size, timeout_s=self.sync_timeout_s,
+                          bucket_bytes=self.bucket_bytes)
+        info = link.rendezvous()
+        # the server's workers join inside /init_weight_transfer_engine while this end waits for them; a
+        # server that refuses answers at once, so its answer is not left waiting behind the group's time-out
+        pool = ThreadPoolExecutor(2)
+        try:
+            joined = pool.submit(link.join)
+            answered = pool.submit(server.call, "POST", "/init_weight_transfer_engine", json={"init_info": info},
+                                   timeout=self.sync_timeout_s + 30)
+            concurrent.futures.wait([joined, answered], return_when=concurrent.futures.FIRST_EXCEPTION)
+            refused = answered.exception() if answered.done() else None
+            if refused is not None:
+                if "Weight transfer not configured" in str(refused) or "Invalid weight transfer backend" in str(refused):
+                    raise NotARolloutServerError(
+                        f"the server at {server.root} was started without llmgym's weight transfer (start it with "
+                        f"`llmgym serve --model DIR`): {refused}") from None
+                raise refused
+            try:
+                joined.result()
+            except TransferError as exc:
+                raise FleetError(f"{server.root}: {exc}") from None
+            answered.result()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                link.close()
+            raise
+        finally:
+            pool.shutdown(wait=False)  # a join the server abandoned ends at its time-out
+        server.link = link
+
+    def _connect_all(self) -> None:
+        with ThreadPoolExecutor(len(self.servers)) as pool:
+            for future in [pool.submit(self._connect, s) for s in self.servers]:
+                future.result()
+
+    # -- weights ------------------------------------------------------------------------------------
+    def sync_weights(self, model: Any, *, version: int | None = None) -> None:
+        """Push ``model``'s weights (a ``transformers`` model, DDP/FSDP-wrapped or not) to every live server
+        and record them there as policy ``version`` (default: one more than the last).
+
+        A server that fails during the sync is dropped (:class:`ServerLostWarning`); the others get
+        the weights. Not for a model with LoRA adapters injected (merge them first).
+        """
+        module = getattr(model, "module", model)
+        pairs = []
+        for name, tensor in module.state_dict().items():
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # FSDP2 DTensors
+            pairs.append((name, full.detach()))
+        if any(".lora_A." in name for name, _ in pairs):
+            raise ValueError("FleetEngine.sync_weights got a model with LoRA adapters injected; vLLM needs plain "
+                             "weights: merge the adapters (peft merge_and_unload on a copy) or use HFEngine")
+        with self._busy:
+            if version is None:
+                version = 0 if self.policy_version is None else self.policy_version + 1
+            started = time.perf_counter()
+            if self.pushes_weights:
+                update_info = {"names": [n for n, _ in pairs],
+                               "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in pairs],
+                               "shapes": [list(t.shape) for _, t in pairs]}
+                live = self._live_servers()
+                with ThreadPoolExecutor(len(live)) as pool:
+                    outcomes = list(pool.map(lambda s: self._push(s, pairs, update_info, int(version)), live))
+                for server, error in zip(live, outcomes):
+                    if error is not None and server.alive():
+                        raise FleetError(f"the server at {server.root} refused the weights of version {version}: "
+                                         f"{error}")
+                    if error is not None:
+                        self._lose(server, error)
+                self._live_servers()  # none left: FleetError
+            distributed.barrier()  # no rank samples before rank 0's push has landed
+            self.policy_version = int(version)
+            self.weight_syncs += 1
+            self.last_sync_s = time.perf_counter() - started
+
+    def _push(self, server: _Server, pairs, update_info: dict, version: int) -> str | None:
+        """One server's weight update; ``None`` when it took them, else why it failed."""
+        paused = False
+        try:
+            server.call("POST", "/pause", params={"mode": "wait"}, timeout=self.sync_timeout_s)
+            paused = True
+            server.call("POST", "/start_weight_update", timeout=self.sync_timeout_s)
+            with ThreadPoolExecutor(1) as pool:  # the server receives inside /update_weights
+                receiving = pool.submit(server.call, "POST", "/update_weights", json={"update_info": update_info},
+                                        timeout=self.sync_timeout_s)
+                try:
+                    server.link.send(pairs)
+                except TransferError as exc:
+                    with contextlib.suppress(Exception):
+                        receiving.result()
+                    return str(exc)
+                receiving.result()
+            server.call("POST", "/finish_weight_update", json={"weight_version": str(version)},
+                        timeout=self.sync_timeout_s)
+            server.call("POST", "/resume", timeout=self.sync_timeout_s)
+            paused = False
+            return None
+        except NotARolloutServerError:
+            raise
+        except (FleetError, TransferError, OSError) as exc:
+            return _one_line(exc)
+        finally:
+            if paused:
+                with contextlib.suppress(Exception):
+                    server.call("POST", "/resume", timeout=10)
+
+    # -- sampling -----------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams | None = None,
+        *,
+        keys: Sequence[int] | None = None,
+    ) -> list[list[Completion]]:
+        """Sample ``sampling.n`` completions for every prompt; see :class:`~llmgym.engines.Engine`.
+
+        Every completion's ``policy_version`` is the fleet's :attr:`policy_version`."""
+        sampling, prompts, rows, keys = expand_rows(prompt_ids, sampling, keys)
+        if not prompts:
+            return []
+        with self._busy:
+            version = self.policy_version
+            flat: list[Completion | None] = [None] * len(rows)
+            pending = list(range(len(rows)))
+            used: set[int] = set()
+            while pending:
+                live = self._live_servers()
+                pending = self._sample_round(live, rows, keys, sampling, pending, flat, used)
+            for i in sorted(used):
+                server = self.servers[i]
+                if server.lost is None and version is not None:
+                    try:
+                        held = server.weight_version()
+                    except FleetError as exc:
+                        self._lose(server, _one_line(exc))
+                        continue
+                    if held != str(version):
+                        raise FleetError(f"the server at {server.root} holds weight version {held!r}, not the "
+                                         f"{version} this fleet synced: is another learner pushing to it?")
+            self._report()
+        for c in flat:
+            c.policy_version = version
+        return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
+
+    def _sample_round(self, live: list[_Server], rows, keys, sampling, pending: list[int], flat: list,
+                      used: set[int]) -> list[int]:
+        """Sample the ``pending`` rows on the ``live`` servers; the rows a lost server left undone."""
+        import openai
+
+        from llmgym.engines.openai_api import ServerError
+
+        todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in pending:
+            todo.put(i)
+        undone: list[int] = []
+        guard = threading.Lock()
+
+        def work(server: _Server) -> None:
+            index = self.servers.index(server)
+            while server.lost is None:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    flat[i] = server.client.sample_row(rows[i], sampling, keys[i])
+                except (ServerError, openai.InternalServerError) as exc:
+                    if server.alive():  # the server is up: the request itself failed, which another would too
+                        raise
+                    with guard:
+                        undone.append(i)
+                    self._lose(server, _one_line(exc))
+                    return
+                with guard:
+                    server.rows_served += 1
+                    used.add(index)
+
+        # workers started server by server in turn, no more per server than its share of the rows: a small
+        # batch is spread over every server rather than taken by the first one's workers
+        per_server = min(self.max_concurrency, -(-len(pending) // len(live)))
+        with ThreadPoolExecutor(per_server * len(live)) as pool:
+            futures = [pool.submit(work, s) for _ in range(per_server) for s in live]
+            for future in futures:
+                future.result()
+        while True:  # rows still queued when their server's workers stopped
+            try:
+                undone.append(todo.get_nowait())
+            except queue.Empty:
+                break
+        return sorted(undone)
+
+    def close(self) -> None:
+        """Release the weight-transfer groups (the servers keep running) and the HTTP connections."""
+        for server in getattr(self, "servers", []):
+            if server.link is not None:
+                if server.lost is None:
+                    with contextlib.suppress(Exception):
+                        server.call("POST", "/shutdown_weight_transfer_engine", timeout=10)
+                with contextlib.suppress(Exception):
+                    server.link.close()
+                server.link = None
+            with contextlib.suppress(Exception):
+                server.client.close()
+            with contextlib.suppress(Exception):
+                server.http.close()
+
+    def __enter__(self) -> FleetEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"FleetEngine({self.live!r}, policy_version={self.policy_version})"

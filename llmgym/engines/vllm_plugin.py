@@ -1,0 +1,153 @@
+"""The weight-transfer backend ``llmgym serve`` adds to vLLM: the learner's weights over a gloo group.
+
+vLLM (>= 0.2x with ``vllm.distributed.weight_transfer``) drives weight updates of a served model
+through a *weight-transfer engine* chosen by ``--weight-transfer-config '{"backend": ...}'`` and
+the RL routes of its server (``VLLM_SERVER_DEV_MODE=1``): ``/init_weight_transfer_engine``,
+``/start_weight_update``, ``/update_weights``, ``/finish_weight_update`` (which also sets the
+server's weight version), ``/pause`` and ``/resume``. Its built-in backends (NCCL, CUDA IPC, ...)
+need GPUs. :class:`GlooWeightTransferEngine` is the same contract over a ``torch.distributed``
+gloo group, so it runs on vLLM's CPU build (and on GPUs, through host memory); the learner's end is
+:class:`llmgym.engines.weight_transfer.GlooSender`.
+
+The received tensors are loaded the way vLLM's own NCCL backend loads them: between
+``initialize_layerwise_reload`` (at ``start_weight_update``) and ``finalize_layerwise_reload`` (at
+``finish_weight_update``) vLLM's model takes checkpoint-format weights through ``load_weights`` and
+re-runs its kernels' weight processing (the CPU backend repacks linear layers for oneDNN).
+
+:func:`register` adds the backend to vLLM's ``WeightTransferEngineFactory`` under
+:data:`~llmgym.engines.weight_transfer.BACKEND_NAME`. vLLM calls it in every process it starts
+(API server, engine core, workers) because the package declares it as a ``vllm.general_plugins``
+entry point; it only registers a name (the module below is imported when a server asks for the
+backend), so it costs nothing to a vLLM that does not use it.
+
+Example:
+    >>> from llmgym.engines.vllm_plugin import register
+    >>> from llmgym.engines.weight_transfer import BACKEND_NAME
+    >>> from vllm.config.weight_transfer import WeightTransferConfig
+    >>> register(); register()  # idempotent
+    >>> WeightTransferConfig(backend=BACKEND_NAME).backend
+    'llmgym_gloo'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
+
+from llmgym.engines.weight_transfer import (
+    BACKEND_NAME,
+    DEFAULT_BUCKET_BYTES,
+    TransferError,
+    open_group,
+    receive_named_tensors,
+)
+
+__all__ = ["GlooInitInfo", "GlooUpdateInfo", "GlooWeightTransferEngine", "register"]
+
+
+@dataclasses.dataclass
+class GlooInitInfo(WeightTransferInitInfo):
+    """Where the learner's rendezvous listens, and the group's shape (what ``GlooSender.rendezvous`` returns)."""
+
+    master_address: str
+    master_port: int
+    world_size: int
+    rank_offset: int = 1
+    timeout_s: float = 120.0
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+
+    def __post_init__(self) -> None:
+        if not 1 <= int(self.master_port) <= 65535:
+            raise ValueError(f"master_port must be a TCP port, got {self.master_port!r}")
+        if int(self.world_size) < 2 or int(self.rank_offset) < 1 or float(self.timeout_s) <= 0:
+            raise ValueError(f"bad group shape: world_size={self.world_size!r}, rank_offset={self.rank_offset!r}, "
+                             f"timeout_s={self.timeout_s!r}")
+        if int(self.bucket_bytes) < 1:
+            raise ValueError(f"bucket_bytes must be >= 1, got {self.bucket_bytes!r}")
+
+
+@dataclasses.dataclass
+class GlooUpdateInfo(WeightTransferUpdateInfo):
+    """One update: every tensor's name, dtype name (``"float32"``) and shape, in the order they are sent."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+
+    def __post_init__(self) -> None:
+        if not (len(self.names) == len(self.dtype_names) == len(self.shapes)):
+            raise ValueError(f"names, dtype_names and shapes differ in length: {len(self.names)}, "
+                             f"{len(self.dtype_names)}, {len(self.shapes)}")
+        for dtype in self.dtype_names:
+            if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+                raise ValueError(f"{dtype!r} is not a torch dtype")
+
+    def meta(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        return [(str(n), getattr(torch, d), tuple(int(x) for x in s))
+                for n, d, s in zip(self.names, self.dtype_names, self.shapes)]
+
+
+class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
+    """A vLLM worker's end of the learner's gloo group (see the module doc)."""
+
+    init_info_cls = GlooInitInfo
+    update_info_cls = GlooUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config, vllm_config, device: torch.device, model: torch.nn.Module) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.group = self._store = None
+        self.bucket_bytes = DEFAULT_BUCKET_BYTES
+
+    def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
+        self.shutdown()  # a learner that reconnects (a new run) replaces the old group
+        parallel = self.parallel_config
+        rank = parallel.data_parallel_index * parallel.world_size + parallel.rank + int(init_info.rank_offset)
+        self.group, self._store = open_group(init_info.master_address, int(init_info.master_port), rank,
+                                             int(init_info.world_size), timeout_s=float(init_info.timeout_s))
+        self.bucket_bytes = int(init_info.bucket_bytes)
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # the base class ends with torch.accelerator.synchronize(), which raises where there is no
+        # accelerator (vLLM's CPU build); gloo's wait() has already made the tensors whole
+        self.receive_weights(self.parse_update_info(update_info))
+        if torch.accelerator.is_available():
+            torch.accelerator.synchronize()
+
+    def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+        if self.group is None:
+            raise TransferError("no weight-transfer group: the learner must call /init_weight_transfer_engine first")
+        for pairs in receive_named_tensors(self.group, update_info.meta(), self.bucket_bytes):
+            self.model.load_weights(pairs)
+
+    def shutdown(self) -> None:
+        group, self.group = self.group, None
+        if group is not None:
+            try:
+                group.shutdown()
+            except (RuntimeError, AttributeError):
+                pass
+        self._store = None
+
+
+def register() -> None:
+    """Add the gloo backend to vLLM's weight-transfer registry (idempotent; vLLM calls it per process)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    try:
+        WeightTransferEngineFactory.register_engine(BACKEND_NAME, __name__, "GlooWeightTransferEngine")
+    except ValueError:  # registered already: vLLM may load its plugins more than once per process
+        pass
