@@ -161,7 +161,9 @@ def check_sandbox(python: str = DEFAULT_PYTHON, *, refresh: bool = False) -> dic
 
     Returns a dict with one boolean per mechanism in :data:`MECHANISMS` (``bwrap``, ``seccomp``,
     ``setuid``, ``python``, ``cgroup``), ``missing`` (their names), ``why`` (a reason per
-    missing mechanism), ``hints`` (how to install each missing one) and versions/paths.  The
+    missing mechanism), ``hints`` (how to install each missing one) and versions/paths; and
+    ``cgroup_kill``: whether a worker's calls each get a cgroup v2 killed whole by ``cgroup.kill``
+    (optional: without it the zygote's namespace sweep ends them).  The
     probe runs once per process (about 100 ms); pass ``refresh=True`` to run it again.
 
     Example:
