@@ -42,6 +42,8 @@ class FakeServer:
         self.answer = (200, "application/json", json.dumps(reply()).encode(), None)
         self.models = (200, "application/json", json.dumps(MODELS).encode(), None)
         self.posts = 0
+        self.encoding = None  # a Content-Encoding to claim
+        self.accept_encodings = []
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -50,6 +52,8 @@ class FakeServer:
             def _send(self, status, ctype, body, drip):
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
+                if outer.encoding:
+                    self.send_header("Content-Encoding", outer.encoding)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if drip is None:
@@ -69,6 +73,7 @@ class FakeServer:
             def do_POST(self):  # noqa: N802
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 outer.posts += 1
+                outer.accept_encodings.append(self.headers.get("Accept-Encoding"))
                 self._send(*outer.answer)
 
             def log_message(self, *args):
@@ -217,3 +222,15 @@ def test_the_validator_is_usable_alone():
     assert choice == ServedChoice(text="ab", token_ids=[5, 6], logprobs=[-0.1, -0.2], finish_reason="length")
     with pytest.raises(ServerError, match=r"http://x/v1 answered HTTP 503"):
         validate_completions_response(503, "text/plain", b"busy", server="http://x/v1", max_tokens=4)
+
+
+def test_a_compressed_reply_is_refused_before_it_is_inflated(server, tok):
+    """The size cap counts bytes on the wire: 200 KB of gzip would inflate to 200 MB in httpx's decoder."""
+    import gzip
+
+    engine = _engine(server, tok)
+    server.encoding = "gzip"
+    server.answer = (200, "application/json", gzip.compress(b'{"pad": "' + b"x" * (200 << 20) + b'"}'), None)
+    with pytest.raises(ServerError, match=r"compressed \(gzip\) though identity was asked for"):
+        _sample(engine)
+    assert server.accept_encodings[-1] == "identity"

@@ -251,6 +251,8 @@ def _int_fraction(tree):
         sign = 1
     if len(nums) != 1 or len(dens) != 1:  # a product or a mixed number is not a fraction written out
         return None
+    if sign < 0 and nums[0] < 0:  # two minus signs are not a fraction written out either
+        return None
     return sign * nums[0], dens[0], True
 
 def _in_lowest_terms(tree):

@@ -334,8 +334,17 @@ def _budgeted_http_client(budget: _Budget, timeout: float, connections: int) -> 
     def start_attempt(request: httpx.Request) -> None:  # every attempt, the retries' too
         budget.deadline, budget.read, budget.why = time.monotonic() + timeout, 0, None
 
+    def plain_body(response: httpx.Response) -> None:
+        # the size cap counts bytes on the wire: a compressed reply (asked for or not) could expand a
+        # few hundred kilobytes into gigabytes when httpx decodes it
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            budget.why = f"the reply is compressed ({_shown(encoding, 40)}) though identity was asked for"
+            raise httpx.DecodingError(budget.why, request=response.request)
+
     return httpx.Client(transport=transport, timeout=timeout, follow_redirects=True,
-                        event_hooks={"request": [start_attempt]})
+                        headers={"Accept-Encoding": "identity"},
+                        event_hooks={"request": [start_attempt], "response": [plain_body]})
 
 
 class OpenAIEngine:
