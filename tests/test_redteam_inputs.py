@@ -78,3 +78,114 @@ def test_trl_reward_function_over_a_bare_verifier_cuts_at_the_default():
     (reward,) = trl_reward_funcs(lambda task, text: lengths.append(len(text)) or 0.0)
     reward(prompts=["q"], completions=["y" * (DEFAULT_MAX_COMPLETION_CHARS + 10)])
     assert lengths == [DEFAULT_MAX_COMPLETION_CHARS]
+
+
+# -- issue 30: an oversized action is cut before any work proportional to it ---------------------------------
+
+class MeasuringTokenizer:
+    """A real tokenizer that records the longest text it was asked to encode and the most ids to decode."""
+
+    def __init__(self, tok):
+        self._tok, self.longest_text, self.most_ids = tok, 0, 0
+
+    def encode(self, text, *args, **kwargs):
+        self.longest_text = max(self.longest_text, len(text))
+        return self._tok.encode(text, *args, **kwargs)
+
+    def decode(self, ids, *args, **kwargs):
+        self.most_ids = max(self.most_ids, len(ids))
+        return self._tok.decode(ids, *args, **kwargs)
+
+    def __len__(self):
+        return len(self._tok)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+@pytest.fixture()
+def measuring():
+    from llmgym.models import build_tokenizer
+
+    return MeasuringTokenizer(build_tokenizer())
+
+
+HUGE = 2 ** 21  # 2 MiB of text, or 2M ids: 32x the default bound
+
+
+def _env(kind, tok, limit):
+    from llmgym import MultiTurnEnv, Turn
+
+    seen = []
+
+    def verifier(task, text):
+        seen.append(len(text))
+        return 0.0
+
+    if kind == "sequence":
+        return SequenceEnv([Task("q", answer="a")], verifier, tok, max_completion_chars=limit), seen
+
+    class Echo(MultiTurnEnv):
+        def respond(self, completion):
+            seen.append(len(completion))
+            return Turn(0.0, "again", False)
+
+    return Echo([Task("q")], None, tok, max_turns=3, max_completion_chars=limit), seen
+
+
+@pytest.mark.parametrize("kind", ["sequence", "multi-turn"])
+def test_an_oversized_text_is_cut_before_it_is_tokenised(kind, measuring):
+    import numpy as np
+    import torch
+
+    limit = 4096
+    for action in ("9" * HUGE, list(np.arange(HUGE) % 200 + 3), np.arange(HUGE) % 200 + 3,
+                   torch.arange(HUGE) % 200 + 3):
+        env, seen = _env(kind, measuring, limit)
+        env.reset(seed=0)
+        measuring.longest_text = measuring.most_ids = 0
+        info = env.step(action)[4]
+        assert info["truncated_completion"] == HUGE and seen == [min(seen[0], limit)], type(action)
+        # the tokenizer never saw more than the bound (the prompt and the reply are a few characters)
+        assert measuring.longest_text <= limit and measuring.most_ids <= limit + 16, (
+            type(action), measuring.longest_text, measuring.most_ids)
+
+
+def test_ids_past_the_bound_are_never_read():
+    from llmgym.models import build_tokenizer
+
+    env = SequenceEnv([Task("q")], lambda task, text: 0.0, build_tokenizer(), max_completion_chars=8)
+    env.reset(seed=0)
+    info = env.step([5] * 8 + ["not an id"] * HUGE)[4]  # the tail is cut unread, not validated for seconds
+    assert info["truncated_completion"] == 8 + HUGE
+
+
+def test_a_token_level_env_refuses_a_whole_sequence_with_a_bounded_message(measuring):
+    from llmgym.token_level import TokenLevel
+
+    env = TokenLevel(SequenceEnv([Task("q")], lambda task, text: 0.0, measuring), measuring, max_new_tokens=4)
+    env.reset(seed=0)
+    for action in ([7] * HUGE, "7" * HUGE):
+        with pytest.raises(TypeError, match="one token id") as info:
+            env.step(action)
+        assert len(str(info.value)) < 400
+
+
+def test_trl_reward_function_reads_no_message_past_the_bound():
+    from llmgym.interop import trl_reward_funcs
+
+    read = []
+
+    class Messages(list):
+        def __iter__(self):
+            for k, m in enumerate(list.__iter__(self)):
+                read.append(k)
+                yield m
+
+    lengths = []
+    (reward,) = trl_reward_funcs(lambda task, text: lengths.append(len(text)) or 0.0)
+    chat = Messages([{"role": "assistant", "content": "y" * 1000}] * 1000)
+    reward(prompts=["q"], completions=[chat])
+    from llmgym.core import DEFAULT_MAX_COMPLETION_CHARS
+
+    assert lengths == [DEFAULT_MAX_COMPLETION_CHARS] and len(read) <= DEFAULT_MAX_COMPLETION_CHARS // 1000 + 2

@@ -39,8 +39,9 @@ def test_math_env_question_expression_echoed_scores_zero():
     for completion in (r"\boxed{\frac{3}{6}}", r"The answer is $\dfrac{3}{6}$.", "3/6", r"\boxed{\frac12}", "0.5"):
         env.reset(options={"task_id": task_id})
         rewards[completion] = env.step(completion)[1]
+    # "in lowest terms" asks for a fraction (issue 30): the decimal is the right value in another form
     assert rewards == {r"\boxed{\frac{3}{6}}": 0.0, r"The answer is $\dfrac{3}{6}$.": 0.0, "3/6": 0.0,
-                       r"\boxed{\frac12}": 1.0, "0.5": 1.0}
+                       r"\boxed{\frac12}": 1.0, "0.5": 0.0}
 
 
 @pytest.mark.parametrize("question, gold, echo, right", [
@@ -104,13 +105,41 @@ def test_arithmetic_division_echoed_scores_zero():
     assert divisions >= 4
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open design decision: the echo guard catches the question's expression verbatim (and cosmetic "
-    "variants: spacing, \\dfrac, 2^{3}); an equivalent rewrite of it -- operands reordered, \\times for "
-    "\\cdot, \\frac{6}{12} for \\frac{3}{6} -- still scores 1.0 because math-verify compares values, not "
-    "forms. Closing it needs a notion of 'simplest form' per problem type (or a format check per dataset)."))
 def test_a_rewritten_echo_of_the_question_scores_zero(verifier):
     task = Task(r"What is $\frac{3}{6}$ in lowest terms?", answer=r"\frac{1}{2}")
     assert verifier(task, r"\boxed{\frac{6}{12}}").reward == 0.0
     task = Task(r"If $y = 2^3 \cdot 3$, what is $y$?", answer="24")
     assert verifier(task, r"\boxed{3 \times 2^3}").reward == 0.0
+
+
+# issue 30: the echo guard compared regex-normalised text, so a spelling it did not know passed; now the
+# answer is parsed as written (math-verify's own normaliser and parser, no evaluation) and compared as a tree
+@pytest.mark.parametrize("echo", [
+    r"\boxed{\frac{\,3}{6}}", r"\boxed{\frac{ 3 }{ 6 }}", r"\boxed{\tfrac{3}{\,6}}", r"\boxed{\left(\frac{3}{6}\right)}",
+    r"\boxed{\text{3/6}}", r"\boxed{3 \div 6}", r"\boxed{\frac{6}{12}}", r"\boxed{0.5}",
+])
+def test_an_echo_or_an_unreduced_fraction_in_any_spelling_scores_zero(verifier, echo):
+    task = Task(r"What is $\frac{3}{6}$ in lowest terms?", answer=r"\frac{1}{2}")
+    score = verifier(task, echo)
+    assert score.reward == 0.0 and ("own expressions" in score.info["error"] or "lowest terms" in score.info["error"])
+    assert verifier(task, r"\boxed{\dfrac{1}{2}}").reward == 1.0
+
+
+@pytest.mark.parametrize("question, gold, right, wrong_form", [
+    (r"Simplify $\sqrt{48}$. Express your answer in simplest radical form.", r"4\sqrt{3}",
+     [r"\boxed{4\sqrt{3}}", r"\boxed{\sqrt{3} \cdot 4}"], [r"\boxed{2\sqrt{12}}", r"\boxed{\frac{8\sqrt{3}}{2}}"]),
+    (r"Rationalize the denominator of $\frac{2}{\sqrt{6}}$. Express your answer in simplest radical form.",
+     r"\frac{\sqrt{6}}{3}", [r"\boxed{\frac{\sqrt{6}}{3}}", r"\boxed{\frac{1}{3}\sqrt{6}}"],
+     [r"\boxed{\frac{2}{\sqrt{6}}}", r"\boxed{\frac{2\sqrt{6}}{6}}", r"\boxed{\sqrt{\frac{2}{3}}}"]),
+    (r"Express $\frac{7}{8}$ as a decimal.", "0.875", [r"\boxed{0.875}"], [r"\boxed{\frac{14}{16}}"]),
+    (r"Express $0.\overline{6}$ as a common fraction.", r"\frac{2}{3}", [r"\boxed{\frac{2}{3}}", "2/3"],
+     [r"\boxed{\frac{4}{6}}", r"\boxed{0.6666666667}"]),
+    (r"Solve $x^2 - 4 < 0$. Express your answer in interval notation.", "(-2, 2)", [r"\boxed{(-2, 2)}"],
+     [r"\boxed{-2 < x < 2}"]),
+])
+def test_a_question_that_asks_for_a_form_gets_it(verifier, question, gold, right, wrong_form):
+    task = Task(question, answer=gold)
+    for answer in right:
+        assert verifier(task, answer).reward == 1.0, answer
+    for answer in wrong_form:
+        assert verifier(task, answer).reward == 0.0, answer

@@ -231,3 +231,37 @@ def test_own_checks_parse_without_evaluating_and_in_bounded_time():
     # a non-finite or missing upstream score counts as 0 in either mode
     assert rg_guards.guard("chain_sum", "5", {}, float("nan"), scoring="upstream")[0] == 0.0
     assert rg_guards.guard("chain_sum", "5", {}, None)[0] == 0.0
+
+
+# -- issue 30: skewed two-way (and few-way) families paid a constant answer ---------------------------------
+
+@pytest.mark.parametrize("dataset", sorted(__import__("llmgym.envs.math.reasoning", fromlist=["x"]).LABELLED_FAMILIES))
+def test_no_constant_answer_beats_chance_on_a_labelled_family(dataset):
+    """Sampled balanced by label by default: over 300 seeds no label -- the reward of always answering
+    it -- is drawn more often than chance (1/k) by more than four standard deviations. Unbalanced,
+    syllogism's "Yes" is 0.69 of the items."""
+    import collections
+
+    from llmgym.envs.math.reasoning import LABELLED_FAMILIES
+
+    labels, n = LABELLED_FAMILIES[dataset], 300
+    env = gymnasium.make(f"llmgym/RG-{dataset}-v0")
+    counts = collections.Counter(str(env.reset(seed=seed)[1]["task"].answer) for seed in range(n))
+    assert set(counts) <= set(labels), counts
+    chance = 1 / len(labels)
+    bound = chance + 4 * (chance * (1 - chance) / n) ** 0.5
+    assert max(counts.values()) / n <= bound, (counts, bound)
+    assert min(counts.values()) / n >= chance - 4 * (chance * (1 - chance) / n) ** 0.5, counts
+
+
+def test_a_constant_answer_scores_only_its_own_label():
+    env = gymnasium.make("llmgym/RG-syllogism-v0")
+    task = env.reset(seed=0)[1]["task"]
+    other = "No" if task.answer == "Yes" else "Yes"
+    assert env.step(f"<answer>{task.answer}</answer>")[1] == 1.0
+    env.reset(seed=0)
+    assert env.step(f"<answer>{other}</answer>")[1] == 0.0
+    with pytest.raises(ValueError, match="balanced=True needs a family whose answers are a few labels"):
+        gymnasium.make("llmgym/RG-basic_arithmetic-v0", balanced=True)
+    skewed = gymnasium.make("llmgym/RG-syllogism-v0", balanced=False)  # as reasoning-gym generates them
+    assert sum(skewed.reset(seed=s)[1]["task"].answer == "Yes" for s in range(200)) > 120

@@ -114,6 +114,105 @@ def test_nothing_a_call_starts_outlives_it(worker):
     assert pids_of_uids([worker._uid]) == []  # nothing of the call's uid runs on the host
 
 
+# Processes a call plants to outlive it. Each one, were it to survive, attacks what its uid can reach:
+# the next calls' children (another call of the same worker runs as the same uid).
+_ATTACK = """
+def attack(sig):
+    spare = {int(n) for n in os.listdir('/proc') if n.isdigit()}  # its own call: let it end in peace
+    while True:
+        for n in os.listdir('/proc'):
+            if n.isdigit() and int(n) not in spare:
+                try:
+                    os.kill(int(n), sig)
+                except OSError:
+                    pass
+        time.sleep(0.002)
+"""
+PLANTS = {
+    # the leader exits (SYS_exit, not exit_group) with a second thread running: /proc shows it as a zombie
+    "zombie-leader-killing": _ATTACK + """
+import ctypes, signal, threading
+if os.fork() == 0:
+    os.closerange(3, 1024)
+    threading.Thread(target=attack, args=(signal.SIGKILL,), daemon=True).start()
+    time.sleep(0.05)
+    ctypes.CDLL(None).syscall(60, 0)
+""",
+    "zombie-leader-stopping": _ATTACK + """
+import ctypes, signal, threading
+if os.fork() == 0:
+    os.closerange(3, 1024)
+    threading.Thread(target=attack, args=(signal.SIGSTOP,), daemon=True).start()
+    time.sleep(0.05)
+    ctypes.CDLL(None).syscall(60, 0)
+""",
+    "stopped": """
+import signal
+if os.fork() == 0:
+    os.closerange(3, 1024)
+    os.kill(os.getpid(), signal.SIGSTOP)
+""",
+    "setsid-double-fork": _ATTACK + """
+import signal
+if os.fork() == 0:
+    os.closerange(3, 1024)
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(0.3)  # past the call's end
+        attack(signal.SIGKILL)
+    os._exit(0)
+""",
+}
+
+
+@pytest.fixture(params=["cgroup-kill", "namespace-sweep"])
+def fresh_worker(request, monkeypatch):
+    """A worker per test: its calls ended by their cgroup's ``cgroup.kill``, or (where there is none) by
+    the zygote's sweep of its pid namespace."""
+    import llmgym.sandbox.worker as worker_module
+    from llmgym.sandbox import Sandbox
+    from llmgym.sandbox.worker import WORKER_LIMITS
+
+    monkeypatch.setattr(worker_module, "START_TIMEOUT", 20.0)  # a stopped child fails fast, not in 180 s
+    sandbox = Sandbox(WORKER_LIMITS, python=interpreter_for([]))
+    if request.param == "cgroup-kill":
+        if sandbox._call_cgroup is None:
+            pytest.skip(f"no cgroup v2 with cgroup.kill here: {INFO['why'].get('cgroup_kill')}")
+    else:
+        sandbox._call_cgroup = None
+    with SandboxWorker(EXEC_SOURCE, sandbox=sandbox) as w:
+        yield w
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_a_process_planted_by_one_call_dies_with_it(fresh_worker, plant):
+    status, _ = fresh_worker.call(None, PLANTS[plant] + "\ntime.sleep(0.2)\n", time_limit=5)
+    assert status in ("ok", "timeout", "error")  # the planting call's own verdict is its business
+    uid = fresh_worker._uid
+    assert pids_of_uids([uid]) == []  # nothing of the worker's uid runs on the host, zombie leaders included
+    for _ in range(4):  # the next honest calls score normally
+        assert fresh_worker.call(2, "time.sleep(0.4); result = state * 2", time_limit=10) == ("ok", 4)
+    # inside, the namespace holds the zygote and the call's own process, nothing else
+    status, pids = fresh_worker.call(None, "result = sorted(int(n) for n in os.listdir('/proc') if n.isdigit())",
+                                     time_limit=10)
+    assert status == "ok" and len(pids) == 2 and pids[0] == 1, pids
+    assert pids_of_uids([uid]) == []
+
+
+def test_a_zombie_leader_with_a_live_thread_counts_as_alive():
+    """The host-side scan the tests (and the uid pool's leftover sweep) rely on sees such a process."""
+    code = "import ctypes, threading, time\nthreading.Thread(target=time.sleep, args=(30,)).start()\n" \
+           "time.sleep(0.1)\nctypes.CDLL(None).syscall(60, 0)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(1.0)
+        assert proc.poll() is None and proc.pid in pids_of_uids([os.getuid()])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.pid not in pids_of_uids([os.getuid()])
+
+
 @pytest.mark.parametrize("code, expected", [
     ("import os; os.kill(1, 9)", "PermissionError"),  # the zygote is another uid
     ("import os; os.kill(os.getppid(), 9)", "PermissionError"),

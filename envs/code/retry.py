@@ -7,12 +7,15 @@ never adds up. After a failure the env replies with what failed and the policy t
 ``max_turns`` failed attempts the episode is truncated. Each attempt is judged on its own: the program
 is the prompt's code (if any) plus that completion, not the transcript.
 
-The reply never hands over a test the prompt did not show (:meth:`CodeRetryEnv.feedback`): a failing
-shown test (MBPP's first assert) is quoted with its error; a hidden one is named by number and how it
-failed -- ``hidden test 2 of 2 failed: it returned a wrong result (AssertionError).`` -- without its
-source, which holds the expected value; a program that crashed before the tests or hit a limit gets
-its own traceback or the limit, cut to ``max_feedback_chars``. (Quoting hidden asserts let a lookup
-table of the shown assert plus the quoted ones win 8 of 8 built-in problems at ``max_turns=3``.)
+The reply says nothing about a test the prompt did not show (:meth:`CodeRetryEnv.feedback`). A program
+that failed before the tests ran gets its own traceback; a shown test that fails before any hidden one
+ran (MBPP's first assert) is quoted with its error, or with the limit that stopped it; every other
+failure -- a hidden test that got a wrong answer or an exception, a program that exited, crashed or
+was stopped once a hidden test had run -- gets the same one line, :data:`HIDDEN_FAILURE`, so the
+reply is the same whatever happened in the hidden tests, and no turn learns their expected values.
+(Quoting hidden asserts let a lookup table of the shown assert plus the quoted ones win 8 of 8
+built-in problems at ``max_turns=3``; naming which hidden test failed, and how, let a program that
+answers ``True`` to every call learn one hidden boolean per turn.)
 
 Example:
     >>> import gymnasium, llmgym
@@ -40,13 +43,17 @@ from llmgym import MultiTurnEnv, Task, Turn
 from llmgym.core import TaskSourceLike
 from llmgym.sandbox import Sandbox, SandboxLimits
 
-__all__ = ["FEEDBACK_TEMPLATE", "CodeRetryEnv", "code_retry_env"]
+__all__ = ["FEEDBACK_TEMPLATE", "HIDDEN_FAILURE", "CodeRetryEnv", "code_retry_env"]
 
 #: The env's reply after a failed attempt; ``{feedback}`` is the verifier's ``info["feedback"]``.
 FEEDBACK_TEMPLATE = (
     "Your code failed a test:\n{feedback}\n"
     "Fix it and answer with the complete corrected code in a ```python block."
 )
+
+
+#: The feedback of every failure that involves a hidden test: one text, whatever the hidden test was.
+HIDDEN_FAILURE = "a hidden test did not pass (hidden tests are not shown, nor how they failed)."
 
 
 class CodeRetryEnv(MultiTurnEnv):
@@ -87,30 +94,36 @@ class CodeRetryEnv(MultiTurnEnv):
         return Turn(reward, self.feedback_template.format(feedback=feedback), False, info)
 
     def feedback(self, info: dict[str, Any]) -> str:
-        """What the policy is told about a failed attempt: never a test it was not shown.
+        """What the policy is told about a failed attempt: nothing that depends on a hidden test.
 
-        A failing test whose line appears in the prompt (MBPP's shown assert) is quoted with the
-        error it raised; a hidden one is named by its number and how it failed (a wrong result, or
-        the exception's type), never its source or message, which hold the expected value. A program
-        that failed before the tests ran, or was killed, gets its own traceback / the limit.
+        * the program failed before the tests ran (the judge's stage ``"load"``): its own traceback;
+        * a shown test (its line is in the prompt) failed, and no hidden test had run before it: that
+          test quoted, with its error, or with the limit that stopped the program;
+        * anything else once the tests ran -- a hidden test's wrong answer or exception, an exit, crash
+          or kill during or after a hidden test: :data:`HIDDEN_FAILURE`, always the same;
+        * stopped at the wall clock, judge and all (no report: whether a hidden test had started is
+          unknown): the limit alone, never the program's output, which may hold a hidden test's arguments.
         """
         failed, stage = info.get("failed_test"), info.get("stage")
         killed = info.get("killed_reason") or info.get("timed_out")
-        if info.get("early_exit") or killed or (stage != "test" and failed is None):  # the program's own output
-            return info.get("feedback") or info.get("error") or "the tests did not pass."
+        if stage == "load":  # nothing of the tests ran: the program's own failure
+            return info.get("feedback") or info.get("error") or "the program failed before the tests ran."
+        if stage != "test":  # no word from the judge: the sandbox was stopped whole, or never ran
+            if killed:
+                return str(info.get("feedback") or "Killed.").split("\n", 1)[0]
+            return info.get("error") or "the tests did not pass."
         lines = _test_lines(self.task)
         prompt = self.task.prompt if isinstance(self.task.prompt, str) else "\n".join(
             str(m.get("content", "")) for m in self.task.prompt)
         prompt_lines = {line.strip() for line in prompt.splitlines()}
-        shown = {n for n, text in lines.items() if text in prompt_lines}  # whole lines: no prefix of a shown one
-        hidden = [n for n in sorted(lines) if n not in shown]
+        first_hidden = min((n for n, text in lines.items() if text not in prompt_lines), default=None)
         line = failed.get("line") if failed else None
-        if line in shown:
-            return f"{lines[line]}\n{failed['text'].rstrip()}"
-        how = ("it returned a wrong result (AssertionError)" if failed and failed["exception"] == "AssertionError"
-               else f"it raised {failed['exception']}" if failed else "it failed")
-        which = f"hidden test {hidden.index(line) + 1} of {len(hidden)}" if line in hidden else "a hidden test"
-        return f"{which} failed: {how}."
+        shown_first = line in lines and lines[line] in prompt_lines and (first_hidden is None or line < first_hidden)
+        if not shown_first:
+            return HIDDEN_FAILURE
+        if killed or info.get("early_exit"):
+            return f"{lines[line]}\n{info.get('feedback') or 'the program was stopped.'}"
+        return f"{lines[line]}\n{failed['text'].rstrip()}"
 
 
 def _test_lines(task: Task) -> dict[int, str]:

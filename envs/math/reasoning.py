@@ -48,6 +48,7 @@ from llmgym.envs.math.sandboxed import reasoning_gym_score
 __all__ = [
     "ANSWER_INSTRUCTION",
     "HASH_SEED_DEPENDENT",
+    "LABELLED_FAMILIES",
     "MAX_ANSWER_CHARS",
     "REUSABLE_DATASETS",
     "extract_tagged_answer",
@@ -358,8 +359,34 @@ class ReasoningGymVerifier(Verifier):
         return self._guarded(task, completion)
 
 
-def _draw_task(rng: np.random.Generator, *, dataset: str, config: dict[str, Any], instruction: str | None) -> Task:
-    return reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
+#: Families whose answer is one of a few labels, sampled balanced by label by default (``balanced=None``):
+#: a label is drawn uniformly, then items until one has it, so that no constant answer beats chance
+#: (1/k). Their base rates unbalanced (reasoning-gym 0.1.25, default configuration) are in docs/math.md.
+LABELLED_FAMILIES: dict[str, tuple[str, ...]] = {
+    "acre": ("on", "off", "undetermined"),
+    "circuit_logic": ("0", "1"),
+    "course_schedule": ("False", "True"),
+    "game_of_life_halting": ("False", "True"),
+    "isomorphic_strings": ("False", "True"),
+    "mahjong_puzzle": ("Chi", "Pass", "Peng"),
+    "ransom_note": ("False", "True"),
+    "syllogism": ("No", "Yes"),
+}
+#: Items drawn for one reset of a balanced family before giving up (a label below ~3 % would need more).
+MAX_BALANCED_DRAWS = 200
+
+
+def _draw_task(rng: np.random.Generator, *, dataset: str, config: dict[str, Any], instruction: str | None,
+               labels: tuple[str, ...] = ()) -> Task:
+    if not labels:
+        return reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
+    label = labels[int(rng.integers(len(labels)))]
+    for _ in range(MAX_BALANCED_DRAWS):
+        task = reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
+        if str(task.answer) == label:
+            return task
+    raise ValueError(f"reasoning-gym {dataset!r} gave no item with the answer {label!r} in {MAX_BALANCED_DRAWS} "
+                     f"draws with the configuration {config}: pass balanced=False to sample it as generated")
 
 
 def make_env(
@@ -371,6 +398,7 @@ def make_env(
     time_limit: float | None = 5.0,
     lenient: bool = False,
     scoring: str = "binary",
+    balanced: bool | None = None,
     **config: Any,
 ) -> SequenceEnv:
     """``llmgym/RG-<dataset>-v0``: one lazily generated item per reset, scored by the dataset itself.
@@ -382,6 +410,8 @@ def make_env(
     default: extraction is reasoning-gym's own; see :func:`extract_tagged_answer`). ``scoring`` is
     ``"binary"`` (1.0 for a right answer, else 0.0: the RL default) or ``"upstream"`` (reasoning-gym's
     own score, partial credit and all, for evaluation parity); see :mod:`llmgym.envs.math.rg_guards`.
+    ``balanced`` samples a family of :data:`LABELLED_FAMILIES` balanced by label (``None``: on for
+    those families; ``False``: items as reasoning-gym generates them, skewed base rates and all).
 
     Example:
         >>> import gymnasium, llmgym
@@ -410,6 +440,10 @@ def make_env(
         raise TypeError(f"bad configuration for reasoning-gym dataset {dataset!r}: {exc}") from None
     _warn_if_hash_seed_dependent(dataset)
 
+    if balanced and dataset not in LABELLED_FAMILIES:
+        raise ValueError(f"balanced=True needs a family whose answers are a few labels ({sorted(LABELLED_FAMILIES)}); "
+                         f"{dataset!r} is not one")
+    labels = LABELLED_FAMILIES.get(dataset, ()) if balanced is not False else ()
     # a partial of a module-level function, not a closure: the env must pickle (AsyncVectorEnv, multiprocessing)
-    draw = functools.partial(_draw_task, dataset=dataset, config=config, instruction=instruction)
+    draw = functools.partial(_draw_task, dataset=dataset, config=config, instruction=instruction, labels=labels)
     return SequenceEnv(draw, ReasoningGymVerifier(time_limit, lenient=lenient, scoring=scoring), tokenizer, render_mode=render_mode)

@@ -40,7 +40,7 @@ from llmgym.sandbox import SandboxError
 from llmgym.sandbox.worker import SandboxWorker, site_packages
 from llmgym.verifiers import VerifierUnavailableError, in_time_limited_child
 
-__all__ = ["DEFAULT_CONCURRENCY", "MATH_VERIFY_MAX_NUMBER_BITS", "MATH_VERIFY_WORKER", "REASONING_GYM_WORKER", "close_workers", "math_verify_equal", "reasoning_gym_score"]
+__all__ = ["ANSWER_FORMS", "DEFAULT_CONCURRENCY", "MATH_VERIFY_MAX_NUMBER_BITS", "MATH_VERIFY_WORKER", "REASONING_GYM_WORKER", "close_workers", "math_verify_equal", "reasoning_gym_score"]
 
 _INSTALL = {
     "math_verify": "pip install 'llmgym[math]' (or pip install math-verify)",
@@ -85,6 +85,7 @@ def setup():
                             ("x = 3", "3"), ("10\\%", "0.1"), ("\\sin(x)^2 + \\cos(x)^2", "1"),
                             ("\\begin{pmatrix} 1 & 2 \\end{pmatrix}", "\\pi"), ("x < 2", "(-\\infty, 2)")):
         mv.verify(_parse(gold), _parse(predicted), timeout_seconds=None)
+    _form_verdict("\\frac{1}{2}", "\\frac{2\\sqrt{3}}{4}", ["3/6", "y = 2^3 \\cdot 3"], sorted(FORMS))
 
 def _parse(candidate):
     parsed = mv.parse("$" + candidate + "$", parsing_timeout=None)
@@ -167,10 +168,182 @@ def prepare(context):  # in the zygote, on trusted data: the gold answer, parsed
     gold_parsed, error = _golds[gold]
     if error is not None:  # raised here, in the trusted zygote: a check's child could forge anything it sends
         raise ValueError(GOLD_UNUSABLE + error)
-    return gold_parsed, settings
+    return gold_parsed, gold, settings
 
-def handle(state, predicted):  # in the check's child: model text
-    gold_parsed, (float_rounding, numeric_precision, strict) = state
+# -- the answer as written: echoes and required forms (issue 30) ----------------------------------------
+# math-verify compares values: "What is 3/6 in lowest terms?" answered 6/12 (or the question's own 3/6
+# spelled \frac{\,3}{6}) is equal to the reference. What was *written* is read here with math-verify's own
+# LaTeX normaliser and parser (latex2sympy2_extended), SymPy's evaluation switched off, and fractions
+# of two integers kept as written (the parser would reduce them).
+_AS_WRITTEN = None
+_WRAPPERS = None
+
+def _as_written_parser():
+    global _AS_WRITTEN, _WRAPPERS
+    if _AS_WRITTEN is None:
+        import re, sympy
+        from latex2sympy2_extended.latex2sympy2 import _Latex2Sympy
+        from latex2sympy2_extended.math_normalization import NormalizationConfig, normalize_latex
+
+        class AsWritten(_Latex2Sympy):
+            def _kept(self, out, top, bottom):
+                if isinstance(out, sympy.Rational):  # two integers, reduced by the parser: as written instead
+                    return sympy.Mul(top, sympy.Pow(bottom, -1, evaluate=False), evaluate=False)
+                return out
+
+            def convert_frac(self, frac):
+                out = super().convert_frac(frac)
+                if isinstance(out, sympy.Rational) and frac.upper is not None and frac.lower is not None:
+                    return self._kept(out, self.convert_expr(frac.upper), self.convert_expr(frac.lower))
+                return out
+
+            def convert_mp(self, mp):
+                out = super().convert_mp(mp)
+                if isinstance(out, sympy.Rational) and (mp.DIV() or mp.CMD_DIV() or mp.COLON()):
+                    left, right = (mp.mp(0), mp.mp(1)) if hasattr(mp, "mp") else (mp.mp_nofunc(0), mp.mp_nofunc(1))
+                    return self._kept(out, self.convert_mp(left), self.convert_mp(right))
+                return out
+
+        config = NormalizationConfig(basic_latex=True, units=True, malformed_operators=True, nits=False,
+                                     boxed="all", equations=False)  # nits would rewrite 0.5 as \frac{1}{2}
+        wrappers = re.compile(r"\\(?:text|textrm|textnormal|mathrm|mathbf|textbf|mbox)\s*(?=\{)")
+
+        def parse(text):
+            with sympy.evaluate(False):
+                return AsWritten().parse(normalize_latex(wrappers.sub("", text), config))
+        _AS_WRITTEN = parse
+    return _AS_WRITTEN
+
+def _written(text):
+    try:
+        tree = _as_written_parser()(text)
+    except Exception:
+        return None
+    return tree if hasattr(tree, "func") else None
+
+def _factors(tree):
+    import sympy
+    out = []
+    for f in sympy.Mul.make_args(tree):
+        out += _factors(f) if f.is_Mul and f is not tree else [f]
+    return out
+
+def _int_fraction(tree):
+    # (p, q, written as a fraction) of an integer or a fraction of integers as written, sign allowed
+    import sympy
+    if tree.is_Integer:
+        return int(tree), 1, False
+    if isinstance(tree, sympy.Rational):
+        return int(tree.p), int(tree.q), True
+    if not tree.is_Mul:
+        return None
+    nums, dens = [], []
+    for f in _factors(tree):
+        if f.is_Integer:
+            nums.append(int(f))
+        elif f.is_Pow and f.exp == -1 and f.base.is_Integer:
+            dens.append(int(f.base))
+        else:
+            return None
+    if nums[:1] == [-1] and len(nums) > 1:
+        sign, nums = -1, nums[1:]
+    else:
+        sign = 1
+    if len(nums) != 1 or len(dens) != 1:  # a product or a mixed number is not a fraction written out
+        return None
+    if sign < 0 and nums[0] < 0:  # two minus signs are not a fraction written out either
+        return None
+    return sign * nums[0], dens[0], True
+
+def _in_lowest_terms(tree):
+    parts = _int_fraction(tree)
+    if parts is None:
+        return False
+    p, q, fraction = parts
+    return not fraction or (q > 1 and math.gcd(abs(p), q) == 1)
+
+def _is_decimal(tree):
+    import sympy
+    core = [f for f in _factors(tree) if f != -1] if tree.is_Mul else [tree]
+    return len(core) == 1 and (core[0].is_Float or core[0].is_Integer)
+
+def _content(tree):
+    # the gcd of the integer coefficients of a sum (1 for anything else)
+    import sympy
+    if tree.is_Integer:
+        return abs(int(tree))
+    if tree.is_Add:
+        g = 0
+        for term in tree.args:
+            g = math.gcd(g, _content(term))
+        return g
+    if tree.is_Mul:
+        c = 1
+        for f in _factors(tree):
+            if f.is_Integer:
+                c *= abs(int(f))
+        return c
+    return 1
+
+def _in_simplest_radical_form(tree):
+    import sympy
+    from sympy import preorder_traversal
+    for node in preorder_traversal(tree):
+        if node.is_Float:
+            return False
+        if not node.is_Pow:
+            continue
+        exp = node.exp
+        if exp.is_Rational and not exp.is_Integer:  # a root: an integer radicand with no power of the root's index
+            if exp < 0 or not node.base.is_Integer or not 0 < node.base < 10 ** 18:
+                return False
+            if any(k >= exp.q for k in sympy.factorint(int(node.base)).values()):
+                return False
+        elif exp.is_negative and any(n.is_Pow and n.exp.is_Rational and not n.exp.is_Integer
+                                     for n in preorder_traversal(node.base)):
+            return False  # a radical in a denominator
+    dens = [f for f in _factors(tree) if f.is_Pow and f.exp == -1]
+    if len(dens) > 1 or (dens and not dens[0].base.is_Integer):
+        return False
+    if dens:  # the numeric part reduced: no common factor of the numerator's coefficients and the denominator
+        numerator = [f for f in _factors(tree) if f not in dens]
+        return math.gcd(_content(sympy.Mul(*numerator, evaluate=False)) if numerator else 1, int(dens[0].base)) == 1
+    return True
+
+def _is_interval(tree):
+    import sympy
+    return isinstance(tree, (sympy.Interval, sympy.Union)) or tree in (sympy.S.Reals, sympy.S.EmptySet)
+
+FORMS = {"lowest_terms": (_in_lowest_terms, "a fraction in lowest terms (or an integer)"),
+         "decimal": (_is_decimal, "a decimal number"),
+         "radical": (_in_simplest_radical_form, "simplest radical form"),
+         "interval": (_is_interval, "interval notation")}
+
+def _form_verdict(gold, predicted, spans, forms):
+    # None when the answer, equal to the reference, is written as the question asks; else the reason
+    mine = _written(predicted)
+    reference = _written(gold)
+    for form in forms:
+        check, name = FORMS[form]
+        if reference is not None and not check(reference):
+            continue  # the dataset writes its own answer otherwise: the form is not checked
+        if mine is None or not check(mine):
+            return "the question asks for %s; the answer is not written that way" % name
+    # trees compared through srepr, which orders the arguments of a sum or product: 3 \times 2^3 is 2^3 \cdot 3
+    import sympy
+    tree = None if mine is None else sympy.srepr(mine)
+    if mine is None or mine.is_Integer or (reference is not None and tree == sympy.srepr(reference)):
+        return None  # an integer is a value; the reference as written is right
+    for span in spans:
+        for side in [span] + (span.split("=") if "=" in span else []):
+            theirs = _written(side)
+            if theirs is not None and sympy.srepr(theirs) == tree:
+                return "the answer is one of the question's own expressions, not evaluated"
+    return None
+
+def handle(state, request):  # in the check's child: model text
+    gold_parsed, gold, (float_rounding, numeric_precision, strict) = state
+    predicted, spans, forms = request
     parsed = _parse(predicted)
     if not parsed:
         return [0.0, None]
@@ -179,7 +352,10 @@ def handle(state, predicted):  # in the check's child: model text
             return [0.0, "the %s holds a number over %d bits: not compared" % (side, MAX_NUMBER_BITS)]
     equal = mv.verify(gold_parsed, parsed, float_rounding=float_rounding, numeric_precision=numeric_precision,
                       strict=strict, timeout_seconds=None)
-    return [1.0 if equal else 0.0, None]
+    if not equal:
+        return [0.0, None]
+    reason = _form_verdict(gold, predicted, spans, forms) if (spans or forms) else None
+    return [0.0, reason] if reason else [1.0, None]
 '''
 
 #: Worker source (runs in the sandbox): a reasoning-gym dataset's own ``score_answer(answer, entry)``.
@@ -211,6 +387,11 @@ def handle(dataset, request):  # in the check's child: model text
 
 MATH_VERIFY_WORKER = MATH_VERIFY_WORKER.replace("__MAX_NUMBER_BITS__", str(MATH_VERIFY_MAX_NUMBER_BITS)).replace(
     "__GOLD_PARSE_SECONDS__", repr(MATH_VERIFY_GOLD_PARSE_SECONDS)).replace("__GOLD_UNUSABLE__", _GOLD_UNUSABLE)
+
+#: The forms a question may ask an answer to be written in (see :func:`math_verify_equal`).
+ANSWER_FORMS = ("lowest_terms", "decimal", "radical", "interval")
+#: The question's math spans read for echoes: at most this many, each cut to this many characters.
+MAX_SPANS, MAX_SPAN_CHARS = 64, 1000
 
 #: Workers of one kind that concurrent single checks may use (a slow check then holds up only its own).
 DEFAULT_CONCURRENCY = DEFAULT_POOL_SIZE
@@ -271,11 +452,21 @@ def math_verify_equal(
     numeric_precision: int = 15,
     strict: bool = True,
     time_limit: float | None = 5.0,
+    question_spans: tuple[str, ...] = (),
+    forms: tuple[str, ...] = (),
 ) -> tuple[float, str | None]:
     r"""``(reward, error)``: math-verify's verdict on ``predicted`` against ``gold`` (both LaTeX without
     ``$``), computed in the sandbox within ``time_limit`` seconds; 0.0 with the error when the check
     fails, times out or answers malformed. Concurrent callers share up to :data:`DEFAULT_CONCURRENCY`
     workers (each a sandbox holding the library, ~100-250 MB), started as they are needed.
+
+    An answer equal to the reference is then read *as written* (math-verify's LaTeX normaliser and
+    parser, SymPy's evaluation off, fractions of integers not reduced): it scores 0 with the reason if
+    it is, as a tree, one of ``question_spans`` (the question's own math, or a side of an ``=`` in
+    it) and not the reference, or if it is not written in each of ``forms`` that the reference itself
+    is written in (:data:`ANSWER_FORMS`: ``"lowest_terms"``, ``"decimal"``, ``"radical"``,
+    ``"interval"``). Spelling does not matter (``\frac{\,3}{6}``, ``3/6``, ``\dfrac36`` are one tree;
+    so are ``2^3 \cdot 3`` and ``3 \times 2^3``).
 
     Example:
         >>> from llmgym.envs.math.sandboxed import math_verify_equal
@@ -284,8 +475,12 @@ def math_verify_equal(
     """
     with _kind("math_verify").lend() as worker:
         try:
+            unknown = set(forms) - set(ANSWER_FORMS)
+            if unknown:
+                raise ValueError(f"unknown answer form(s) {sorted(unknown)}; known: {ANSWER_FORMS}")
+            spans = tuple(str(s)[:MAX_SPAN_CHARS] for s in question_spans[:MAX_SPANS])
             status, value = worker.call((gold, (float_rounding, numeric_precision, strict), worker.limit(time_limit)),
-                                        predicted, time_limit)
+                                        (predicted, spans, tuple(forms)), time_limit)
         except SandboxError as exc:  # only the trusted zygote reports this: no completion can forge it
             if _GOLD_UNUSABLE not in str(exc):
                 raise

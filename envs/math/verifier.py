@@ -52,10 +52,12 @@ from llmgym.envs.math.sandboxed import MATH_VERIFY_MAX_NUMBER_BITS, close_worker
 from llmgym.verifiers import RegexFormat, VerifierUnavailableError, WeightedSum
 
 __all__ = [
+    "FORM_PHRASES",
     "MAX_ANSWER_CHARS",
     "MAX_NUMBER_BITS",
     "extract_answer",
     "normalize_gold",
+    "required_forms",
     "MathVerifier",
     "ThinkAnswerFormat",
     "math_reward",
@@ -395,6 +397,39 @@ def _question_expressions(prompt: str) -> set[str]:
     return found
 
 
+def _prompt_text(task: Task) -> str:
+    prompt = task.prompt if isinstance(task.prompt, str) else "\n".join(
+        str(m.get("content", "")) for m in task.prompt if isinstance(m, dict))
+    return prompt[:DEFAULT_PROMPT_SCAN_CHARS]
+
+
+#: Phrases of a question that ask for the answer's form, and the form each asks for (checked in the sandbox,
+#: on the answer as written: :func:`llmgym.envs.math.sandboxed.math_verify_equal`).
+FORM_PHRASES = (
+    ("simplest radical form", "radical"),
+    ("interval notation", "interval"),
+    ("lowest terms", "lowest_terms"),
+    ("common fraction", "lowest_terms"),
+    ("reduced fraction", "lowest_terms"),
+    ("simplest form", "lowest_terms"),
+    ("as a decimal", "decimal"),
+    ("in decimal form", "decimal"),
+)
+
+
+def required_forms(prompt: str) -> tuple[str, ...]:
+    r"""The forms ``prompt`` asks its answer to be written in (:data:`FORM_PHRASES`; a linear scan).
+
+    Example:
+        >>> required_forms("Express $0.\overline{3}$ as a common fraction in lowest terms.")
+        ('lowest_terms',)
+        >>> required_forms("Write $\sqrt{12}$ in simplest radical form."), required_forms("What is 2+2?")
+        (('radical',), ())
+    """
+    text = prompt[:DEFAULT_PROMPT_SCAN_CHARS].lower()
+    return tuple(dict.fromkeys(form for phrase, form in FORM_PHRASES if phrase in text))
+
+
 def _echoes_question(task: Task, predicted: str, gold: str) -> bool:
     r"""Whether ``predicted`` is one of the question's own expressions, verbatim, and not the reference.
 
@@ -406,13 +441,12 @@ def _echoes_question(task: Task, predicted: str, gold: str) -> bool:
         >>> _echoes_question(Task(r"Is $7$ more than $2 + 4$?"), "7", r"\text{yes}")  # an integer is a value
         False
     """
-    prompt = task.prompt if isinstance(task.prompt, str) else "\n".join(
-        str(m.get("content", "")) for m in task.prompt if isinstance(m, dict))
+    prompt = _prompt_text(task)
     mine = _canonical(predicted)
     value = _host_number(predicted)
     if not mine or mine == _canonical(gold) or (value is not None and not value[1] and "/" not in mine):
         return False  # an integer is a value, never a form of one; the reference as written is right
-    return mine in _question_expressions(prompt[:DEFAULT_PROMPT_SCAN_CHARS])
+    return mine in _question_expressions(prompt)
 
 
 #: Characters of a prompt searched for the question's expressions (prompts are trusted, but bounded anyway).
@@ -517,11 +551,18 @@ class MathVerifier(Verifier):
         literal_answer: the answer must be a number written out (``-12``, ``3.5``, ``\frac{7}{2}``,
             ``7/2``, optionally ``x = ...``), not an expression: math-verify evaluates expressions, so
             without this a policy scores 1.0 by echoing the question's ``8 * 18`` (on for Arithmetic).
-        refuse_echo: an answer that is, verbatim, one of the question's own math expressions (a
-            ``$…$`` span, or one side of an ``=`` in it) scores 0 unless it is the reference answer
-            as written or an integer: math-verify evaluates it, so "What is $\frac{3}{6}$ in
-            lowest terms?" answered ``\frac{3}{6}`` (or ``3/6``), or "Express $0.75$ as a common
-            fraction." answered ``0.75``, would score 1.0 (default on).
+        refuse_echo: an answer that is one of the question's own math expressions (a ``$…$`` span,
+            or one side of an ``=`` in it) scores 0 unless it is the reference answer as written or
+            an integer: math-verify evaluates it, so "What is $\frac{3}{6}$ in lowest terms?"
+            answered ``\frac{3}{6}``, or "Express $0.75$ as a common fraction." answered ``0.75``,
+            would score 1.0 (default on). Compared as parsed trees, not as text, in the sandbox:
+            ``\frac{\,3}{6}``, ``3/6`` and ``\dfrac36`` are one tree, ``3 \times 2^3`` and
+            ``2^3 \cdot 3`` another.
+        check_form: where the question asks for a form (:data:`FORM_PHRASES`: "in lowest terms", "as
+            a common fraction", "in simplest radical form", "as a decimal", "in interval
+            notation"), an answer equal to the reference must also be written in it -- ``\frac{6}{12}``
+            is not in lowest terms, ``\sqrt{12}`` not in simplest radical form -- when the reference
+            itself is (default on).
 
     Raises:
         ModuleNotFoundError: math-verify is not installed (at construction: an env fails at ``make``).
@@ -558,12 +599,13 @@ class MathVerifier(Verifier):
         strict: bool = True,
         literal_answer: bool = False,
         refuse_echo: bool = True,
+        check_form: bool = True,
     ):
         _math_verify_installed()
         super().__init__()
         self.time_limit = time_limit
         self.literal_answer = literal_answer
-        self.refuse_echo = refuse_echo
+        self.refuse_echo, self.check_form = refuse_echo, check_form
         self.float_rounding, self.numeric_precision, self.strict = float_rounding, numeric_precision, strict
 
     def verify(self, task: Task, completion: str) -> Score:
@@ -588,12 +630,14 @@ class MathVerifier(Verifier):
             return Score(0.0, {**info, "error": "the answer is one of the question's own expressions, not evaluated"})
         if not words and _case_only_difference(gold, predicted):
             return Score(0.0, {**info, "error": "the answers differ in the case of a symbol"})
+        forms = required_forms(_prompt_text(task)) if self.check_form else ()
         verdict = _host_verdict(gold, predicted, self.float_rounding)
-        if verdict is not None:
+        if verdict is not None and not (verdict and forms):  # a right number may still be in the wrong form
             return Score(verdict, info)
+        spans = tuple(_math_spans(_prompt_text(task))) if self.refuse_echo else ()
         reward, error = math_verify_equal(
             gold, predicted, float_rounding=self.float_rounding, numeric_precision=self.numeric_precision,
-            strict=self.strict, time_limit=self.time_limit,
+            strict=self.strict, time_limit=self.time_limit, question_spans=spans, forms=forms,
         )
         return Score(reward, info if error is None else {**info, "error": error})
 

@@ -22,7 +22,12 @@ endpoint (``POST {base_url}/completions``) with the ``openai`` client (``pip ins
   and 5xx answers ``max_retries`` times with exponential back-off (0.5 s doubling, up to 8 s,
   jittered), then :class:`ServerError` names the server and what to do;
 * at construction one ``GET {base_url}/models``: a dead server or a model it does not serve fails
-  at once with a one-line error (``ServerError`` / ``ModelNotServedError``) listing what it serves.
+  at once with a one-line error (``ServerError`` / ``ModelNotServedError``) listing what it serves;
+* **the server is not trusted**: every reply goes through :func:`validate_completions_response`
+  (status, JSON, error bodies, choices, token ids integral and in the vocabulary, log-probs finite
+  and <= 0, at most ``max_new_tokens`` tokens); a bad one is a :class:`ServerError` naming the cause.
+  Each request attempt has **one deadline** (``timeout`` seconds from sending to the last byte, however
+  slowly the server drips) and a size cap, both enforced on the socket reads themselves.
 
 vLLM-only request fields (``return_token_ids``, ``include_stop_str_in_output``, ``stop_token_ids``)
 are sent only to a server whose model list says it is vLLM (``owned_by: "vllm"``); other servers
@@ -46,18 +51,25 @@ Example:
 
 from __future__ import annotations
 
+import json
+import math
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 try:
+    import httpcore
+    import httpx
     import openai
 except ImportError as err:  # pragma: no cover - exercised where openai is absent
     raise ImportError("llmgym.engines.openai_api needs the openai client: pip install 'llmgym[openai]'") from err
 
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
-__all__ = ["ModelNotServedError", "OpenAIEngine", "ServerError"]
+__all__ = ["ModelNotServedError", "OpenAIEngine", "ServedChoice", "ServerError", "validate_completions_response",
+           "validate_models_response"]
 
 _SEED_MASK = (1 << 63) - 1
 MAX_SERVER_STOPS = 4
@@ -72,6 +84,270 @@ class ModelNotServedError(ValueError):
     """The server answers but does not serve the requested model."""
 
 
+# -- what a server's reply may be ----------------------------------------------------------------------
+
+#: Bytes a reply may take beyond its tokens (headers, ids, fields); each token adds REPLY_BYTES_PER_TOKEN.
+REPLY_BASE_BYTES = 1 << 20
+REPLY_BYTES_PER_TOKEN = 4096
+#: A log-prob above this is not a log-prob (0 is the most; this much float error is tolerated).
+LOGPROB_MAX = 1e-6
+_TOKEN_ID_LIMIT = 1 << 31  # without a vocabulary: what no tokenizer reaches
+
+
+class ServedChoice(NamedTuple):
+    """One checked choice of a completions reply: ``token_ids`` is ``None`` where the server sent none."""
+
+    text: str
+    token_ids: list[int] | None
+    logprobs: list[float | None]
+    finish_reason: str
+
+
+def _shown(value: Any, limit: int = 200) -> str:
+    """Server text made safe for a one-line error: printable, one line, bounded."""
+    text = value if isinstance(value, str) else repr(value)
+    text = " ".join("".join(c if c.isprintable() else " " for c in text[: 4 * limit]).split())
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
+def _json_reply(status: int, content_type: str | None, body: bytes, server: str) -> dict:
+    """The reply's JSON object, or :class:`ServerError` for an HTTP error, an HTML page, invalid JSON or an
+    error body (whatever its status)."""
+    data: Any = None
+    try:
+        data = json.loads(body)
+        parsed = True
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        parsed = False
+    error = None
+    if isinstance(data, dict):
+        error = data.get("error") or (data.get("message") if data.get("object") == "error" else None)
+        if isinstance(error, dict):
+            error = error.get("message") or error
+    if not 200 <= status < 300:
+        detail = _shown(error) if error else _shown(body.decode("utf-8", "replace")) or "no message"
+        raise ServerError(f"{server} answered HTTP {status} ({detail})")
+    if error:
+        raise ServerError(f"{server} answered an error: {_shown(error)}")
+    if not parsed:
+        head = body[:512].lstrip().lower()
+        if "html" in (content_type or "").lower() or head.startswith((b"<!doctype", b"<html", b"<")):
+            raise ServerError(f"{server} answered an HTML page, not JSON: is the URL the API root (it ends in /v1)?")
+        raise ServerError(f"{server} answered invalid JSON ({_shown(body[:100].decode('utf-8', 'replace'))})")
+    if not isinstance(data, dict):
+        raise ServerError(f"{server} answered {type(data).__name__}, not a JSON object")
+    return data
+
+
+def _token_ids(raw: Any, where: str, vocab_size: int | None) -> list[int]:
+    if not isinstance(raw, list):
+        raise ServerError(f"{where}: token_ids is not a list ({_shown(raw, 60)})")
+    limit = vocab_size if vocab_size is not None else _TOKEN_ID_LIMIT
+    for t in raw:
+        if type(t) is not int:  # bool and float are not token ids; 6.0 is not either (JSON has integers)
+            raise ServerError(f"{where}: a token id is not an integer: {_shown(repr(t), 40)}")
+        if not 0 <= t < limit:
+            raise ServerError(f"{where}: token id {t} is outside the vocabulary of {limit}"
+                              + ("" if vocab_size is not None else " (no tokenizer given: the bound is 2^31)"))
+    return raw
+
+
+def _logprobs(raw: Any, where: str, echoed: int) -> list[float | None]:
+    if not isinstance(raw, list):
+        raise ServerError(f"{where}: no log-probs (logprobs.token_logprobs is {_shown(raw, 60)}; "
+                          f"does the server support logprobs=1?)")
+    out: list[float | None] = []
+    for i, lp in enumerate(raw):
+        if lp is None and i == 0 and echoed:  # an echoed prompt's first token has no log-prob
+            out.append(None)
+            continue
+        if type(lp) not in (int, float) or not math.isfinite(lp) or lp > LOGPROB_MAX:
+            raise ServerError(f"{where}: log-prob {_shown(repr(lp), 40)} at position {i} is not a finite number <= 0")
+        out.append(float(lp))
+    return out
+
+
+def validate_completions_response(
+    status: int,
+    content_type: str | None,
+    body: bytes,
+    *,
+    server: str,
+    max_tokens: int,
+    vocab_size: int | None = None,
+    n: int = 1,
+    echoed: int = 0,
+) -> list[ServedChoice]:
+    """Check a ``POST /completions`` reply, field by field; return its ``n`` choices as plain data.
+
+    The server is not trusted: an HTTP error status, an HTML page, invalid JSON, an error body (also with
+    status 200), missing or malformed choices, token ids that are not integers or lie outside the
+    vocabulary (``vocab_size``; without it, outside ``[0, 2^31)``), log-probs that are not finite numbers
+    ``<= 0``, more than ``max_tokens`` tokens (plus the ``echoed`` prompt tokens of an ``echo=True``
+    request, whose first log-prob may be ``None``), or log-probs and ids of different lengths each raise
+    :class:`ServerError` naming ``server`` and the cause, on one line. Another engine over OpenAI-compatible
+    servers can call it on the raw bytes of any reply.
+
+    Example:
+        >>> body = b'{"choices": [{"text": "hi", "finish_reason": "stop", "token_ids": [7, 8],'
+        >>> body += b' "logprobs": {"token_logprobs": [-0.5, -0.25]}}]}'
+        >>> validate_completions_response(200, "application/json", body, server="http://h/v1", max_tokens=8)
+        [ServedChoice(text='hi', token_ids=[7, 8], logprobs=[-0.5, -0.25], finish_reason='stop')]
+        >>> try:
+        ...     validate_completions_response(200, "application/json", body.replace(b"-0.25", b"NaN"),
+        ...                                   server="http://h/v1", max_tokens=8)
+        ... except ServerError as err:
+        ...     print(err)
+        http://h/v1 choice 0: log-prob nan at position 1 is not a finite number <= 0
+    """
+    data = _json_reply(status, content_type, body, server)
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        raise ServerError(f"{server}: the reply's choices is not a list ({_shown(choices, 60)})")
+    if not choices:
+        raise ServerError(f"{server} answered no choices")
+    if len(choices) != n:
+        raise ServerError(f"{server} answered {len(choices)} choices to a request for {n}")
+    out = []
+    for k, choice in enumerate(choices):
+        where = f"{server} choice {k}"
+        if not isinstance(choice, dict):
+            raise ServerError(f"{where} is not an object ({_shown(choice, 60)})")
+        text = choice.get("text")
+        if not isinstance(text, str):
+            raise ServerError(f"{where}: text is not a string ({_shown(text, 60)})")
+        finish = choice.get("finish_reason")
+        if finish is not None and not isinstance(finish, str):
+            raise ServerError(f"{where}: finish_reason is not a string ({_shown(finish, 60)})")
+        raw_ids = choice.get("token_ids")  # vLLM's return_token_ids; null or absent where not asked for
+        ids = _token_ids(raw_ids, where, vocab_size) if raw_ids is not None else None
+        lp_block = choice.get("logprobs")
+        lps = _logprobs(lp_block.get("token_logprobs") if isinstance(lp_block, dict) else None, where, echoed)
+        count = len(ids) if ids is not None else len(lps)
+        if count > max_tokens + echoed:
+            raise ServerError(f"{where}: {count} tokens, over the {max_tokens + echoed} asked for "
+                              f"(max_new_tokens={max_tokens}" + (f" + {echoed} echoed)" if echoed else ")"))
+        if ids is not None and len(lps) != len(ids):
+            raise ServerError(f"{where}: {len(lps)} log-probs for {len(ids)} tokens")
+        out.append(ServedChoice(text, ids, lps, "length" if finish == "length" else "stop"))
+    return out
+
+
+def validate_models_response(status: int, content_type: str | None, body: bytes, *, server: str) -> list[tuple[str, str]]:
+    """Check a ``GET /models`` reply; return ``(id, owned_by)`` per model, or raise :class:`ServerError`.
+
+    Example:
+        >>> validate_models_response(200, "application/json", b'{"data": [{"id": "m", "owned_by": "vllm"}]}',
+        ...                          server="http://h/v1")
+        [('m', 'vllm')]
+    """
+    data = _json_reply(status, content_type, body, server + "/models")
+    models = data.get("data")
+    if not isinstance(models, list):
+        raise ServerError(f"{server}/models: data is not a list ({_shown(models, 60)}): is it an OpenAI-compatible API?")
+    out = []
+    for k, m in enumerate(models):
+        if not isinstance(m, dict) or not isinstance(m.get("id"), str) or not m["id"]:
+            raise ServerError(f"{server}/models: model {k} has no id ({_shown(m, 80)})")
+        owner = m.get("owned_by")
+        out.append((m["id"], owner if isinstance(owner, str) else ""))
+    return out
+
+
+# -- one deadline and one size cap per request attempt, on the socket reads themselves ---------------------
+
+class _Budget(threading.local):
+    """The current thread's request attempt: its deadline and the bytes it may still read."""
+
+    deadline: float | None = None
+    max_bytes: int = REPLY_BASE_BYTES
+    read: int = 0
+    why: str | None = None
+
+    def clamp(self, timeout: float | None) -> float | None:
+        if self.deadline is None:
+            return timeout
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            self.why = "deadline"
+            raise httpcore.ReadTimeout("the request's deadline passed")
+        return left if timeout is None else min(timeout, left)
+
+    def count(self, n: int) -> None:
+        self.read += n
+        if self.deadline is not None and self.read > self.max_bytes:
+            self.why = f"the reply ran over {self.max_bytes} bytes"
+            raise httpcore.ReadError(self.why)
+
+
+class _BudgetedStream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream, budget: _Budget):
+        self._inner, self._budget = inner, budget
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        data = self._inner.read(max_bytes, self._budget.clamp(timeout))
+        self._budget.count(len(data))
+        return data
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, self._budget.clamp(timeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+        inner = self._inner.start_tls(ssl_context, server_hostname, self._budget.clamp(timeout))
+        return _BudgetedStream(inner, self._budget)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _BudgetedBackend(httpcore.NetworkBackend):
+    """httpcore's network backend with every connect, read and write bounded by the thread's budget."""
+
+    def __init__(self, inner: httpcore.NetworkBackend, budget: _Budget):
+        self._inner, self._budget = inner, budget
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        stream = self._inner.connect_tcp(host, port, self._budget.clamp(timeout), local_address, socket_options)
+        return _BudgetedStream(stream, self._budget)
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        return _BudgetedStream(self._inner.connect_unix_socket(path, self._budget.clamp(timeout), socket_options),
+                               self._budget)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _budgeted_http_client(budget: _Budget, timeout: float, connections: int) -> httpx.Client:
+    """An ``httpx.Client`` whose request attempts each get ``timeout`` seconds in all (httpx's own timeouts
+    are per read: a server dripping a byte at a time would hold a call open indefinitely)."""
+    transport = httpx.HTTPTransport(limits=httpx.Limits(max_connections=connections,
+                                                        max_keepalive_connections=connections))
+    pool = getattr(transport, "_pool", None)  # httpcore's ConnectionPool: its backend is the extension point
+    if not isinstance(getattr(pool, "_network_backend", None), httpcore.NetworkBackend):
+        raise ImportError(f"llmgym.engines.openai_api cannot bound requests with httpx {httpx.__version__} / "
+                          f"httpcore {httpcore.__version__}: install httpx 0.27 or 0.28")
+    pool._network_backend = _BudgetedBackend(pool._network_backend, budget)
+
+    def start_attempt(request: httpx.Request) -> None:  # every attempt, the retries' too
+        budget.deadline, budget.read, budget.why = time.monotonic() + timeout, 0, None
+
+    def plain_body(response: httpx.Response) -> None:
+        # the size cap counts bytes on the wire: a compressed reply (asked for or not) could expand a
+        # few hundred kilobytes into gigabytes when httpx decodes it
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            budget.why = f"the reply is compressed ({_shown(encoding, 40)}) though identity was asked for"
+            raise httpx.DecodingError(budget.why, request=response.request)
+
+    return httpx.Client(transport=transport, timeout=timeout, follow_redirects=True,
+                        headers={"Accept-Encoding": "identity"},
+                        event_hooks={"request": [start_attempt], "response": [plain_body]})
+
+
 class OpenAIEngine:
     """Sampling from an OpenAI-compatible server's completions endpoint.
 
@@ -83,7 +359,8 @@ class OpenAIEngine:
             takes only text. Without one, text comes from the server and ids must come from it too.
         api_key: sent as the bearer token (default: ``$OPENAI_API_KEY``, else ``"EMPTY"``, which
             ``vllm serve`` without ``--api-key`` accepts).
-        timeout: seconds per request attempt.
+        timeout: seconds per request attempt, from sending it to the last byte of the reply (one
+            deadline, not a limit per read: a server that drips its answer is cut off).
         max_retries: retries after the first attempt (connection errors, time-outs, 408/409/429, 5xx),
             with exponential back-off.
         max_concurrency: requests in flight at once.
@@ -92,7 +369,8 @@ class OpenAIEngine:
 
     Raises:
         ServerError: nothing answers at ``base_url`` (after the retries), or it is not an
-            OpenAI-compatible API.
+            OpenAI-compatible API; at any later call, a reply that fails
+            :func:`validate_completions_response`, or none within ``timeout``.
         ModelNotServedError: ``model`` is not among the server's models.
     """
 
@@ -114,10 +392,13 @@ class OpenAIEngine:
         self.tokenizer = tokenizer
         self.max_retries = max_retries
         self.max_concurrency = max_concurrency
+        self.timeout = timeout
+        self._budget = _Budget()
         self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
-                                    timeout=timeout, max_retries=max_retries)
+                                    timeout=timeout, max_retries=max_retries,
+                                    http_client=_budgeted_http_client(self._budget, timeout, max_concurrency + 4))
         served = self._served_models()
-        names = [m.id for m in served]
+        names = [name for name, _ in served]
         if model is None:
             if len(names) != 1:
                 raise ModelNotServedError(f"the server at {self.base_url} serves {len(names)} models "
@@ -127,7 +408,7 @@ class OpenAIEngine:
             raise ModelNotServedError(f"the server at {self.base_url} does not serve model {model!r}; it serves: "
                                       f"{', '.join(names) or 'no model'}")
         self.model = model
-        self.server_is_vllm = any(m.id == model and getattr(m, "owned_by", "") == "vllm" for m in served)
+        self.server_is_vllm = (model, "vllm") in served
         self.prompt_format = prompt_format
         self.prompts_sent_as: str | None = None if prompt_format == "auto" else prompt_format
         self.token_ids_from: str | None = None
@@ -137,29 +418,66 @@ class OpenAIEngine:
             eos = tokenizer.eos_token_id
             self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
             self.eos_ids = end_of_turn_ids(tokenizer) if eos is not None else []
+            self.vocab_size: int | None = len(tokenizer)
         else:
-            self.pad_id, self.eos_ids = 0, []
+            self.pad_id, self.eos_ids, self.vocab_size = 0, [], None
 
-    # -- errors -------------------------------------------------------------------------------------
-    def _served_models(self):
+    # -- requests: every failure one ServerError (or ModelNotServedError) -----------------------------
+    def _failed(self, exc: openai.OpenAIError, what: str, hint: str = "") -> ServerError:
+        tries = f"{1 + self.max_retries} tries"
+        if isinstance(exc, openai.APITimeoutError) or self._budget.why == "deadline":
+            return ServerError(f"the server at {self.base_url} did not answer within {self.timeout:g} s "
+                               f"({tries}; the timeout bounds each request, not each read)")
+        if isinstance(exc, openai.APIConnectionError):
+            cause = self._budget.why or _first_line(exc)
+            return ServerError(f"{what} ({tries}: {cause}){hint}")
+        if isinstance(exc, openai.APIStatusError):  # an HTTP error after the retries: name it from its body
+            try:
+                validate_completions_response(exc.status_code, exc.response.headers.get("content-type"),
+                                              exc.response.content[:REPLY_BASE_BYTES], server=self.base_url,
+                                              max_tokens=0)
+            except ServerError as err:
+                return err
+        return ServerError(f"the server at {self.base_url} failed: {_first_line(exc)}")
+
+    def _served_models(self) -> list[tuple[str, str]]:
+        self._budget.max_bytes = REPLY_BASE_BYTES
         try:
-            return list(self.client.models.list())
-        except openai.APIConnectionError as exc:
-            raise ServerError(f"no OpenAI-compatible server answers at {self.base_url} ({1 + self.max_retries} "
-                              f"tries: {exc}): start it, or check the URL (it ends in /v1)") from None
+            raw = self.client.models.with_raw_response.list()
         except openai.APIStatusError as exc:
-            raise ServerError(f"{self.base_url}/models answered HTTP {exc.status_code} ({_first_line(exc)}): is it "
-                              f"an OpenAI-compatible API root (ending in /v1), and is the API key right?") from None
+            try:
+                validate_models_response(exc.status_code, exc.response.headers.get("content-type"),
+                                         exc.response.content[:REPLY_BASE_BYTES], server=self.base_url)
+            except ServerError as err:
+                raise ServerError(f"{err}: is it an OpenAI-compatible API root (ending in /v1), and is the API "
+                                  f"key right?") from None
+            raise ServerError(f"{self.base_url}/models answered HTTP {exc.status_code}") from None
+        except openai.OpenAIError as exc:
+            raise self._failed(exc, f"no OpenAI-compatible server answers at {self.base_url}",
+                               ": start it, or check the URL (it ends in /v1)") from None
+        http = raw.http_response
+        return validate_models_response(http.status_code, http.headers.get("content-type"), http.content,
+                                        server=self.base_url)
 
-    def _request(self, **kwargs):
+    def _request(self, *, max_tokens: int, echoed: int = 0, **kwargs) -> ServedChoice:
+        """One completion request; its reply checked by :func:`validate_completions_response`.
+        ``openai.BadRequestError`` is left to the caller (a refused token-id prompt falls back to text)."""
+        self._budget.max_bytes = REPLY_BASE_BYTES + REPLY_BYTES_PER_TOKEN * (max_tokens + echoed)
         try:
-            return self.client.completions.create(model=self.model, **kwargs)
-        except openai.APIConnectionError as exc:
-            raise ServerError(f"the server at {self.base_url} stopped answering ({1 + self.max_retries} tries: {exc})"
-                              ) from None
+            raw = self.client.completions.with_raw_response.create(model=self.model, max_tokens=max_tokens,
+                                                                   **kwargs)
         except openai.NotFoundError as exc:
             raise ModelNotServedError(f"the server at {self.base_url} does not serve model {self.model!r} "
                                       f"({_first_line(exc)})") from None
+        except openai.BadRequestError:
+            raise
+        except openai.OpenAIError as exc:
+            raise self._failed(exc, f"the server at {self.base_url} stopped answering") from None
+        http = raw.http_response
+        (choice,) = validate_completions_response(
+            http.status_code, http.headers.get("content-type"), http.content, server=self.base_url,
+            max_tokens=max_tokens, vocab_size=self.vocab_size, echoed=echoed)
+        return choice
 
     # -- the engine contract --------------------------------------------------------------------------
     def sync_weights(self, model) -> None:
@@ -219,7 +537,7 @@ class OpenAIEngine:
     def _sample(self, row: list[int], sampling: SamplingParams, key: int) -> Completion:
         # the OpenAI API takes at most 4 stop strings (vLLM enforces it): more are applied here, afterwards
         server_stops = list(sampling.stop) if len(sampling.stop) <= MAX_SERVER_STOPS else []
-        kwargs = dict(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+        kwargs = dict(max_tokens=int(sampling.max_new_tokens), temperature=sampling.temperature, top_p=sampling.top_p,
                       n=1, seed=int(key) & _SEED_MASK, logprobs=1, stop=server_stops or None,
                       extra_body=self._extra(sampling) or None)
         if self.prompts_sent_as is None:
@@ -238,7 +556,7 @@ class OpenAIEngine:
                 response = self._request(prompt=self._prompt(row), **kwargs)
             except openai.BadRequestError as exc:
                 raise ServerError(f"the server at {self.base_url} refused the request: {_first_line(exc)}") from None
-        completion = self._completion(row, response.choices[0], key)
+        completion = self._completion(row, response, key)
         if sampling.stop and not server_stops:
             completion = self._cut_at_stop(completion, sampling.stop)
         return completion
@@ -257,28 +575,24 @@ class OpenAIEngine:
                                   self.tokenizer.decode(ids, skip_special_tokens=True), c.key)
         return c
 
-    def _completion(self, prompt: list[int], choice, key: int) -> Completion:
-        token_logprobs = list(getattr(choice.logprobs, "token_logprobs", None) or [])
-        token_ids = getattr(choice, "token_ids", None)  # vLLM's return_token_ids (an extra field to the client)
+    def _completion(self, prompt: list[int], choice: ServedChoice, key: int) -> Completion:
+        token_logprobs = choice.logprobs
+        token_ids = choice.token_ids  # vLLM's return_token_ids, checked against the vocabulary
         if token_ids is not None:
             self.token_ids_from = "server"
-            token_ids = [int(t) for t in token_ids]
         elif self.tokenizer is not None:
             self.token_ids_from = "text"
             token_ids = list(self.tokenizer.encode(choice.text, add_special_tokens=False))
         else:
             raise ServerError(f"the server at {self.base_url} returns no token ids; pass the model's tokenizer to "
                               f"OpenAIEngine so the text can be tokenised")
-        if len(token_logprobs) != len(token_ids) and self.token_ids_from == "server":
-            raise ServerError(f"the server at {self.base_url} returned {len(token_logprobs)} log-probs for "
-                              f"{len(token_ids)} tokens (does it support logprobs=1?)")
         text = (self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None
                 else choice.text)
         return Completion(
             prompt_ids=list(prompt),
             token_ids=token_ids,
             logprobs=[float(lp) if lp is not None else float("nan") for lp in token_logprobs],
-            finish_reason="length" if choice.finish_reason == "length" else "stop",
+            finish_reason=choice.finish_reason,
             text=text,
             key=int(key),
         )
@@ -290,14 +604,19 @@ class OpenAIEngine:
         if temperature != 1.0:
             raise ValueError("OpenAIEngine.logprobs scores at temperature 1 only (the server's prompt log-probs)")
         ids = [int(t) for t in prompt_ids] + [int(t) for t in completion_ids]
-        response = self._request(prompt=self._prompt(ids) if self.prompts_sent_as == "text" else ids, max_tokens=1,
-                                 temperature=0.0, echo=True, logprobs=0)
-        scored = list(response.choices[0].logprobs.token_logprobs or [])
+        try:
+            choice = self._request(prompt=self._prompt(ids) if self.prompts_sent_as == "text" else ids, max_tokens=1,
+                                   echoed=len(ids), temperature=0.0, echo=True, logprobs=0)
+        except openai.BadRequestError as exc:
+            raise ServerError(f"the server at {self.base_url} refused the request: {_first_line(exc)}") from None
+        scored = choice.logprobs
         # echo returns the prompt's log-probs (None for the first token), then the one generated token's
         prompt_part = scored[:len(ids)]
         if len(prompt_part) != len(ids) or self.prompts_sent_as == "text":
             raise ServerError(f"the server at {self.base_url} did not score the prompt token by token (echo with "
                               f"logprobs): use a vLLM server, or mode='binary' for a judge")
+        if any(lp is None for lp in prompt_part[max(1, len(prompt_ids)):]):
+            raise ServerError(f"the server at {self.base_url} left a log-prob of the scored tokens out")
         return [float(lp) for lp in prompt_part[len(prompt_ids):]]
 
     def close(self) -> None:
@@ -309,5 +628,5 @@ class OpenAIEngine:
 
 
 def _first_line(exc: BaseException) -> str:
-    """The error's message on one line, at most 300 characters."""
-    return " ".join(str(exc).split())[:300] or type(exc).__name__
+    """The error's message on one line, printable, at most 300 characters (it may quote the server)."""
+    return _shown(str(exc), 300) or type(exc).__name__

@@ -45,12 +45,31 @@ _TRL_KEYWORDS = {"prompts", "completions", "completion_ids", "trainer_state", "l
                  "environments", "prompt", "completion"}
 
 
-def _text(completion: Any) -> str:
-    """A completion as text: a string, or TRL's conversational ``[{"role": "assistant", "content": ...}]``."""
+def _text(completion: Any, max_chars: int) -> str:
+    """A completion as text, cut to ``max_chars`` before anything else reads it: a string, or TRL's
+    conversational ``[{"role": "assistant", "content": ...}]`` (the assistant messages' contents, joined;
+    the messages past the bound are never read).
+
+    Example:
+        >>> _text([{"role": "assistant", "content": "ab"}, {"role": "user", "content": "x"},
+        ...        {"role": "assistant", "content": "cd"}], 3)
+        'abc'
+    """
     if isinstance(completion, str):
-        return completion
+        return str.__getitem__(completion, slice(0, max_chars))
     if isinstance(completion, (list, tuple)) and completion and isinstance(completion[-1], dict):
-        return "".join(str(m.get("content") or "") for m in completion if m.get("role") == "assistant")
+        parts, room = [], max_chars
+        for message in completion:
+            if room <= 0:
+                break
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                continue
+            content = message.get("content") or ""
+            if not isinstance(content, str):
+                raise TypeError(f"an assistant message's content must be text, got {type(content).__name__}")
+            parts.append(str.__getitem__(content, slice(0, room)))
+            room -= len(parts[-1])
+        return "".join(parts)
     raise TypeError(f"a completion must be text or a list of chat messages, got {type(completion).__name__}")
 
 
@@ -162,7 +181,7 @@ def trl_reward_funcs(env_or_verifier: Any, *, name: str = "llmgym_reward", max_w
         else:
             chosen = [Task(p, answer=row.get("answer"), metadata=row, id=str(row.get("task_id", "")))
                       for p, row in zip(prompts, rows)]
-        texts = [_text(c)[:max_chars] for c in completions]  # what env.step would score
+        texts = [_text(c, max_chars) for c in completions]  # what env.step would score, cut before it is read
         scores = verifier.verify_batch(chosen, texts, max_workers=max_workers)  # each verifier's own batch path
         if callable(log_metric):
             for part, mean in _component_means(scores).items():

@@ -1,7 +1,15 @@
-"""One cgroup per uid slot: a memory and process cap for a sandbox's whole process tree (optional).
+"""One cgroup per uid slot: a memory and process cap for a sandbox's whole process tree (optional);
+and, for a worker's calls, one cgroup v2 whose ``cgroup.kill`` ends every process a call started.
 
-Used wherever the cgroup tree is writable (root, cgroup v1 memory+pids or v2 with both delegated);
-without it memory is capped per process only (``RLIMIT_AS`` x ``RLIMIT_NPROC``).
+The caps are used wherever the cgroup tree is writable (root, cgroup v1 memory+pids or v2 with both
+delegated); without them memory is capped per process only (``RLIMIT_AS`` x ``RLIMIT_NPROC``).
+
+:class:`CallCgroup` is the unit a :class:`~llmgym.sandbox.worker.SandboxWorker` kills after each call:
+the call's child joins it before it drops its privileges, everything it starts is born inside, and one
+write to ``cgroup.kill`` SIGKILLs them all -- zombie thread-group leaders with live threads, stopped,
+``setsid``/double-forked processes included -- with the kernel refusing new forks meanwhile. It needs
+cgroup v2 (pure, or the ``unified`` half of a hybrid tree), kernel >= 5.14 and root; without it the
+worker's zygote sweeps its pid namespace instead (and ends the namespace if anything survives).
 
 Example:
     >>> from llmgym.sandbox.cgroups import JOIN_CGROUPS
@@ -17,7 +25,7 @@ import subprocess
 
 from .limits import SandboxLimits
 
-__all__ = ["JOIN_CGROUPS", "Cgroups", "cgroup_probe"]
+__all__ = ["JOIN_CGROUPS", "CallCgroup", "Cgroups", "call_cgroup_probe", "cgroup_probe"]
 
 
 _CG_NAME = "llmgym-sandbox"
@@ -144,3 +152,73 @@ class Cgroups:
                     with contextlib.suppress(OSError):
                         self._write(os.path.join(d, "memory.force_empty"), "0")
                 os.rmdir(d)
+
+
+def _v2_base() -> str | None:
+    """This process's cgroup in the cgroup v2 hierarchy (pure v2 at /sys/fs/cgroup, or a hybrid tree's
+    /sys/fs/cgroup/unified), or None where there is none."""
+    own = _own_cgroups().get("", "/").lstrip("/")
+    for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        if os.path.exists(os.path.join(mount, "cgroup.controllers")):
+            return os.path.join(mount, own).rstrip("/")
+    return None
+
+
+class CallCgroup:
+    """The kill unit of a worker's calls: ``<v2 base>/llmgym-sandbox/uid-N/call`` (under the slot's
+    memory and pids caps on a pure v2 tree)."""
+
+    def __init__(self, base: str):
+        self.base = base
+
+    def open(self, slot: str) -> tuple[int, int]:
+        """Make the slot's call cgroup, kill whatever an earlier host process left in it, and return
+        ``(cgroup.procs, cgroup.kill)`` opened for writing (close-on-exec: only ``pass_fds`` hands them on).
+        The permission to move a process is checked against the opener (root here), so the sandboxed
+        zygote can use them without seeing the cgroup tree."""
+        path = os.path.join(self.base, _CG_NAME, slot, "call")
+        os.makedirs(path, exist_ok=True)
+        self._write(os.path.join(path, "cgroup.kill"), "1")
+        procs = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            kill = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            os.close(procs)
+            raise
+        return procs, kill
+
+    _write = staticmethod(Cgroups._write)
+
+
+def call_cgroup_probe() -> tuple[str | None, str]:
+    """``(v2 base, "")`` where a :class:`CallCgroup` works here (a trial process joins one and is killed
+    by ``cgroup.kill``); else ``(None, reason)``."""
+    try:
+        base = _v2_base()
+        if base is None:
+            return None, "no cgroup v2 hierarchy mounted"
+        slot = f"probe-{os.getpid()}"  # other processes may probe at the same time
+        procs, kill = CallCgroup(base).open(slot)
+        try:
+            if not os.path.exists(os.path.join(base, _CG_NAME, slot, "call", "cgroup.kill")):
+                return None, "no cgroup.kill (Linux >= 5.14 is needed)"
+            trial = subprocess.Popen(["/bin/sleep", "30"], stdin=subprocess.DEVNULL)
+            try:
+                os.write(procs, b"%d" % trial.pid)
+                os.write(kill, b"1")
+                trial.wait(timeout=5)
+            finally:
+                if trial.poll() is None:
+                    trial.kill()
+                    trial.wait()
+            if trial.returncode != -9:
+                return None, f"cgroup.kill did not kill the trial process (status {trial.returncode})"
+            return base, ""
+        finally:
+            os.close(procs)
+            os.close(kill)
+            for d in ("call", ""):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(base, _CG_NAME, slot, d))
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        return None, f"cgroup v2 not writable here: {e}"

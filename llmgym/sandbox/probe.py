@@ -14,7 +14,7 @@ import shutil
 import subprocess
 
 from .bootstrap import BOOTSTRAP
-from .cgroups import cgroup_probe
+from .cgroups import call_cgroup_probe, cgroup_probe
 from .mounts import bwrap_base_args, minimal_env, tmpfs_args, world_readable
 from .policy import DEFAULT_PYTHON, INSTALL_HINTS, MECHANISMS
 
@@ -143,6 +143,13 @@ def probe(python: str) -> dict:
             why["cgroup"] = reason
     else:
         why["cgroup"] = "needs root"
+    # the kill unit of a worker's calls (not a mechanism of its own: without it the zygote sweeps its
+    # pid namespace, and ends the namespace if anything survives)
+    base, reason = call_cgroup_probe() if as_root else (None, "needs root")
+    info["cgroup_kill"] = base is not None
+    info["_call_cgroup_base"] = base
+    if base is None:
+        why["cgroup_kill"] = reason
 
     info["missing"] = [m for m in MECHANISMS if not info[m]]
     info["why"] = why
@@ -154,7 +161,9 @@ def check_sandbox(python: str = DEFAULT_PYTHON, *, refresh: bool = False) -> dic
 
     Returns a dict with one boolean per mechanism in :data:`MECHANISMS` (``bwrap``, ``seccomp``,
     ``setuid``, ``python``, ``cgroup``), ``missing`` (their names), ``why`` (a reason per
-    missing mechanism), ``hints`` (how to install each missing one) and versions/paths.  The
+    missing mechanism), ``hints`` (how to install each missing one) and versions/paths; and
+    ``cgroup_kill``: whether a worker's calls each get a cgroup v2 killed whole by ``cgroup.kill``
+    (optional: without it the zygote's namespace sweep ends them).  The
     probe runs once per process (about 100 ms); pass ``refresh=True`` to run it again.
 
     Example:
@@ -170,6 +179,7 @@ def check_sandbox(python: str = DEFAULT_PYTHON, *, refresh: bool = False) -> dic
     info = dict(probe(python))
     info.pop("_bpf", None)
     info.pop("_cgroup_dirs", None)
+    info.pop("_call_cgroup_base", None)
     info["why"] = dict(info["why"])
     info["missing"] = list(info["missing"])
     info["hints"] = {m: INSTALL_HINTS[m] for m in info["missing"]}

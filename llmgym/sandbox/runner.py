@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
 from .bootstrap import BOOTSTRAP
-from .cgroups import JOIN_CGROUPS, Cgroups
+from .cgroups import JOIN_CGROUPS, CallCgroup, Cgroups
 from .limits import SandboxLimits, SandboxResult, rlimits, signal_reason
 from .mounts import bwrap_base_args, minimal_env, tmpfs_args
 from .policy import (
@@ -218,6 +218,12 @@ class Sandbox:
         self._cgroups = (
             Cgroups(info["_cgroup_dirs"])
             if "cgroup" in self.mechanisms and self._pool is not None
+            else None
+        )
+        # a worker's calls each end with one cgroup.kill of their own cgroup (see SandboxWorker)
+        self._call_cgroup = (
+            CallCgroup(info["_call_cgroup_base"])
+            if info.get("_call_cgroup_base") and self._pool is not None
             else None
         )
         self.env = {

@@ -37,9 +37,27 @@ def default_lock_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"llmgym-sandbox-{os.geteuid()}")
 
 
+def _has_live_thread(pid: str) -> bool:
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
+                    return True
+    except (OSError, IndexError):
+        pass
+    return False
+
+
 def pids_of_uids(uids: Iterable[int]) -> list[int]:
-    """Pids of live processes whose real uid is in ``uids`` (a ``/proc`` scan; zombies excluded:
-    they are dead and only wait for their parent to collect them)."""
+    """Pids of live processes whose real uid is in ``uids`` (a ``/proc`` scan). A zombie is left out
+    (it only waits for its parent to collect it) -- unless one of its threads still runs: a thread-group
+    leader that exits with a second thread alive shows as a zombie and is anything but dead.
+
+    Example:
+        >>> import os
+        >>> os.getpid() in pids_of_uids([os.getuid()])
+        True
+    """
     wanted = {int(u) for u in uids}
     found = []
     for name in os.listdir("/proc"):
@@ -47,14 +65,13 @@ def pids_of_uids(uids: Iterable[int]) -> list[int]:
             continue
         try:
             with open(f"/proc/{name}/status", "rb") as fh:
-                for line in fh:
-                    if line.startswith(b"State:") and line.split()[1] in (b"Z", b"X"):
-                        break
-                    if line.startswith(b"Uid:"):
-                        if int(line.split()[1]) in wanted:
-                            found.append(int(name))
-                        break
-        except (OSError, ValueError, IndexError):
+                fields = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
+            if int(fields[b"Uid"].split()[0]) not in wanted:
+                continue
+            if fields[b"State"].split()[0] in (b"Z", b"X") and not _has_live_thread(name):
+                continue
+            found.append(int(name))
+        except (OSError, ValueError, KeyError, IndexError):
             continue
     return found
 

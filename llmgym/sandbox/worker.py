@@ -132,33 +132,58 @@ def _reap():
         if pid == 0:
             return
 
+def _alive(pid):
+    # a thread-group leader that exited with a thread still running shows "Z" and runs on: a process
+    # is dead only when every one of its threads is
+    try:
+        for tid in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/stat" % (pid, tid), "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
+                    return True
+    except (OSError, IndexError):
+        pass
+    return False
+
 def _leftovers(uid):
-    # processes a call left: in our own pid namespace, all but us; else those of the call's uid
+    # processes a call left. As our pid namespace's init: every process but us, zombies included
+    # (ours to reap, or a leader whose threads live on); else the live ones of the call's uid.
     me, found = os.getpid(), []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
-        try:
-            with open("/proc/%s/status" % name, "rb") as fh:
-                fields = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
-        except (OSError, ValueError):
-            continue
-        if fields.get(b"State", b" ?").split()[0] in (b"Z", b"X"):
-            continue
-        if me == 1 or (uid is not None and int(fields[b"Uid"].split()[0]) == uid):
-            found.append(int(name))
+        if me != 1:
+            try:
+                with open("/proc/%s/status" % name, "rb") as fh:
+                    fields = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
+                if uid is None or int(fields[b"Uid"].split()[0]) != uid or not _alive(int(name)):
+                    continue
+            except (OSError, ValueError, KeyError, IndexError):
+                continue
+        found.append(int(name))
     return found
 
-def _sweep(uid, pid):
+def _end_call(cfg, pid):
+    # Kill everything the call started; True when nothing is left. Its cgroup (where there is one)
+    # takes every process at once, whatever its state; the sweep kills what /proc still shows and
+    # reaps, until our namespace holds nobody but us -- or reports that it could not.
+    unit = cfg.get("call_unit")
+    if unit is not None:
+        try:
+            os.write(unit[1], b"1")
+        except OSError:
+            pass
     try:
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
-    for _ in range(200):
+    deadline = time.monotonic() + 2.0  # within the host's grace (GRACE_S)
+    while True:
         _reap()
-        left = _leftovers(uid)
+        left = _leftovers(cfg["uid"])
         if not left:
-            return
+            return True
+        if time.monotonic() > deadline:
+            return False
         for p in left:
             try:
                 os.kill(p, signal.SIGKILL)
@@ -175,6 +200,8 @@ def _vm_bytes():
 
 def _child(cfg, handle, state, request, limit, ready_w, result_w):
     try:
+        if cfg.get("call_unit") is not None:  # into the call's cgroup, before any of its code runs
+            os.write(cfg["call_unit"][0], b"0")
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
@@ -218,8 +245,7 @@ def _call(cfg, handle, state, request, limit, started):
     os.close(result_w)
     err = _setup_error(ready_r)
     if err:
-        _sweep(cfg["uid"], pid)
-        return SETUP_ERROR, err
+        return SETUP_ERROR, err, _end_call(cfg, pid)
     started()  # the host's clock for this call starts now (prepare() and the set-up are not the check's)
     buf, status = bytearray(), None
     while True:
@@ -247,14 +273,14 @@ def _call(cfg, handle, state, request, limit, started):
             status = TIMEOUT
             break
         time.sleep(0.0005)
-    _sweep(cfg["uid"], pid)
+    clean = _end_call(cfg, pid)
     if status is not None:
-        return status, b""
+        return status, b"", clean
     if os.WIFSIGNALED(wait_status):
-        return CRASH, b"signal %d" % os.WTERMSIG(wait_status)
+        return CRASH, b"signal %d" % os.WTERMSIG(wait_status), clean
     if os.WEXITSTATUS(wait_status) != 0 or not buf:
-        return CRASH, b"exit %d" % os.WEXITSTATUS(wait_status)
-    return OK, bytes(buf)
+        return CRASH, b"exit %d" % os.WEXITSTATUS(wait_status), clean
+    return OK, bytes(buf), clean
 
 def _worker():
     cfg_fd = int(sys.argv[1])
@@ -294,9 +320,11 @@ def _worker():
         except BaseException as e:
             _send(out, call_id, PREPARE_ERROR, _text(e))
             continue
-        status, payload = _call(cfg, handle, state, request, limit,
-                                lambda: _send(out, call_id, STARTED, b""))
+        status, payload, clean = _call(cfg, handle, state, request, limit,
+                                       lambda: _send(out, call_id, STARTED, b""))
         _send(out, call_id, status, payload)
+        if not clean:  # something of the call would not die: end the namespace, and the kernel kills it
+            os._exit(3)
 
 _worker()
 """
@@ -495,9 +523,15 @@ class SandboxWorker:
                 "seccomp_inproc": sb._use_seccomp and not sb._use_bwrap,
                 "max_result": int(lim.max_output_kb * 1024),
             }
+            pass_fds = []
+            if sb._call_cgroup is not None and self._uid is not None:
+                unit = sb._call_cgroup.open(f"uid-{self._uid}")
+                fds += unit
+                pass_fds += unit
+                cfg["call_unit"] = list(unit)
             cfg_fd = _memfd(marshal.dumps(cfg, 4), "llmgym-worker-cfg")
             fds.append(cfg_fd)
-            pass_fds = [cfg_fd]
+            pass_fds.append(cfg_fd)
             env = dict(sb.env, HOME="/tmp", TMPDIR="/tmp", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                        MKL_NUM_THREADS="1", **self.env)
             boot = [sb.python, "-I", "-c", ZYGOTE_SOURCE, str(cfg_fd)]
