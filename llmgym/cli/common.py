@@ -766,9 +766,10 @@ def plugin_options():
     return parser
 
 
-def import_user_modules(names: Sequence[str]) -> None:
+def import_user_modules(names: Sequence[str], also_from: str | None = None, flag: str = "--import") -> None:
     """Import each ``--import MODULE`` (from the current directory too, as ``python -m`` would), so the
-    envs it registers exist before the registry is read.
+    envs it registers exist before the registry is read. ``also_from``: one more folder to look in,
+    after the current one (``--resume`` passes the folder the run was started from).
 
     Example:
         >>> from llmgym.cli.common import import_user_modules
@@ -784,6 +785,8 @@ def import_user_modules(names: Sequence[str]) -> None:
     cwd = os.getcwd()
     if names and cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+    if names and also_from and also_from not in sys.path and os.path.isdir(also_from):
+        sys.path.append(also_from)  # after the current folder and the installed packages
     for name in names:
         if name.endswith(".py") or "/" in name:
             raise UsageError(f"--import takes a module name, not a file path: for {name!r} run from its folder "
@@ -792,14 +795,16 @@ def import_user_modules(names: Sequence[str]) -> None:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
-                raise UsageError(f"--import {name}: no module named {exc.name!r} (run from the folder that holds "
-                                 f"it, add that folder to PYTHONPATH, or pip install its package)") from None
-            raise UsageError(f"--import {name} failed: it imports {exc.name!r}, which is not installed") from None
+                where = f"the folder that holds it ({also_from} when the run began)" if also_from else \
+                    "the folder that holds it"
+                raise UsageError(f"{flag} {name}: no module named {exc.name!r} (run from {where}, add that folder "
+                                 f"to PYTHONPATH, or pip install its package)") from None
+            raise UsageError(f"{flag} {name} failed: it imports {exc.name!r}, which is not installed") from None
         except Exception as exc:  # the user's module raised while importing: one line, with where
             import traceback
 
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            raise UsageError(f"--import {name} failed: {type(exc).__name__}: {exc} "
+            raise UsageError(f"{flag} {name} failed: {type(exc).__name__}: {exc} "
                              f"(at {where.filename}:{where.lineno})") from None
 
 

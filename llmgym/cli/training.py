@@ -68,6 +68,10 @@ class RunSpec:
     """``None``: the synchronous loop; ``K``: the pipelined learner (``--async --max-staleness K``)."""
     verify_workers: int | None = None
     """Threads that verify a batch concurrently under the pipelined learner (``--verify-workers``)."""
+    imports: list[str] = dataclasses.field(default_factory=list)
+    """The ``--import`` modules the run's env comes from: ``--resume`` imports them again."""
+    import_dir: str | None = None
+    """The folder the run was started in (where ``--import`` found the modules), searched again by ``--resume``."""
 
     def to_json(self) -> dict[str, Any]:
         from llmgym import __version__
