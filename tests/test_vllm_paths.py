@@ -66,13 +66,14 @@ def test_the_error_is_the_only_line_a_user_sees(saved_tiny_model_dir, tmp_path):
 
 
 def test_the_quickstart_model_trains_with_engine_vllm_and_weight_syncs_log_no_noise(tmp_path, monkeypatch):
-    """The first thing a user tries after the quickstart: its model, ``--engine vllm``. Each step's weight sync
-    makes vLLM warn ``RotaryEmbedding: Failed to load weights`` (a buffer, not a weight): dropped, and only it."""
-    from llmgym.cli.quickstart import quickstart_base_model
+    """The first thing a user tries after the quickstart (the README's command): its checkpoint, ``--engine vllm``.
+    Each weight sync makes vLLM warn ``RotaryEmbedding: Failed to load weights`` (a buffer, not a weight):
+    dropped, and only it."""
     from llmgym.engines import vllm as vllm_engine
 
     monkeypatch.setenv("LLMGYM_CACHE", str(tmp_path / "cache"))
-    base = quickstart_base_model()
+    assert main(["quickstart", "--quick", "--steps", "2", "--out", str(tmp_path / "quickstart")]) == 0
+    base = tmp_path / "quickstart" / "checkpoints" / "last"
     dropped, shown = [], []
     keep = vllm_engine._DropKnownNoise.filter
 

@@ -30,6 +30,7 @@ from llmgym.cli.common import (
     _make_env,
     _require_env,
     atomic_write_text,
+    bf16_on_slow_cpu,
     build_engine,
     check_device,
     check_engine,
@@ -181,6 +182,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         env = _make_env(args.env, tokenizer, args.level, args.max_new_tokens, env_args)
         if engine is None:  # vLLM starts after the cheap checks
             engine = build_engine(kind, engine_args, model, tokenizer)
+            note = bf16_on_slow_cpu(device, None, engine_args)
+            if note:
+                console.print(f"[yellow]{note}[/]")
         return _bench(args, console, info, env, engine, tokenizer, sampling, requested, env_args, out, device,
                       {"engine": kind, "engine_args": engine_args, **served})
     finally:

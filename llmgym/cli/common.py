@@ -34,6 +34,7 @@ __all__ = [
     "ENGINE_DECODES",
     "ENGINES",
     "apply_scale_options",
+    "bf16_on_slow_cpu",
     "build_agent_config",
     "build_engine",
     "check_engine",
@@ -935,6 +936,22 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
         except UnsupportedModelError as exc:
             raise UsageError(f"--engine vllm: {exc}") from None
     return kind
+
+
+def bf16_on_slow_cpu(device: str | None, precision: str | None, engine_args: dict[str, Any] | None = None) -> str | None:
+    """A one-line note when bf16 is asked for (``--dtype bf16[-mixed]``, ``--engine-arg dtype=bfloat16``) on a
+    CPU without bf16 instructions, where it is 3–5× slower than float32; ``None`` otherwise."""
+    from llmgym.threads import cpu_has_fast_bf16
+
+    engine_dtype = str((engine_args or {}).get("dtype", "")).lower()
+    asked = [what for what, on in (("--dtype " + str(precision), str(precision).startswith("bf16")),
+                                   ("--engine-arg dtype=" + engine_dtype, engine_dtype in ("bfloat16", "bf16")))
+             if on]
+    if not asked or str(device or "cpu").startswith("cuda") or cpu_has_fast_bf16():
+        return None
+    return (f"note: {' and '.join(asked)} on a CPU without bf16 instructions (torch: "
+            f"{__import__('torch').backends.cpu.get_cpu_capability()}): bf16 runs 3-5x slower than float32 here "
+            f"(docs/scale.md, 'bf16 on a CPU')")
 
 
 def _quiet_vllm() -> None:

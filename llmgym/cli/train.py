@@ -33,6 +33,7 @@ from llmgym.cli.common import (
     _check_model,
     _summary_window,
     apply_scale_options,
+    bf16_on_slow_cpu,
     build_agent_config,
     check_device,
     check_engine,
@@ -235,6 +236,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     banner = (f"[bold]{verb}[/] {spec.agent} on {spec.env} (model {spec.model}, {spec.steps} steps, "
               f"seed {spec.agent_config.get('seed', 0)}, device {spec.device or 'cpu'}"
               f"{''.join(', ' + e for e in extras)}) → {out}")
+    note = bf16_on_slow_cpu(spec.device, spec.agent_config.get("precision"), spec.engine_args)
+    if note:  # printed with the banner, once every check has passed
+        banner += f"\n[yellow]{note}[/]"
     # train_run prints the banner once the model, agent, env and evaluation tasks are made: a mistake
     # found there (a missing --env-arg path=, a file the agent cannot read) is the only output
     result = train_run(spec, out, resume=bool(args.resume), console=console, banner=banner,

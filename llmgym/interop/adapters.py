@@ -45,8 +45,8 @@ class Adapter:
 
 ADAPTERS: dict[str, Adapter] = {
     "verifiers": Adapter("verifiers", "verifiers", "verifiers", "llmgym.interop.verifiers_in:from_verifiers",
-                         "<module>", "a PrimeIntellect verifiers environment (the installed package exporting its "
-                                     "Taskset), single- or multi-turn"),
+                         "<module>", "a PrimeIntellect verifiers environment (an installed package, or a module in the "
+                                     "current folder, exporting its Taskset), single- or multi-turn"),
     "textarena": Adapter("textarena", "textarena", "textarena", "llmgym.interop.textarena_in:from_textarena",
                          "<game id>", "a TextArena game (multi-turn; other seats played by a fixed opponent)"),
 }
