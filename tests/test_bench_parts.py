@@ -187,12 +187,27 @@ def test_bench_in_parts_samples_what_one_rollout_would_and_times_the_warm_up_apa
     from llmgym.models import load_model
     from llmgym.rollout import collect_episodes, distinct_tasks
 
+    import time
+
+    from llmgym.engines import HFEngine
+
+    generate, calls = HFEngine.generate, []
+
+    def slow_first_call(self, *a, **kw):  # an engine whose first call carries a start-up, as vLLM's does
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(3.0)
+        return generate(self, *a, **kw)
+
     out = tmp_path / "b.json"
-    assert main(["bench", "--env", ENV, "--samples", "3", "--tasks", "20", "--max-new-tokens", "4", "--seed", "5",
-                 "--out", str(out)]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(HFEngine, "generate", slow_first_call)
+        assert main(["bench", "--env", ENV, "--samples", "3", "--tasks", "20", "--max-new-tokens", "4",
+                     "--seed", "5", "--out", str(out)]) == 0
     assert 20 * 3 > 3 * llmgym.cli.bench.CHUNK_ROWS  # four parts
     report = json.loads(out.read_text())
-    assert report["warmup_s"] > 0 and report["timed_samples"] == 60
+    assert report["warmup_s"] >= 3.0 and report["timed_samples"] == 60  # the first call, apart,
+    assert report["generate_s"] < 3.0  # not in the sampling time tokens/s divides by (60 x 4 tokens take ~0.2 s)
     model, tok = load_model("tiny")
     env = gym.make(ENV, tokenizer=tok)
     tasks, _ = distinct_tasks(env, 20, seed=5)

