@@ -164,6 +164,8 @@ class Agent(abc.ABC):
     pipelined = True
     """Whether :class:`llmgym.agents.pipeline.Pipeline` may train this agent on stale samples (DPO
     may not: its pairs carry no policy-gradient correction)."""
+    pipeline_state: Any = None
+    """What continues a pipelined :meth:`learn` that its callback stopped (see there); ``None`` otherwise."""
 
     def __init__(self, model, tokenizer, config: AgentConfig | None = None, *, engine=None, **overrides: Any):
         config = config if config is not None else self.config_class()
@@ -406,6 +408,7 @@ class Agent(abc.ABC):
         max_staleness: int | None = None,
         verify_workers: int | None = None,
         drain_every: int | None = None,
+        pipeline_state: Any = None,
     ) -> list[dict[str, float]]:
         """Collect and update ``steps`` times; return the per-step metrics.
 
@@ -423,16 +426,22 @@ class Agent(abc.ABC):
         machinery). ``verify_workers`` (threads that run ``env.step`` concurrently) and
         ``drain_every`` (steps at which the pipeline restarts its schedule, so a checkpoint there
         resumes exactly) are the pipeline's. ``None`` (the default): this synchronous loop.
+        A pipelined run that a callback stops leaves :attr:`pipeline_state` (a
+        :class:`~llmgym.agents.pipeline.PipelineState`, or ``None``), which ``pipeline_state=`` takes to
+        continue it exactly.
         """
         if max_staleness is not None:
             from llmgym.agents.pipeline import Pipeline
 
             pipeline = Pipeline(self, env, max_staleness=max_staleness, verify_workers=verify_workers,
                                 drain_every=drain_every)
-            return pipeline.run(steps, callback=callback, progress=progress)
-        if verify_workers is not None or drain_every is not None:
-            raise ValueError("verify_workers and drain_every are options of the pipelined learner: pass "
-                             "max_staleness=K too (K = 0 keeps the synchronous schedule)")
+            try:
+                return pipeline.run(steps, callback=callback, progress=progress, resume=pipeline_state)
+            finally:
+                self.pipeline_state = pipeline.state
+        if verify_workers is not None or drain_every is not None or pipeline_state is not None:
+            raise ValueError("verify_workers, drain_every and pipeline_state are options of the pipelined learner: "
+                             "pass max_staleness=K too (K = 0 keeps the synchronous schedule)")
         with self.reporting(steps, callback, progress) as (history, report):
             for _ in range(steps):
                 started = time.perf_counter()

@@ -41,8 +41,11 @@ is stale and the weights are exactly 1.
 **Checkpoints.** A segment boundary drains the pipeline (batch ``s`` is sampled by version ``s``):
 a checkpoint written after step ``s`` (every ``drain_every`` steps; the command line passes its
 ``--checkpoint-every``) resumes exactly, because the resumed run starts a segment there too. A run
-stopped at another step (Ctrl-C) saves what it has; resuming restarts the schedule at that step,
-so the first ``K`` batches after it are fresher than in the uninterrupted run.
+stopped at another step ``t`` (its callback returned ``False``: Ctrl-C on the command line) first
+finishes the batches already due to weights older than ``t`` (at most ``K``; they were being sampled
+anyway) and leaves them, with the schedule's segment start, in :attr:`Pipeline.state`
+(:class:`PipelineState`); ``run(..., resume=state)`` uses them first and keeps the schedule, so the
+resumed run is the uninterrupted one, exactly. The command line saves the state beside the checkpoint.
 
 Example:
     >>> import gymnasium, llmgym
@@ -63,6 +66,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import copy
+import dataclasses
 import threading
 import time
 from typing import Any, Callable, Iterable
@@ -74,7 +78,8 @@ from llmgym import distributed
 from llmgym.engines import HFEngine
 from llmgym.engines.base import sync_engine_weights
 
-__all__ = ["DEFAULT_VERIFY_WORKERS", "STAGES", "Pipeline", "StageMeter", "WeightChannel", "behaviour_version"]
+__all__ = ["DEFAULT_VERIFY_WORKERS", "STAGES", "Pipeline", "PipelineState", "StageMeter", "WeightChannel",
+           "behaviour_version"]
 
 STAGES = ("generate", "verify", "learn")
 DEFAULT_VERIFY_WORKERS = 8
@@ -171,6 +176,61 @@ def _snapshot(model: torch.nn.Module) -> _StateDict:
         key = id(tensor.untyped_storage()) if tensor.numel() else id(tensor)
         state[name] = copies.setdefault(key, tensor.detach().clone())
     return _StateDict(state)
+
+
+def _batch_state(batch) -> dict[str, Any]:
+    """``batch`` as tensors and plain data (``torch.load(..., weights_only=True)`` reads it back)."""
+    from llmgym.logging import json_safe
+
+    tensors = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch) if f.name not in ("stats", "episodes")}
+    episodes = []
+    for e in batch.episodes:
+        row = {f.name: getattr(e, f.name) for f in dataclasses.fields(e) if f.name not in ("task", "info")}
+        row["task"] = json_safe(dataclasses.asdict(e.task))
+        row["info"] = json_safe({k: v for k, v in e.info.items() if k != "task"})
+        episodes.append(json_safe(row) | {"logprobs": [float(x) for x in e.logprobs],
+                                          "rewards": [float(x) for x in e.rewards]})
+    return {"tensors": tensors, "stats": {k: float(v) for k, v in batch.stats.items()}, "episodes": episodes}
+
+
+def _batch_from_state(state: dict[str, Any]):
+    from llmgym.batch import Batch
+    from llmgym.rollout import Episode
+    from llmgym.types import Task
+
+    episodes = []
+    for row in state["episodes"]:
+        task = Task(**row["task"])
+        episodes.append(Episode(**{**row, "task": task, "info": {**row["info"], "task": task}}))
+    return Batch(**state["tensors"], stats=dict(state["stats"]), episodes=episodes)
+
+
+@dataclasses.dataclass
+class PipelineState:
+    """Where a stopped pipelined run stands: what ``run(..., resume=state)`` needs to continue it exactly.
+
+    Attributes:
+        schedule_start: the segment start of the run's schedule (:func:`behaviour_version`'s ``start``).
+        pending: batches already sampled for the next steps (global step -> batch), by weights older than
+            the checkpoint's; the resumed run updates on them instead of sampling them again.
+
+    Example:
+        >>> from llmgym.agents.pipeline import PipelineState
+        >>> PipelineState.from_state_dict(PipelineState(0, {}).state_dict())
+        PipelineState(schedule_start=0, pending={})
+    """
+
+    schedule_start: int
+    pending: dict[int, Any] = dataclasses.field(default_factory=dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors and plain data only (a checkpoint loads it with ``weights_only=True``)."""
+        return {"schedule_start": int(self.schedule_start),
+                "pending": {int(k): _batch_state(b) for k, b in self.pending.items()}}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> PipelineState:
+        return cls(int(state["schedule_start"]), {int(k): _batch_from_state(b) for k, b in state["pending"].items()})
 
 
 class PipelineStopped(RuntimeError):
@@ -411,19 +471,31 @@ class Pipeline:
         self.agent, self.env = agent, env
         self.max_staleness, self.verify_workers, self.drain_every = max_staleness, workers, drain_every
         self.engine, self.owns_engine = _generation_engine(agent, max_staleness)
+        self.state: PipelineState | None = None
+        """After :meth:`run` stopped early with batches due to older weights: what continues it exactly."""
 
     def run(self, steps: int, *, callback: Callable[[dict[str, float]], Any] | None = None,
-            progress: bool = False) -> list[dict[str, float]]:
-        """Train ``steps`` steps; return the per-step metrics (a ``callback`` returning ``False`` stops)."""
+            progress: bool = False, resume: PipelineState | None = None) -> list[dict[str, float]]:
+        """Train ``steps`` steps; return the per-step metrics (a ``callback`` returning ``False`` stops).
+
+        ``resume``: the :attr:`state` of a run stopped at this step: its schedule and its batches sampled ahead."""
         agent, k = self.agent, self.max_staleness
         start = agent.step_count
-        schedule = [behaviour_version(start + i, k, start, self.drain_every) for i in range(steps)]
+        segment = start if resume is None else resume.schedule_start
+        ready = {} if resume is None else {g - start: b for g, b in resume.pending.items() if g >= start}
+        schedule = [behaviour_version(start + i, k, segment, self.drain_every) for i in range(steps)]
+        missing = [start + i for i in range(steps) if schedule[i] < start and i not in ready]
+        if missing:
+            raise ValueError(f"steps {missing} are due to weights older than the model's (step {start}) and their "
+                             f"batches are not in the resume state: resume from the checkpoint that saved them")
+        sampled = [v for i, v in enumerate(schedule) if i not in ready]
         # a fresh copy of the model is version `start` already; any other engine is loaded now, here,
         # so an engine that cannot take weights (a served model) says so before a thread starts
-        channel = WeightChannel(self.engine, schedule, loaded=start if self.owns_engine else None)
+        channel = WeightChannel(self.engine, sampled, loaded=start if self.owns_engine else None)
         channel.publish(start, agent.model)
-        if steps:
-            channel.acquire(schedule[0])
+        if sampled:
+            channel.acquire(sampled[0])
+        self.state = None
         stages = _Stages()
         stop = threading.Event()
         turns = [threading.Event() for _ in range(steps + 1)]  # turns[i]: rollout i may use the engine
@@ -433,6 +505,9 @@ class Pipeline:
         rollouts = concurrent.futures.ThreadPoolExecutor(k + 1, thread_name_prefix="llmgym-rollout")
 
         def rollout(i: int):
+            if i in ready:  # sampled before the stop, by the weights the schedule gave it
+                turns[i + 1].set()
+                return ready[i]
             try:
                 _wait(turns[i], stop)
                 channel.acquire(schedule[i], stop.is_set)
@@ -465,6 +540,7 @@ class Pipeline:
                     row["weight_sync_s"], row["weight_snapshots"] = channel.load_s - sync_before, float(channel.snapshots)
                     step_started, busy_before, sync_before = now, busy, channel.load_s
                     if not report(row):
+                        self.state = self._stopped_at(i, schedule, futures, segment)
                         break
         finally:
             stop.set()
@@ -478,6 +554,15 @@ class Pipeline:
         if not self.owns_engine:  # the agent's engine samples the trained policy afterwards, as after learn()
             sync_engine_weights(self.engine, agent.model, agent.step_count)
         return history
+
+    def _stopped_at(self, i: int, schedule: list[int], futures: list, segment: int) -> PipelineState | None:
+        """The run stops after update ``i``: finish the batches due to weights older than the learner's now
+        (they cannot be sampled again after a restart) and keep them; ``None`` when there are none."""
+        now = self.agent.step_count
+        due = [j for j in range(i + 1, len(schedule)) if schedule[j] < now]
+        if not due:
+            return None
+        return PipelineState(segment, {now - (i + 1) + j: _result(futures[j]) for j in due})
 
     def _staleness(self, batch, version: int) -> dict[str, float]:
         """The staleness histogram of ``batch``'s sampled tokens; raises if one is older than ``K``."""

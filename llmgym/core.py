@@ -217,16 +217,52 @@ class ChatTurns:
     def user_turn(self, content: str) -> str:
         """``content`` as a user turn followed by the assistant's generation prompt (the template's text)."""
         history = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!"}]
-        before = self.tokenizer.apply_chat_template(history, tokenize=False)
-        after = self.tokenizer.apply_chat_template(
-            history + [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-        )
-        if not after.startswith(before):
-            raise ValueError(
-                "the tokenizer's chat template renders earlier turns differently once a new turn follows, "
-                "so a reply cannot be appended as a user turn; override MultiTurnEnv.format_reply"
-            )
-        return after[len(before):]
+        try:
+            return self.appended(history, [{"role": "user", "content": content}])
+        except ValueError as exc:
+            raise ValueError(f"{exc}; override MultiTurnEnv.format_reply") from None
+
+    def appended(self, history: list[dict[str, Any]], new: list[dict[str, Any]], **template_kwargs: Any) -> str:
+        """What the template writes for ``new`` messages and the next generation prompt after ``history``,
+        whose last message is the assistant's turn — kept as the model wrote it, never re-rendered.
+
+        The difference of two renderings, with and without ``new``. Many templates re-render earlier turns
+        once a turn follows (Qwen 3 and other reasoning models drop a past turn's ``<think>`` block): then
+        the new text starts after that assistant turn's closing in the longer rendering, provided the
+        re-rendered turn only *lost* a span (its reasoning) and the closings before it are the same; any
+        other rewrite of history raises a ``ValueError``.
+
+        Example:
+            >>> from llmgym.core import ChatTurns
+            >>> from llmgym.models import build_tokenizer
+            >>> tok = build_tokenizer()
+            >>> turns = ChatTurns.of(tok)
+            >>> turns.appended([{"role": "user", "content": "?"}, {"role": "assistant", "content": "!"}],
+            ...                [{"role": "user", "content": "more"}])
+            '<|user|>more\\n<|assistant|>'
+        """
+        render = self.tokenizer.apply_chat_template
+        before = render(history, tokenize=False, **template_kwargs)
+        after = render(history + new, add_generation_prompt=True, tokenize=False, **template_kwargs)
+        if after.startswith(before):
+            return after[len(before):]
+        stable = "the chat template renders earlier turns differently once a new turn follows"
+        head = render(history[:-1], tokenize=False, **template_kwargs)  # everything before the assistant's turn
+        count = before.count(self.closing) if self.closing else 0
+        if not (count and before.endswith(self.closing) and before.startswith(head) and after.startswith(head)):
+            raise ValueError(f"{stable}, and not only by dropping part of the last assistant turn")
+        end = -1
+        for _ in range(count):  # the assistant turn's closing: the count-th closing in the longer rendering
+            end = after.find(self.closing, end + 1)
+            if end < 0:
+                raise ValueError(f"{stable}: the assistant turn's closing is not where it was")
+        kept, redone = before[len(head):], after[len(head):end + len(self.closing)]
+        common = 0
+        while common < len(redone) and kept[common] == redone[common]:
+            common += 1
+        if len(redone) >= len(kept) or not kept.endswith(redone[common:]):  # redone = kept less one span
+            raise ValueError(f"{stable}, and not only by dropping part of the last assistant turn")
+        return after[end + len(self.closing):]
 
 
 def end_of_turn_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:

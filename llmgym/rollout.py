@@ -99,6 +99,11 @@ def turn_keys(seed: int, num_rows: int, turn: int) -> list[int]:
     return row_keys(seed * 1_000_003 + turn, num_rows)
 
 
+def _row_keys(seed: int, first_row: int, num_rows: int, turn: int) -> list[int]:
+    """:func:`turn_keys` of rows ``first_row … first_row + num_rows - 1`` (a row's key depends on its index only)."""
+    return turn_keys(seed, first_row + num_rows, turn)[first_row:]
+
+
 def draw_tasks(env: gym.Env, num_tasks: int, seed: int | None = None) -> list[Task]:
     """Draw tasks through ``env.reset`` (so the env's own seeded task source decides).
 
@@ -139,12 +144,15 @@ def collect_episodes(
     on_episodes_done: Callable[[int], Any] | None = None,
     step_pool: Executor | None = None,
     observer: Any = None,
+    first_row: int = 0,
 ) -> tuple[list[Episode], dict[str, float]]:
     """Run ``num_tasks × group_size`` episodes to the end; return them and timing stats.
 
     Episodes ``g * group_size … (g+1) * group_size - 1`` share task ``g``. ``seed`` fixes the task
     draw (through ``env.reset(seed=seed)``) and every sampled token; ``tasks`` pins the tasks instead.
     ``max_turns`` stops an episode whose env never ends it (a guard, not a game rule).
+    ``first_row``: the rows are sampled as rows ``first_row, first_row + 1, …`` of a larger run with
+    this ``seed`` (their keys are that run's), so a run done in parts samples what it would at once.
     ``on_episodes_done(k)`` is called as episodes end (``k`` of them since its last call): a
     progress display's hook. Rows go to the engine in batches of its ``max_batch_size`` (the
     batches it would make itself), so results do not depend on the hook.
@@ -197,10 +205,11 @@ def collect_episodes(
     started = time.perf_counter()
     clock = _RolloutClock(on_episodes_done, observer)
     if is_token_level(env):
-        _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock)
+        _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock, first_row)
     else:
         one_turn = max_turns <= 1 or at_most_one_turn(env)
-        _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock, step_pool, one_turn)
+        _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock, step_pool, one_turn,
+                            first_row)
     _generation_done(engine)
     elapsed = time.perf_counter() - started
     return episodes, {"rollout_s": elapsed, "generate_s": clock.generate_s, "verify_s": clock.verify_s,
@@ -304,7 +313,7 @@ def _record_turn(ep: Episode, completion_ids: list[int], logprobs: list[float], 
 
 
 def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock, step_pool=None,
-                        one_turn=False) -> None:
+                        one_turn=False, first_row=0) -> None:
     for e in envs:  # a turn the engine stopped on one of its ids is a turn the model closed (chat replies)
         inner = e.unwrapped
         if hasattr(inner, "stop_token_ids"):
@@ -315,7 +324,7 @@ def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, ma
     # the engine's own batches (an engine without max_batch_size takes the whole turn at once)
     chunk = int(getattr(engine, "max_batch_size", 0) or 0) or max(1, len(envs))
     while live and turn < max_turns:
-        keys_all = turn_keys(seed, len(envs), turn)
+        keys_all = _row_keys(seed, first_row, len(envs), turn)
         still = []
         for start in range(0, len(live), chunk):
             rows = live[start:start + chunk]
@@ -372,7 +381,7 @@ def _token_wrapper(env: gym.Env):
     raise TypeError("a token-level env must contain llmgym.TokenLevel")
 
 
-def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock) -> None:
+def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock, first_row=0) -> None:
     if not (hasattr(engine, "open_session") or hasattr(engine, "next_token_logits")):
         raise TypeError(
             f"{type(engine).__name__} cannot drive a token-level env (it has neither open_session nor "
@@ -389,10 +398,10 @@ def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_t
     chunk = max(1, int(getattr(engine, "max_batch_size", len(envs)) or len(envs)))
     for start in range(0, len(envs), chunk):
         _run_token_rows(list(range(start, min(start + chunk, len(envs)))), envs, episodes, observations, engine,
-                        sampling, seed, max_turns, clock)
+                        sampling, seed, max_turns, clock, first_row)
 
 
-def _run_token_rows(live, envs, episodes, observations, engine, sampling, seed, max_turns, clock) -> None:
+def _run_token_rows(live, envs, episodes, observations, engine, sampling, seed, max_turns, clock, first_row=0) -> None:
     """Step episodes ``live`` one token at a time; the model sees each context token once (a session)."""
     from llmgym.engines.session import open_decode_session
 
@@ -400,10 +409,11 @@ def _run_token_rows(live, envs, episodes, observations, engine, sampling, seed, 
         session = open_decode_session(engine, [observations[i]["prompt_ids"] for i in live])
     version = getattr(engine, "policy_version", None)
     with session:  # eval mode held for the whole rollout, not switched per token
-        _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock, version)
+        _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock, version, first_row)
 
 
-def _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock, version=None) -> None:
+def _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock, version=None,
+               first_row=0) -> None:
     row_of = dict(zip(live, session.rows))
     turn_of = {i: 0 for i in live}
     buffers: dict[int, list[int]] = {i: [] for i in live}
@@ -414,7 +424,7 @@ def _step_rows(session, live, envs, episodes, observations, sampling, seed, max_
         keys = []
         for i in live:
             if turn_of[i] not in keys_cache:
-                keys_cache[turn_of[i]] = turn_keys(seed, len(envs), turn_of[i])
+                keys_cache[turn_of[i]] = _row_keys(seed, first_row, len(envs), turn_of[i])
             keys.append(keys_cache[turn_of[i]][i])
         with clock.generating():
             logits = session.logits([row_of[i] for i in live])
@@ -500,7 +510,7 @@ DISTINCT_DRAW_PATIENCE = 200
 
 
 def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0,
-                   seeds: list[int] | None = None) -> tuple[list[Task], str]:
+                   seeds: list[int] | None = None, allow_fewer: bool = False) -> tuple[list[Task], str]:
     """Tasks for an evaluation, each at most once; and a sentence saying how they were chosen.
 
     * A finite task list (HumanEval, a JSONL file): ``num_tasks=None`` takes every task, in the list's
@@ -510,7 +520,9 @@ def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0,
       is required; tasks come from ``env.reset(seed=seed + i)`` for i = 0, 1, …, and a task already
       drawn (same id and prompt) is skipped, so the N tasks are distinct.
 
-    Raises ``ValueError`` (with what to do) when ``num_tasks`` exceeds the distinct tasks there are.
+    Raises ``ValueError`` (with what to do) when ``num_tasks`` exceeds the distinct tasks there are;
+    with ``allow_fewer=True`` a procedural source that runs out gives every distinct task it found,
+    and the sentence says so (a default count, not one the user asked for).
     With a procedural source, a list given as ``seeds`` receives each task's reset seed (what
     reproduces it: ``env.reset(seed=seeds[i])``).
 
@@ -524,6 +536,10 @@ def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0,
         >>> tasks, how = distinct_tasks(gymnasium.make("llmgym/Copy-v0"), 20, seed=0)
         >>> len({t.id for t in tasks}), how
         (20, '20 distinct tasks from seeds 0..19 (procedural source)')
+        >>> few = SequenceEnv(lambda rng: Task(str(int(rng.integers(3)))), lambda t, c: 0.0)
+        >>> tasks, how = distinct_tasks(few, 64, allow_fewer=True)  # a default count: what exists
+        >>> len(tasks), how.split(" in ")[0]
+        (3, 'all 3 distinct tasks found')
     """
     from llmgym.core import TaskSource
 
@@ -563,5 +579,8 @@ def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0,
                 seeds.append(seed + tried - 1)
             misses = 0
     if len(tasks) < num_tasks:
+        if allow_fewer and tasks:
+            return tasks, (f"all {len(tasks)} distinct tasks found in {tried} draws from seeds {seed}..{seed + tried - 1} "
+                           f"(procedural source; fewer than the {num_tasks} asked for)")
         raise ValueError(f"found only {len(tasks)} distinct tasks in {tried} draws; ask for {len(tasks)} or fewer")
     return tasks, f"{num_tasks} distinct tasks from seeds {seed}..{seed + tried - 1} (procedural source)"

@@ -35,7 +35,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-__all__ = ["SMALL_MODEL_PARAMETERS", "chosen_thread_count", "passive_openmp", "set_torch_threads"]
+__all__ = ["SMALL_MODEL_PARAMETERS", "chosen_thread_count", "cpu_has_fast_bf16", "passive_openmp", "set_torch_threads"]
 
 SMALL_MODEL_PARAMETERS = 20_000_000
 """Below this size a model on the CPU runs on one thread unless the user asks for more."""
@@ -108,3 +108,26 @@ def set_torch_threads(model=None, *, requested: int | None = None, num_parameter
     if count is not None:
         torch.set_num_threads(count)
     return torch.get_num_threads()
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU has the instructions torch's bf16 kernels use (oneDNN's own check: AVX-512 with BW/VL/DQ,
+    AVX-512 BF16, AMX). Without them (AVX2 only) bf16 is emulated: 3–5× slower than float32 in every engine,
+    measured on this project's 2-core AMD EPYC (docs/scale.md, "bf16 on a CPU").
+
+    Example:
+        >>> from llmgym.threads import cpu_has_fast_bf16
+        >>> isinstance(cpu_has_fast_bf16(), bool)
+        True
+    """
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch without the op: the kernel's own flags
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                flags = set(f.read().split())
+        except OSError:
+            return True  # unknown: say nothing
+        return bool(flags & {"avx512_bf16", "amx_bf16", "avx512bw"})

@@ -25,7 +25,33 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["RolloutServers", "free_port", "vllm_server"]
+__all__ = ["RolloutServers", "documented_serve_command", "free_port", "vllm_server"]
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "scale.md"
+
+
+def documented_serve_command(model_dir: str | Path, served_name: str, port: int, **flags: str) -> list[str]:
+    """docs/scale.md's CPU serve command (the block after ``<!-- cpu-serve-command -->``) as an argument list,
+    with this model, name and port, the interpreter running the tests, and ``flags`` (``{"--dtype": "bfloat16"}``)
+    replacing the documented values: what the docs tell a user to run is what the tests run."""
+    import re
+    import shlex
+
+    block = re.search(r"<!-- cpu-serve-command -->\n```bash\n(.*?)```", DOCS.read_text(), re.S)
+    if block is None:
+        raise RuntimeError(f"{DOCS} has no <!-- cpu-serve-command --> block")
+    words = shlex.split(block.group(1).replace("\\\n", " "))
+    if words[:3] != ["python", "-m", "vllm.entrypoints.openai.api_server"]:
+        raise RuntimeError(f"the documented serve command is not vLLM's server module: {words[:3]}")
+    values = {"--model": str(model_dir), "--served-model-name": served_name, "--host": "127.0.0.1",
+              "--port": str(port), **flags}
+    command = [sys.executable, *words[1:]]
+    for flag, value in values.items():
+        if flag in command:
+            command[command.index(flag) + 1] = value
+        else:
+            command += [flag, value]
+    return command
 
 
 def free_port() -> int:
@@ -62,17 +88,15 @@ def vllm_server(model_dir: str | Path, served_name: str = "tiny", *, dtype: str 
                 extra_args: tuple[str, ...] = ()):
     """``with vllm_server(dir) as base_url:`` a vLLM server of ``dir`` at ``base_url`` (``.../v1``).
 
-    CPU-friendly settings: eager, an explicit KV cache of ``kv_cache_bytes``, the engine core running
-    its worker in process (``--distributed-executor-backend uni``: one process fewer to start), log-probs
-    after temperature (``--logprobs-mode processed_logprobs``, as the learner computes them).
+    The command is docs/scale.md's (:func:`documented_serve_command`): eager, an explicit KV cache of
+    ``kv_cache_bytes``, the engine core running its worker in process (``--distributed-executor-backend
+    uni``), log-probs after temperature (``--logprobs-mode processed_logprobs``), plus ``--seed 0``.
     """
     port = free_port()
     base_url = f"http://127.0.0.1:{port}/v1"
     log = tempfile.NamedTemporaryFile(prefix="llmgym-vllm-serve-", suffix=".log", delete=False)
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-               "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
-               "--enforce-eager", "--kv-cache-memory-bytes", str(kv_cache_bytes), "--seed", "0",
-               "--logprobs-mode", "processed_logprobs", "--distributed-executor-backend", "uni", *extra_args]
+    command = documented_serve_command(model_dir, served_name, port, **{
+        "--dtype": dtype, "--kv-cache-memory-bytes": str(kv_cache_bytes), "--seed": "0"}) + list(extra_args)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL",
                                                                                                "WARNING")}
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

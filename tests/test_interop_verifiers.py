@@ -424,7 +424,7 @@ def test_train_from_the_command_line(tmp_path):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("verifiers:no_such_env_module", "no installed verifiers environment module 'no_such_env_module'"),
+    ("verifiers:no_such_env_module", "no verifiers environment module 'no_such_env_module' installed or in the current folder"),
     ("verifiers:", "names no module"),
 ])
 def test_bad_verifiers_specs_are_one_line_before_any_work(spec, message, capsys, tmp_path):
@@ -454,4 +454,40 @@ def test_every_python_block_of_interop_md_runs(index, tmp_path, monkeypatch, cap
         pytest.importorskip("trl")
     monkeypatch.chdir(tmp_path)  # the TRL example writes its run directory under the current one
     monkeypatch.setitem(sys.modules, "guess_taskset", None)  # the multi-turn example installs its own
-    exec(compile(DOC_BLOCKS[index], f"docs/interop.md block {index}", "exec"), {"__name__": "__doc__"})
+    # as a script runs: a block that is also a module (the echo taskset) runs its example under its main guard
+    exec(compile(DOC_BLOCKS[index], f"docs/interop.md block {index}", "exec"), {"__name__": "__main__"})
+    if "__main__" in DOC_BLOCKS[index]:
+        assert "1.05" in capsys.readouterr().out
+
+
+def test_the_docs_verifiers_commands_run_on_a_module_in_the_current_folder(tmp_path):
+    """docs/interop.md's commands as a user runs them: the echo taskset saved as echo_taskset.py, then the
+    console script (which, unlike ``python -m``, does not put the current folder on sys.path) from that folder."""
+    import json
+    import subprocess
+    import tempfile
+
+    block = re.search(r"<!-- vf-echo-taskset -->\n```python\n(.*?)```",
+                      (Path(__file__).parents[1] / "docs" / "interop.md").read_text(), re.S).group(1)
+    folder = Path(tempfile.mkdtemp(prefix="llmgym-vf-docs-", dir="/tmp"))  # the sandbox's uid must read it
+    folder.chmod(0o755)
+    try:
+        (folder / "echo_taskset.py").write_text(block)
+        (folder / "echo_taskset.py").chmod(0o644)
+        script = Path(sys.executable).parent / "llmgym"
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env.pop("PYTHONPATH", None)
+        for args in (["bench", "--env", "verifiers:echo_taskset", "--samples", "2", "--max-new-tokens", "4",
+                      "--out", "bench.json"],
+                     ["train", "--env", "verifiers:echo_taskset", "--env-arg", "num_tasks=2", "--agent", "grpo",
+                      "--steps", "1", "--out", "runs/echo", "--set", "tasks_per_step=2", "--set", "group_size=2",
+                      "--set", "max_new_tokens=4"]):
+            proc = subprocess.run([str(script), *args], cwd=folder, env=env, capture_output=True, text=True,
+                                  timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads((folder / "bench.json").read_text())["tasks"] == 3
+        assert (folder / "runs" / "echo" / "checkpoints" / "last").is_dir()
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)

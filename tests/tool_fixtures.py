@@ -102,3 +102,23 @@ def add(a: int, b: int) -> int:
 def exact(task, completion):
     """1.0 for exactly the task's answer (the verifier of the tool tests' tasks)."""
     return float(completion.strip() == str(task.answer))
+
+
+QWEN_SPECIALS = ["<|im_start|>", "<|im_end|>"]
+QWEN_ADDED = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>"]
+
+
+def official_template_tokenizer(name: str):
+    """The tiny tokenizer with an official chat template as TRL ships it (``trl/chat_templates/<name>.jinja``:
+    the template of the model's Hub repo, byte for byte, which TRL compares against the Hub weekly), and Qwen's
+    special and added tokens. Skips the calling test where TRL is not installed."""
+    from pathlib import Path
+
+    import pytest
+
+    trl = pytest.importorskip("trl", reason="the official chat templates come from TRL's chat_templates/")
+    tok = build_tokenizer()
+    tok.add_tokens(QWEN_SPECIALS, special_tokens=True)
+    tok.add_tokens(QWEN_ADDED, special_tokens=False)
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / f"{name}.jinja").read_text()
+    return tok

@@ -30,6 +30,7 @@ from llmgym.cli.common import (
     _make_env,
     _require_env,
     atomic_write_text,
+    bf16_on_slow_cpu,
     build_engine,
     check_device,
     check_engine,
@@ -40,7 +41,8 @@ from llmgym.cli.common import (
     resolve_model,
 )
 
-__all__ = ["PROCEDURAL_DEFAULT_TASKS", "add_parser", "cmd_bench", "parse_task_count", "sample_records", "samples_path"]
+__all__ = ["CHUNK_ROWS", "PROCEDURAL_DEFAULT_TASKS", "add_parser", "check_earlier_results", "cmd_bench",
+           "parse_task_count", "partial_path", "sample_records", "samples_path"]
 
 PROCEDURAL_DEFAULT_TASKS = 64
 """``--tasks`` when the env generates its tasks (it has no "all")."""
@@ -66,6 +68,9 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
                    help="write the summary as JSON and one record per sample to FILE.samples.jsonl (checked before "
                         "any work; an earlier benchmark's files are kept unless --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier benchmark's files at --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the unfinished benchmark at --out (one stopped by a dead server or Ctrl-C): its "
+                        "kept samples count, the rest are sampled as the first run would have")
     p.add_argument("--threshold", type=float, default=1.0, help="reward that counts as a pass (default 1.0)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
@@ -111,9 +116,11 @@ def samples_path(out: Path) -> Path:
     return out.with_name(out.stem + ".samples.jsonl")
 
 
-def sample_records(episodes, tasks, n: int, threshold: float, tokenizer, multi_turn: bool) -> list[dict[str, Any]]:
-    """One JSON-safe record per sampled episode: task id, sample index, completion text, reward,
-    pass/fail, turns, finish reasons, completion tokens, and what the verifier said (``info``)."""
+def sample_records(episodes, tasks, n: int, threshold: float, tokenizer, multi_turn: bool,
+                   first_task: int = 0) -> list[dict[str, Any]]:
+    """One JSON-safe record per sampled episode: task id and index (``first_task`` + its place in ``tasks``),
+    sample index, completion text, reward, pass/fail, turns, finish reasons, completion tokens, and what the
+    verifier said (``info``)."""
     from llmgym.logging import json_safe
 
     records = []
@@ -122,7 +129,7 @@ def sample_records(episodes, tasks, n: int, threshold: float, tokenizer, multi_t
         completion = episode.info.get("completion")
         if not isinstance(completion, str):
             completion = tokenizer.decode(episode.completion_ids, skip_special_tokens=True)
-        record = {"task_id": tasks[index // n].id, "sample": index % n, "reward": episode.total_reward,
+        record = {"task_id": tasks[index // n].id, "task_index": first_task + index // n, "sample": index % n, "reward": episode.total_reward,
                   "passed": episode.total_reward >= threshold - 1e-9, "completion": completion,
                   "turns": episode.num_turns, "finish_reasons": list(episode.finish_reasons),
                   "completion_tokens": int(sum(episode.action_mask)), "info": json_safe(info)}
@@ -156,10 +163,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     env_args = parse_overrides(args.env_arg or [], "--env-arg")
     out = check_out_file(args.out, example="bench.json") if args.out else None
     if out is not None:
-        earlier = [p for p in (out, samples_path(out)) if p.exists()]
-        if earlier and not args.overwrite:
-            raise UsageError(f"{str(earlier[0])!r} holds an earlier benchmark's results: choose another --out or "
-                             f"add --overwrite")
+        check_earlier_results(out, args.overwrite, args.resume)
+    elif args.resume:
+        raise UsageError("--resume continues the unfinished benchmark at --out FILE.json: give --out")
     info = _require_env(args.env)
     device = check_device(args.device)
     engine_args = engine_arguments(args)
@@ -177,6 +183,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         env = _make_env(args.env, tokenizer, args.level, args.max_new_tokens, env_args)
         if engine is None:  # vLLM starts after the cheap checks
             engine = build_engine(kind, engine_args, model, tokenizer)
+            note = bf16_on_slow_cpu(device, None, engine_args)
+            if note:
+                console.print(f"[yellow]{note}[/]")
         return _bench(args, console, info, env, engine, tokenizer, sampling, requested, env_args, out, device,
                       {"engine": kind, "engine_args": engine_args, **served})
     finally:
@@ -207,40 +216,256 @@ def _served_engine(args, engine_args):
     return engine, tokenizer, {"base_url": engine.base_url, "served_model": engine.model}
 
 
+PARTIAL_SUFFIX = ".partial.json"
+CHUNK_ROWS = 128
+"""Completions sampled per part of a benchmark: what a dead server or a Ctrl-C can cost (done parts are kept)."""
+
+
+def partial_path(out: Path) -> Path:
+    """The marker of an unfinished ``bench --out FILE.json``: ``FILE.partial.json`` (the settings its samples were
+    drawn with; ``--resume`` checks them). Removed when the benchmark completes.
+
+    Example:
+        >>> from pathlib import Path
+        >>> from llmgym.cli.bench import partial_path
+        >>> partial_path(Path("runs/humaneval.json"))
+        PosixPath('runs/humaneval.partial.json')
+    """
+    return out.with_name(out.stem + PARTIAL_SUFFIX)
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def check_earlier_results(out: Path, overwrite: bool, resume: bool) -> None:
+    """``--out``, ``--overwrite`` and ``--resume`` checked against what ``out`` holds, before any work."""
+    partial = partial_path(out)
+    if resume:
+        if overwrite:
+            raise UsageError("--resume continues an unfinished benchmark and --overwrite discards it: give one")
+        if out.exists() and not partial.exists():
+            raise UsageError(f"{str(out)!r} holds a finished benchmark: nothing to resume (choose another --out, or "
+                             f"--overwrite to run it again)")
+        if not partial.exists():
+            raise UsageError(f"nothing to resume at --out {str(out)!r}: no {partial.name} there (it is written when a "
+                             f"benchmark stops before the end)")
+        return
+    earlier = [p for p in (out, samples_path(out), partial) if p.exists()]
+    if earlier and not overwrite:
+        if partial.exists():
+            raise UsageError(f"{str(out)!r} is an unfinished benchmark ({_count_lines(samples_path(out))} samples "
+                             f"kept in {samples_path(out).name}): continue it with --resume, or add --overwrite")
+        raise UsageError(f"{str(earlier[0])!r} holds an earlier benchmark's results: choose another --out or "
+                         f"add --overwrite")
+
+
+def _settings(args, env_args, tasks, engine_report) -> dict[str, Any]:
+    """What decides a benchmark's samples: a continuation (``--resume``) must match it."""
+    keep = ("engine", "served_model")
+    return {"env": args.env, "env_args": env_args, "model": args.model, "level": args.level, "samples": args.samples,
+            "seed": args.seed, "temperature": args.temperature, "top_p": args.top_p,
+            "max_new_tokens": args.max_new_tokens, "task_ids": [t.id for t in tasks],
+            "task_prompts_sha1": _digest([t.prompt for t in tasks]),
+            **{k: engine_report.get(k) for k in keep}}
+
+
+def _digest(value: Any) -> str:
+    import hashlib
+
+    return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _load_partial(out: Path, settings: dict[str, Any], n: int) -> dict[int, list[dict[str, Any]]]:
+    """The samples an unfinished benchmark kept, by task index; a :class:`UsageError` if its settings differ."""
+    partial = partial_path(out)
+    try:
+        recorded = json.loads(partial.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {partial} ({exc}): start again with --overwrite") from None
+    changed = [k for k in settings if recorded.get(k) != settings[k]]
+    if changed:
+        k = changed[0]
+        shown = "the task list" if k in ("task_ids", "task_prompts_sha1") else f"{k} {recorded.get(k)!r}"
+        raise UsageError(f"--resume: the unfinished benchmark in {str(out)!r} was sampled with {shown}, not "
+                         f"{'this one' if k.startswith('task') else repr(settings[k])}: give the same options, or "
+                         f"--overwrite to start again")
+    by_task: dict[int, list[dict[str, Any]]] = {}
+    path = samples_path(out)
+    try:
+        # "\n" only: a completion may hold U+2028 or \x1c, which str.splitlines() would split on
+        lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line]
+    except OSError:
+        lines = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            by_task.setdefault(int(record["task_index"]), []).append(record)
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"{path}:{number} is not a sample record of llmgym bench: start again with --overwrite"
+                             ) from None
+    return {g: records for g, records in by_task.items() if len(records) == n}  # whole tasks only
+
+
+def _warm_up(env, engine, task, sampling) -> float:
+    """Seconds of one engine call on the first task's prompt, before the timed run: an engine's first call
+    carries its own start-up (vLLM's is many seconds on a CPU), which is not sampling speed."""
+    import dataclasses as dc
+
+    from llmgym.vector import clone_env
+
+    probe = clone_env(env)
+    obs, _ = probe.reset(options={"task": task})
+    started = time.perf_counter()
+    engine.generate([[int(t) for t in obs["prompt_ids"]]], dc.replace(sampling, n=1), keys=[0])
+    return time.perf_counter() - started
+
+
+class _Stopped(Exception):
+    """The benchmark stopped before the end (a dead server, Ctrl-C); what was done is kept."""
+
+    def __init__(self, why: str, interrupted: bool):
+        super().__init__(why)
+        self.why, self.interrupted = why, interrupted
+
+
+def _sample_all(args, console, env, engine, tasks, todo, sampling, tokenizer, multi_turn, sink, stop_errors):
+    """Sample every task index in ``todo`` in parts of about :data:`CHUNK_ROWS` completions; each part's records go
+    to ``sink`` as soon as it is done. Returns the summed timing stats."""
+    from llmgym.display import make_progress
+    from llmgym.rollout import collect_episodes
+
+    n = args.samples
+    per_part = max(1, CHUNK_ROWS // n)
+    parts, run = [], []
+    for g in todo:  # consecutive task indices, at most per_part of them
+        if run and (g != run[-1] + 1 or len(run) == per_part):
+            parts.append(run)
+            run = []
+        run.append(g)
+    if run:
+        parts.append(run)
+    stats = {"rollout_s": 0.0, "generate_s": 0.0, "verify_s": 0.0, "tokens_sampled": 0.0}
+    progress = make_progress(console, "episodes" if multi_turn else "completions")
+    with progress:
+        job = progress.add_task(f"bench {args.env}", total=len(tasks) * n, completed=(len(tasks) - len(todo)) * n)
+        for part in parts:
+            try:
+                episodes, part_stats = collect_episodes(
+                    env, engine, num_tasks=len(part), tasks=[tasks[g] for g in part], group_size=n, sampling=sampling,
+                    seed=args.seed, first_row=part[0] * n, on_episodes_done=lambda k: progress.update(job, advance=k))
+            except stop_errors as exc:
+                raise _Stopped(" ".join(str(exc).split())[:300] or type(exc).__name__, False) from None
+            except KeyboardInterrupt:
+                raise _Stopped("interrupted (Ctrl-C)", True) from None
+            for key in stats:
+                stats[key] += part_stats[key]
+            sink(sample_records(episodes, [tasks[g] for g in part], n, args.threshold, tokenizer, multi_turn,
+                                first_task=part[0]))
+    stats["tokens_per_s"] = stats["tokens_sampled"] / max(stats["generate_s"], 1e-9)
+    return stats
+
+
 def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env_args, out, device,
            engine_report) -> int:
+    import os
+    import tempfile
+
     from rich.table import Table
 
     from llmgym.core import MultiTurnEnv
-    from llmgym.display import make_progress
     from llmgym.metrics import pass_at_k, reward_interval
-    from llmgym.rollout import collect_episodes, distinct_tasks
+    from llmgym.rollout import distinct_tasks
 
     try:
         tasks, how = distinct_tasks(env, requested, seed=args.seed)
     except ValueError as exc:
         if requested is not None or args.tasks is not None:  # an explicit count, or an explicit 'all'
             raise UsageError(f"{args.env}: {exc} (--tasks)") from None
-        try:  # a procedural env and no --tasks: its default count
-            tasks, how = distinct_tasks(env, PROCEDURAL_DEFAULT_TASKS, seed=args.seed)
+        try:  # a procedural env and no --tasks: its default count, or every distinct task when there are fewer
+            tasks, how = distinct_tasks(env, PROCEDURAL_DEFAULT_TASKS, seed=args.seed, allow_fewer=True)
         except ValueError as again:
             raise UsageError(f"{args.env}: {again} (--tasks N)") from None
+        if len(tasks) < PROCEDURAL_DEFAULT_TASKS:
+            console.print(f"{args.env} has {len(tasks)} distinct tasks, fewer than the default "
+                          f"{PROCEDURAL_DEFAULT_TASKS}: benchmarking all of them")
     started = time.perf_counter()
     n = args.samples
     # an adapter spec (verifiers:/textarena:) has no registry entry: ask the env it made
     multi_turn = info.multi_turn if info is not None else isinstance(env.unwrapped, MultiTurnEnv)
-    unit = "episodes" if multi_turn else "completions"
-    progress = make_progress(console, unit)
-    with progress:
-        job = progress.add_task(f"bench {args.env}", total=len(tasks) * n)
-        episodes, stats = collect_episodes(env, engine, num_tasks=len(tasks), tasks=tasks,
-                                           group_size=n, sampling=sampling, seed=args.seed,
-                                           on_episodes_done=lambda k: progress.update(job, advance=k))
+    settings = _settings(args, env_args, tasks, engine_report)
+    kept = _load_partial(out, settings, n) if args.resume else {}
+    todo = [g for g in range(len(tasks)) if g not in kept]
+    if args.resume:
+        console.print(f"resuming: {len(kept)} of {len(tasks)} tasks sampled before ({len(kept) * n} samples kept); "
+                      f"sampling the other {len(todo)}")
+    records_by_task = dict(kept)
+    file = None
+    if out is not None:  # the samples go to disk part by part; FILE.partial.json says the benchmark is unfinished
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(partial_path(out), json.dumps(settings, indent=2) + "\n")
+        if args.resume:  # the kept records, whole tasks only, in task order; then the new ones are appended
+            atomic_write_text(samples_path(out), "".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                                         for g in sorted(kept) for r in kept[g]))
+        file = samples_path(out).open("a" if args.resume else "w", encoding="utf-8")
+
+    def sink(records: list[dict[str, Any]]) -> None:
+        for r in records:
+            records_by_task.setdefault(r["task_index"], []).append(r)
+        if file is not None:
+            file.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+            file.flush()
+
+    stop_errors: tuple[type[BaseException], ...] = ()
+    if engine_report["engine"] == "openai":  # a server that died or went wrong mid-benchmark
+        import openai
+
+        from llmgym.engines.openai_api import ModelNotServedError, ServerError
+
+        stop_errors = (ServerError, ModelNotServedError, openai.APIError)
+    warmup_s = 0.0
+    try:
+        try:
+            warmup_s = _warm_up(env, engine, tasks[todo[0]], sampling) if todo else 0.0
+        except stop_errors as exc:
+            raise _Stopped(" ".join(str(exc).split())[:300] or type(exc).__name__, False) from None
+        except KeyboardInterrupt:
+            raise _Stopped("interrupted (Ctrl-C)", True) from None
+        stats = _sample_all(args, console, env, engine, tasks, todo, sampling, tokenizer, multi_turn, sink,
+                            stop_errors)
+    except _Stopped as stopped:
+        done = sum(len(v) for v in records_by_task.values())
+        if file is not None:
+            file.close()
+            where = f"kept in {samples_path(out)}: continue with the same command and --resume"
+        else:  # no --out: the done samples go to a file of their own, and the message says how to continue
+            fd, name = tempfile.mkstemp(prefix="llmgym-bench-", suffix=".json")
+            os.close(fd)
+            os.unlink(name)
+            rescue = Path(name)
+            atomic_write_text(partial_path(rescue), json.dumps(settings, indent=2) + "\n")
+            atomic_write_text(samples_path(rescue), "".join(json.dumps(r, ensure_ascii=False) + "\n" for g in
+                                                            sorted(records_by_task) for r in records_by_task[g]))
+            where = f"kept in {samples_path(rescue)}: continue with the same command and --out {rescue} --resume"
+        message = (f"bench stopped after {done} of {len(tasks) * n} samples ({stopped.why}); the {done} done are "
+                   f"{where}")
+        if stopped.interrupted:
+            console.print(f"[yellow]{message}[/]")
+            from llmgym.cli.common import EXIT_INTERRUPTED
+
+            return EXIT_INTERRUPTED
+        raise UsageError(message) from None
+    if file is not None:
+        file.close()
     wall = time.perf_counter() - started
     ks = sorted({1, n} | {2 ** i for i in range(1, 10) if 2 ** i < n})
     per_task = []
     for g, task in enumerate(tasks):
-        rewards = [e.total_reward for e in episodes[g * n:(g + 1) * n]]
+        rewards = [float(r["reward"]) for r in sorted(records_by_task[g], key=lambda r: r["sample"])]
         passed = sum(r >= args.threshold - 1e-9 for r in rewards)
         per_task.append({"id": task.id, "prompt": task.prompt if isinstance(task.prompt, str) else str(task.prompt),
                          "samples": n, "passed": passed, "reward_mean": sum(rewards) / n, "rewards": rewards})
@@ -249,7 +474,7 @@ def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env
     pass_k = {str(k): sum(pass_at_k(n, t["passed"], k) for t in per_task) / len(per_task) for k in ks}
     means = [t["reward_mean"] for t in per_task]
     mean = sum(means) / len(means)
-    pass_fail = all(e.total_reward in (0.0, 1.0) for e in episodes)
+    pass_fail = all(r in (0.0, 1.0) for t in per_task for r in t["rewards"])
     low, high, method = reward_interval(means, pass_fail=pass_fail, seed=args.seed)
     ci_method = (f"Wilson score interval over {len(tasks)} tasks (every reward 0 or 1)" if method == "wilson" else
                  f"percentile bootstrap over {len(tasks)} tasks (10,000 resamples; inside the rewards' range)")
@@ -263,6 +488,7 @@ def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env
         "ci_over": "distinct tasks (each task's mean over its samples)",
         "tokens_sampled": stats["tokens_sampled"], "tokens_per_s": stats["tokens_per_s"],
         "generate_s": stats["generate_s"], "verify_s": stats["verify_s"], "rollout_s": stats["rollout_s"],
+        "warmup_s": warmup_s, "timed_samples": len(todo) * n, "resumed_samples": len(kept) * n,
         "wall_s": wall, "samples_file": str(samples_path(out)) if out is not None else None,
         "per_task": per_task,
     }
@@ -279,14 +505,15 @@ def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env
     for k in ks:
         table.add_row(f"pass@{k} (reward ≥ {args.threshold:g})", _fmt(pass_k[str(k)]))
     table.add_row(f"mean reward [95% CI over {len(tasks)} tasks, {method}]", f"{mean:.3f} [{low:.3f}, {high:.3f}]")
-    table.add_row("tokens/s (sampling)", _fmt(stats["tokens_per_s"], 0))
+    timed = "" if not kept else f", the {len(todo) * n} sampled now"
+    table.add_row(f"tokens/s (sampling{timed})", _fmt(stats["tokens_per_s"], 0))
     table.add_row("sampling s", _fmt(stats["generate_s"], 1))
+    table.add_row("engine warm-up s (first call, not in tokens/s)", _fmt(warmup_s, 1))
     table.add_row("verification s", _fmt(stats["verify_s"], 1))
     table.add_row("wall s", _fmt(wall, 1))
     console.print(table)
     if out is not None:
-        records = sample_records(episodes, tasks, n, args.threshold, tokenizer, multi_turn)
-        atomic_write_text(samples_path(out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
         atomic_write_text(out, json.dumps(report, indent=2) + "\n")
+        partial_path(out).unlink(missing_ok=True)
         console.print(f"results: {out} (summary), {samples_path(out)} (one record per sample)")
     return 0

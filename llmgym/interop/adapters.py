@@ -1,4 +1,4 @@
-"""Env specs ``<adapter>:<target>`` (``verifiers:reverse_text``, ``textarena:TicTacToe-v0``) and their adapters.
+"""Env specs ``<adapter>:<target>`` (``verifiers:echo_taskset``, ``textarena:TicTacToe-v0``) and their adapters.
 
 An adapter spec names an env of another ecosystem wherever an llmgym env id goes on the command line
 (``llmgym train|bench --env textarena:GuessTheNumber-v0``). :func:`check_env_spec` says what is wrong
@@ -45,8 +45,8 @@ class Adapter:
 
 ADAPTERS: dict[str, Adapter] = {
     "verifiers": Adapter("verifiers", "verifiers", "verifiers", "llmgym.interop.verifiers_in:from_verifiers",
-                         "<module>", "a PrimeIntellect verifiers environment (the installed package exporting its "
-                                     "Taskset), single- or multi-turn"),
+                         "<module>", "a PrimeIntellect verifiers environment (an installed package, or a module in the "
+                                     "current folder, exporting its Taskset), single- or multi-turn"),
     "textarena": Adapter("textarena", "textarena", "textarena", "llmgym.interop.textarena_in:from_textarena",
                          "<game id>", "a TextArena game (multi-turn; other seats played by a fixed opponent)"),
 }
@@ -109,7 +109,7 @@ def check_env_spec(spec: str) -> tuple[Adapter, str]:
         raise ValueError(f"{spec!r} is not an adapter spec; adapters: "
                          + ", ".join(f"{a.name}:{a.target}" for a in ADAPTERS.values()))
     adapter, target = parsed
-    example = {"verifiers": "verifiers:reverse_text", "textarena": "textarena:GuessTheNumber-v0"}[adapter.name]
+    example = {"verifiers": "verifiers:echo_taskset", "textarena": "textarena:GuessTheNumber-v0"}[adapter.name]
     if not target.strip():
         what = adapter.target.strip("<>")
         raise ValueError(f"{adapter.name}: names no {what}: give {adapter.name}:{adapter.target}, e.g. {example}")
@@ -118,13 +118,15 @@ def check_env_spec(spec: str) -> tuple[Adapter, str]:
                          f"pip install 'llmgym[{adapter.name}]'")
     if adapter.name == "verifiers":
         module = target.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()  # verifiers' own id rule
+        _search_current_folder()  # a module of the user's, as --import finds one (the `llmgym` script has not)
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):
             found = False
         if not found:
-            raise ValueError(f"{spec}: no installed verifiers environment module {module!r}: install the "
-                             f"environment's package (or put its folder on PYTHONPATH)")
+            raise ValueError(f"{spec}: no verifiers environment module {module!r} installed or in the current "
+                             f"folder: install the environment's package, run from the folder that holds "
+                             f"{module}.py, or put that folder on PYTHONPATH")
     else:
         import_package("textarena")
         from textarena.envs.registration import ENV_REGISTRY
@@ -139,6 +141,17 @@ def check_env_spec(spec: str) -> tuple[Adapter, str]:
 
         count_players(target)  # a game that cannot start here (NLTK corpora, an API key) says so now
     return adapter, target
+
+
+def _search_current_folder() -> None:
+    """Put the current folder first on ``sys.path`` where it is not (``python -m`` puts it there; a console
+    script does not), so a module saved there loads by its id from every command."""
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def make_adapted_env(spec: str, tokenizer: Any = None, *, level: str = "sequence", max_new_tokens: int = 64,

@@ -419,9 +419,9 @@ def from_verifiers(source: Any, tokenizer: Any = None, *, taskset: dict[str, Any
     :class:`VerifiersEpisodeEnv`); see the module docstring for what maps and how.
 
     Args:
-        source: an installed verifiers environment's module id (``"reverse_text"``: the package that
-            exports its ``Taskset``, and its ``Env`` if it has one), a ``verifiers.v1.Env`` or a
-            ``verifiers.v1.Taskset``.
+        source: a verifiers environment's module id (``"echo_taskset"``: an installed package or a module on
+            ``sys.path`` that exports its ``Taskset``, and its ``Env`` if it has one, in ``__all__``), a
+            ``verifiers.v1.Env`` or a ``verifiers.v1.Taskset``.
         tokenizer: as for any llmgym env.
         taskset: with a module id, the taskset's config fields (``{"num_tasks": 10}``).
         num_tasks: take only the first N tasks (an infinite taskset: default 1000).

@@ -20,7 +20,7 @@ from llmgym.core import MultiTurnEnv, TaskSourceLike, Turn
 from llmgym.types import Task
 from llmgym.verifiers import VerifierLike
 from llmgym.tools.calls import (
-    DEFAULT_MAX_CALL_CHARS, ParsedTurn, ToolCall, detect_call_format, parse_tool_calls, write_tool_calls,
+    CALL_FORMATS, DEFAULT_MAX_CALL_CHARS, ParsedTurn, ToolCall, detect_call_format, parse_tool_calls, write_tool_calls,
 )
 from llmgym.tools.functions import Tool, ToolResult, ToolSetupError, as_tool
 
@@ -40,8 +40,10 @@ def tool_turn_text(tokenizer: Any, assistant_message: Mapping[str, Any], tool_me
 
     Rendered the standard way that never re-tokenises history: the template renders a short conversation
     (a user turn, the assistant's calls) with and without the tool messages, and the difference is the
-    text to append. This needs a *prefix-stable* template (adding turns does not change how earlier turns
-    render); one that is not raises a ``ValueError``.
+    text to append (:meth:`llmgym.core.ChatTurns.appended`). A template that re-renders the assistant's
+    turn once tool turns follow — Qwen 3's drops its ``<think>`` block — gets the text after that turn's
+    closing: the model's own tokens stay as they were, the new turns are the template's. Any other rewrite
+    of earlier turns raises a ``ValueError``.
 
     Example:
         >>> from llmgym.models import build_tokenizer
@@ -51,17 +53,15 @@ def tool_turn_text(tokenizer: Any, assistant_message: Mapping[str, Any], tool_me
         ...                [{"role": "tool", "tool_call_id": "c00010001", "name": "add", "content": "1"}])
         '<|tool|>1\\n<|assistant|>'
     """
+    from llmgym.core import ChatTurns
+
     history = [{"role": "user", "content": "?"}, dict(assistant_message)]
     kwargs = {"tools": list(tools)} if tools else {}
-    before = tokenizer.apply_chat_template(history, tokenize=False, **kwargs)
-    after = tokenizer.apply_chat_template(history + [dict(m) for m in tool_messages], tokenize=False,
-                                          add_generation_prompt=True, **kwargs)
-    if not after.startswith(before):
-        raise ValueError(
-            "the chat template renders the assistant's tool-call turn differently once tool results follow it "
-            "(it is not prefix-stable), so tool turns cannot be appended to the model's own tokens"
-        )
-    return after[len(before):]
+    try:
+        return ChatTurns.of(tokenizer).appended(history, [dict(m) for m in tool_messages], **kwargs)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (the template is not prefix-stable), so tool turns cannot be appended to the "
+                         f"model's own tokens") from None
 
 
 def _episode_tools(factory: Callable[[], Any]) -> list[Tool]:
@@ -117,7 +117,8 @@ class ToolEnv(MultiTurnEnv):
             user message. Its methods keep state, so they run in the env's process, without a killable time limit.
         max_turns: completions per episode at most (calls and the answer together); an episode still
             calling tools at the last turn is truncated with nothing scored.
-        call_format: ``"auto"`` (read off the chat template), ``"hermes"``, ``"llama3"`` or ``"mistral"``.
+        call_format: ``"auto"`` (read off the chat template), ``"hermes"``, ``"llama3"``, ``"mistral"`` or
+            ``"qwen3_xml"`` (:data:`~llmgym.tools.CALL_FORMATS`).
         max_calls_per_turn: calls run per completion; further calls are answered with an error.
         max_result_chars: characters of each result shown to the model (:data:`DEFAULT_MAX_RESULT_CHARS`).
         max_call_chars: characters of one call's JSON at most (a longer call is a malformed one).
@@ -189,8 +190,8 @@ class ToolEnv(MultiTurnEnv):
         names = [t.name for t in tool_list]
         if len(set(names)) != len(names):
             raise ValueError(f"tool names must be unique, got {names}")
-        if call_format not in ("auto", "hermes", "llama3", "mistral"):
-            raise ValueError(f"call_format must be 'auto', 'hermes', 'llama3' or 'mistral', got {call_format!r}")
+        if call_format != "auto" and call_format not in CALL_FORMATS:
+            raise ValueError(f"call_format must be 'auto' or one of {', '.join(CALL_FORMATS)}, got {call_format!r}")
         for name, value in (("max_calls_per_turn", max_calls_per_turn), ("max_result_chars", max_result_chars),
                             ("max_call_chars", max_call_chars)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -359,7 +360,7 @@ class ToolEnv(MultiTurnEnv):
     def respond(self, completion: str) -> Turn:
         """Run the completion's calls and reply with their results; a completion without calls is the answer."""
         parsed = parse_tool_calls(self._raw_completion or completion, self.call_format, max_calls=self.max_calls_per_turn,
-                                  max_call_chars=self.max_call_chars)
+                                  max_call_chars=self.max_call_chars, tools=self.tool_schemas)
         self._raw_completion = ""
         if not parsed.calls and not parsed.unparsed:
             return self._final(completion)
