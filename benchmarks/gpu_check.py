@@ -486,8 +486,8 @@ def engine_steps(**kw) -> dict:
 
 def _engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, short: int = 8) -> dict:
     """Milliseconds per decoding step (best of 3), prefill excluded (``(t(new_tokens) - t(short)) / (new_tokens - short)``):
-    ``HFEngine`` (compiled on a GPU) with the issue-23 settings and with each one undone (a host sync
-    on "all done?" every step; the Gumbel noise as ~35 eager kernels), ``model.generate`` with a
+    ``HFEngine`` (compiled on a GPU) with the issue-23 settings and with the sparse done check undone
+    (a host sync on "all done?" every step), ``model.generate`` with a
     compiled static cache, and the bound set by reading the weights and the KV cache once per step."""
     import torch
 
@@ -528,10 +528,6 @@ def _engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, 
     engine.done_check_every = 1
     rows["HFEngine, host sync every step (before)"] = per_step(hf_engine)
     engine.done_check_every = None
-    if engine._static is not None and engine._static.compiled:
-        engine._static.compile_noise = False
-        rows["HFEngine, eager Gumbel noise (before)"] = per_step(hf_engine)
-        engine._static.compile_noise = True
     ids = prompts.to(DEVICE)
 
     def hf_generate(n):

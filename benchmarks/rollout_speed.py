@@ -1,6 +1,6 @@
 """Side-by-side rollout speed, measured in one run on this machine.
 
-1. ``HFEngine.generate`` (KV cache + keyed Gumbel sampling) vs ``transformers``' own
+1. ``HFEngine.generate`` (KV cache + keyed inverse-CDF sampling) vs ``transformers``' own
    ``model.generate(do_sample=True)`` on the same model, prompts and token budget.
 2. Collecting the same GRPO batch at sequence level vs token level (one env step per token), the
    token level both with the KV cache kept between steps (a decode session, today's path) and
