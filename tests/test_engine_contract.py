@@ -73,8 +73,15 @@ def setup(request):
     learner = learner.to(device).eval()
     ns = types.SimpleNamespace(kind=request.param, tok=tok, learner=learner, device=device)
     if request.param.startswith("hf"):
+        if request.param == "hf-cuda-compiled":
+            torch._dynamo.reset()  # a fresh recompile budget: past it dynamo would quietly run the step eagerly
         ns.engine = HFEngine(copy.deepcopy(learner), tok, decode=DECODE.get(request.param, "eager"))
         ns.tol, ns.exact = 1e-4, True
+        if request.param == "hf-cuda-compiled":  # the variant judges the compiled decoder: it must compile
+            from torch._dynamo.utils import counters
+
+            ns.engine.generate([tok.encode("warm up")], SamplingParams(max_new_tokens=2, seed=0))
+            assert counters["stats"]["unique_graphs"] > 0, "the compiled decoder compiled nothing"
     else:
         from llmgym.engines.vllm import VLLMEngine
 

@@ -103,6 +103,9 @@ def _compile_reason() -> str | None:
 
 @pytest.mark.skipif(_compile_reason() is not None, reason=_compile_reason() or "")
 def test_compiled_step_gives_the_eager_tokens():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # a fresh recompile budget: past it dynamo would quietly run the step eagerly
     tok = build_tokenizer()
     torch.manual_seed(0)
     model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
@@ -117,3 +120,4 @@ def test_compiled_step_gives_the_eager_tokens():
     assert gap < 1e-4
     other = SamplingParams(n=2, max_new_tokens=8, seed=4)
     assert _same(engine.generate(_prompts(tok), other), HFEngine(model, tok).generate(_prompts(tok), other))
+    assert counters["stats"]["unique_graphs"] > 0, "nothing was compiled: the test compared eager with eager"
