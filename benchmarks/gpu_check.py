@@ -718,7 +718,7 @@ def main(argv=None) -> int:
     report = Report(args.out)
     if args.only:
         wanted = set(args.only.split(",")) | {"environment"}
-        report.run = (lambda run: lambda name, *a: run(name, *a) if name in wanted else None)(report.run)
+        report.run = (lambda run: lambda name, *a, **kw: run(name, *a, **kw) if name in wanted else None)(report.run)
     report.data["mode"] = "cpu-smoke (tiny Qwen2 shape; numbers meaningless)" if args.cpu_smoke else "gpu"
     report.data.update(run_identity(ROOT))  # the commit (when known) and a digest of the code: --promote checks it
     if not args.cpu_smoke:
