@@ -750,7 +750,9 @@ def _finish(report: "Report", args) -> int:
     report.data["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     sec = report.data["sections"]
     if "outcomes" in sec.get("contract_tests", {}):  # no tests, no verdicts: nothing to promote
-        report.data["decode_modes"] = decode_verdicts(sec["contract_tests"]["outcomes"], sec.get("engine_steps"))
+        tests = sec["contract_tests"]
+        report.data["decode_modes"] = decode_verdicts(tests["outcomes"], sec.get("engine_steps"),
+                                                      tests_finished=tests.get("returncode") is not None)
     report.data["summary"] = summary(report.data)
     report.save()
     print("== summary")

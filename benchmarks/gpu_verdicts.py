@@ -124,11 +124,22 @@ def _kind_of(test_id: str) -> str | None:
     return None
 
 
-def decode_verdicts(outcomes: dict[str, str] | None, engine_steps: dict | None) -> dict[str, dict]:
+def decode_verdicts(outcomes: dict[str, str] | None, engine_steps: dict | None,
+                    tests_finished: bool = True) -> dict[str, dict]:
     """Pass / fail per decoding mode with the checks behind it (see the module docstring).
 
     ``outcomes``: :func:`pytest_outcomes` of the CUDA tests (``None``: they did not run, every mode
-    fails); ``engine_steps``: that section's result (``ok`` and ``ms_per_step`` rows).
+    fails); ``engine_steps``: that section's result (``ok`` and ``ms_per_step`` rows);
+    ``tests_finished``: false when the test run was stopped by its time-out (then a mode's tests may
+    not all have run, and no mode passes).
+
+    Example:
+        >>> v = decode_verdicts({"test_engine_contract.py::test_a[hf-cuda]": "passed", SAMPLER_CUDA_TEST: "passed"}, None)
+        >>> v["eager"]["passed"], v["static"]["passed"]
+        (True, False)
+        >>> decode_verdicts({"test_engine_contract.py::test_a[hf-cuda]": "passed", SAMPLER_CUDA_TEST: "passed"}, None,
+        ...                 tests_finished=False)["eager"]["passed"]
+        False
     """
     outcomes = outcomes or {}
     steps_rows = (engine_steps or {}).get("ms_per_step", {}) if (engine_steps or {}).get("ok") else {}
@@ -136,7 +147,8 @@ def decode_verdicts(outcomes: dict[str, str] | None, engine_steps: dict | None) 
     verdicts = {}
     for mode, kind in CONTRACT_KINDS.items():
         mine = [o for t, o in outcomes.items() if t.startswith("test_engine_contract.py::") and _kind_of(t) == mode]
-        checks = {f"contract tests ({kind})": "passed" in mine and "failed" not in mine,
+        checks = {"the CUDA tests ran to the end": tests_finished,
+                  f"contract tests ({kind})": "passed" in mine and "failed" not in mine,
                   "sampler on CUDA = on CPU": sampler_ok}
         if mode != "eager":
             checks[f"engine_steps decoded the Qwen2-0.5B shape ({mode})"] = f"HFEngine decode={mode}" in steps_rows
