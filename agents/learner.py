@@ -101,8 +101,10 @@ def resolve_device_defaults(device: str | None = None, precision: str | None = N
     * ``device``: ``"cuda"`` when a CUDA GPU is visible, else ``"cpu"``;
     * ``precision``: ``"bf16-mixed"`` on a GPU that supports bf16 (autocast, float32 master weights —
       TRL's default), else ``"fp32"``;
-    * ``engine_decode``: ``"compiled"`` on a GPU (static KV cache + CUDA graphs), else ``"static"``
-      (static KV cache, uncompiled: faster than the dynamic cache on a CPU, no compilation wait).
+    * ``engine_decode``: on a GPU the fastest mode a GPU run has passed, read from the committed record
+      (:func:`llmgym.engines.gpu_record.default_gpu_decode`: a GPU-only path that has not passed on a
+      GPU is never a default; today ``"static"``); on a CPU ``"static"`` (static KV cache,
+      uncompiled: faster than the dynamic cache there, no compilation wait).
 
     The command line calls this before building the agent; an explicit value always wins.
 
@@ -121,7 +123,9 @@ def resolve_device_defaults(device: str | None = None, precision: str | None = N
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS} or 'auto', got {precision!r}")
     if engine_decode in (None, "auto"):
-        engine_decode = "compiled" if on_gpu else "static"
+        from llmgym.engines.gpu_record import default_gpu_decode
+
+        engine_decode = default_gpu_decode() if on_gpu else "static"
     return {"device": str(device), "precision": precision, "engine_decode": engine_decode}
 
 

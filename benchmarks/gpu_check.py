@@ -58,6 +58,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu_verdicts, sampler_speed, engine_speed
+from gpu_verdicts import decode_verdicts, run_identity  # noqa: E402
+
 try:  # installed (pip install -e .): llmgym.agents / llmgym.envs resolve through the package-dir mapping
     import llmgym.agents  # noqa: F401
 except ImportError:  # a bare source tree (the lent GPU machine installs nothing): map agents/ and envs/ by hand
@@ -172,14 +175,32 @@ def environment() -> dict:
 
 
 def contract_tests(timeout_s: int, extra: list[str] | None = None) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "tests/test_engine_contract.py", *(extra or []), "-q", "-rs",
+    """``pytest -v`` on the engine contract (plus ``extra``); the outcome of every test that finished
+    (``outcomes``: what the decoding modes are judged on, benchmarks/gpu_verdicts.py)."""
+    from gpu_verdicts import pytest_outcomes
+
+    cmd = [sys.executable, "-m", "pytest", "tests/test_engine_contract.py", *(extra or []), "-v", "-rs",
            "-p", "no:cacheprovider"]
     started = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False)
-    out = proc.stdout + proc.stderr
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False)
+        out, returncode = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as err:  # what finished before the time-out still counts
+        out = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        out, returncode = out + f"\n[timed out after {timeout_s} s]", None
     lines = [ln for ln in out.splitlines() if ln.strip()]
-    return {"returncode": proc.returncode, "summary": lines[-1] if lines else "", "wall_s": round(time.perf_counter() - started, 2),
-            "passed_all": proc.returncode == 0, "output_tail": out[-6000:]}
+    outcomes = pytest_outcomes(out)
+    counts = {k: sum(v == k for v in outcomes.values()) for k in ("passed", "failed", "skipped")}
+    return {"returncode": returncode, "summary": lines[-1] if lines else "", "counts": counts,
+            "wall_s": round(time.perf_counter() - started, 2), "passed_all": returncode == 0,
+            "outcomes": outcomes, "output_tail": out[-6000:]}
+
+
+def sampler(vocab: int) -> dict:
+    """The keyed sampler vs ``softmax + multinomial`` on this device (``benchmarks/sampler_speed.py``)."""
+    from sampler_speed import run
+
+    return run(DEVICE, batch=64, vocab=vocab, repeats=5, draws=200_000 if DEVICE == "cuda" else 20_000)
 
 
 def _random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -486,9 +507,10 @@ def engine_steps(**kw) -> dict:
 
 def _engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, short: int = 8) -> dict:
     """Milliseconds per decoding step (best of 3), prefill excluded (``(t(new_tokens) - t(short)) / (new_tokens - short)``):
-    ``HFEngine`` (compiled on a GPU) with the issue-23 settings and with each one undone (a host sync
-    on "all done?" every step; the Gumbel noise as ~35 eager kernels), ``model.generate`` with a
-    compiled static cache, and the bound set by reading the weights and the KV cache once per step."""
+    ``HFEngine`` compiled (GPU only) and static, the first with the sparse done check undone (a host
+    sync on "all done?" every step), ``model.generate`` with a compiled static cache, and the bound
+    set by reading the weights and the KV cache once per step. Also how many rows the compiled and
+    static engines sample alike from the same keys (bf16 kernels differ, so not all need to)."""
     import torch
 
     from llmgym.engines import HFEngine, SamplingParams
@@ -500,9 +522,11 @@ def _engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, 
     cfg = model.config
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(3, cfg.vocab_size, (batch, prompt_len), generator=g)
-    decode = "compiled" if DEVICE == "cuda" else "static"
-    engine = HFEngine(model, _NoEosTokenizer(), max_batch_size=batch, decode=decode)
-    engine.eos_ids = [-1]  # every row runs the whole budget
+    decodes = ("compiled", "static") if DEVICE == "cuda" else ("static",)  # CPU compilation takes minutes
+    engines = {d: HFEngine(model, _NoEosTokenizer(), max_batch_size=batch, decode=d) for d in decodes}
+    for e in engines.values():
+        e.eos_ids = [-1]  # every row runs the whole budget
+    engine = engines[decodes[0]]
 
     def timed(fn, repeats=3):
         times = []
@@ -523,15 +547,16 @@ def _engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, 
     hf_engine = lambda n: engine.generate(rows_list, SamplingParams(max_new_tokens=n, seed=1))  # noqa: E731
     rows: dict[str, float] = {}
     t0 = time.perf_counter()
-    rows[f"HFEngine decode={decode}"] = per_step(hf_engine)
+    rows[f"HFEngine decode={decodes[0]}"] = per_step(hf_engine)
     warm = time.perf_counter() - t0
+    samples = {d: [c.token_ids for g in e.generate(rows_list, SamplingParams(max_new_tokens=short, seed=2)) for c in g]
+               for d, e in engines.items()}
+    for d in decodes[1:]:
+        rows[f"HFEngine decode={d}"] = per_step(
+            lambda n, e=engines[d]: e.generate(rows_list, SamplingParams(max_new_tokens=n, seed=1)))
     engine.done_check_every = 1
     rows["HFEngine, host sync every step (before)"] = per_step(hf_engine)
     engine.done_check_every = None
-    if engine._static is not None and engine._static.compiled:
-        engine._static.compile_noise = False
-        rows["HFEngine, eager Gumbel noise (before)"] = per_step(hf_engine)
-        engine._static.compile_noise = True
     ids = prompts.to(DEVICE)
 
     def hf_generate(n):
@@ -550,11 +575,20 @@ def _engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, 
            "new_tokens": new_tokens, "ms_per_step": {k: round(v, 3) for k, v in rows.items()},
            "weights_gib": round(weights / 2**30, 3), "kv_read_per_step_gib": round(kv / 2**30, 4),
            "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "bandwidth_bound_ms": round(bound_ms, 3),
-           "first_call_s": round(warm, 1)}
+           "first_call_s": round(warm, 1),
+           "rows_sampled_alike": {d: sum(a == b for a, b in zip(samples[d], samples[decodes[-1]]))
+                                  for d in decodes[:-1]} | {"of": batch}}
     base = rows["model.generate (static cache, compiled)"]
     out["speed_vs_generate"] = {k: round(base / v, 3) for k, v in rows.items() if v > 0}
     out["times_the_bound"] = {k: round(v / bound_ms, 1) for k, v in rows.items()}
     return out
+
+
+CUDA_TESTS = ["tests/test_static_decode.py", "tests/test_sampling.py", "-k", "not hf-cpu and not vllm"]
+"""What ``contract_tests`` adds to the contract suite on a GPU: each decoding mode's CUDA variant, the
+compiled step against the eager tokens, the sampler on CUDA (benchmarks/gpu_verdicts.py judges them)."""
+SMOKE_TESTS = ["tests/test_sampling.py", "-k", "hf-cuda or cuda_and_cpu or hashes_per_row"]
+"""--cpu-smoke: the same machinery on a handful of tests (the CUDA ones skip)."""
 
 
 def _vs_trl_sections(report: "Report", budget_s: float, cpu_smoke: bool) -> None:
@@ -563,7 +597,10 @@ def _vs_trl_sections(report: "Report", budget_s: float, cpu_smoke: bool) -> None
     deadline = time.perf_counter() + budget_s
     tokens = (8, 16) if cpu_smoke else (128, 512)
     plan = [  # (name, minimum seconds it needs, share of what is left it may take, function of its time-out)
-        ("contract_tests", 40, 0.2, lambda t: contract_tests(int(t), extra=["tests/test_static_decode.py"])),
+        # the decoding modes' verdicts: ~7 compilations of a tiny model for the compiled variants (est. 1-2 min;
+        # a time-out fails every mode: rerun with --only contract_tests,sampler,engine_steps)
+        ("contract_tests", 120, 0.4, lambda t: contract_tests(int(t), extra=SMOKE_TESTS if cpu_smoke else CUDA_TESTS)),
+        ("sampler", 10, 0.1, lambda t: sampler(QWEN2_05B["vocab_size"])),
         ("memory_timeline_128", 70, 0.5, lambda t: memory_timelines(tokens[0], False, True, t)),
         ("engine_steps", 50, 1.0, lambda t: engine_steps(new_tokens=16 if cpu_smoke else 128)),
         ("memory_timeline_128_ckpt", 60, 0.6, lambda t: memory_timelines(tokens[0], True, False, t)),
@@ -573,8 +610,6 @@ def _vs_trl_sections(report: "Report", budget_s: float, cpu_smoke: bool) -> None
          lambda t: grpo_vs_trl_settled(tokens[1], 10 if cpu_smoke else t / 2 - 30, t)),
     ]
     for name, minimum, share, fn in plan:
-        if cpu_smoke and name == "contract_tests":
-            continue
         left = deadline - time.perf_counter()
         if left < minimum:
             report.data["sections"][name] = {"ok": True, "skipped": f"budget: {left:.0f} s left, needs ~{minimum} s"}
@@ -599,6 +634,14 @@ def summary(data: dict) -> list[str]:
             lines.append(f"{name}: FAILED ({v.get('error', '')[:160]})")
     if "contract_tests" in sec:
         lines.append(f"contract tests: {get('contract_tests', 'summary')}")
+    for mode, v in (data.get("decode_modes") or {}).items():
+        failed = [k for k, ok in v["checks"].items() if not ok]
+        lines.append(f"decode={mode}: {'PASSED' if v['passed'] else 'failed: ' + '; '.join(failed)}")
+    sp = sec.get("sampler", {})
+    if "speed" in sp:
+        lines.append(f"sampler {sp['speed']['batch']}x{sp['speed']['vocab']}: {sp['speed']['median_s']} s; "
+                     f"TV distance keyed {sp['exactness']['keyed']['tv_distance']} vs multinomial "
+                     f"{sp['exactness']['multinomial']['tv_distance']}")
     rows = get("engine_compare", "rows") or {}
     for k, r in rows.items():
         if isinstance(r, dict):
@@ -676,8 +719,9 @@ def main(argv=None) -> int:
     report = Report(args.out)
     if args.only:
         wanted = set(args.only.split(",")) | {"environment"}
-        report.run = (lambda run: lambda name, *a: run(name, *a) if name in wanted else None)(report.run)
+        report.run = (lambda run: lambda name, *a, **kw: run(name, *a, **kw) if name in wanted else None)(report.run)
     report.data["mode"] = "cpu-smoke (tiny Qwen2 shape; numbers meaningless)" if args.cpu_smoke else "gpu"
+    report.data.update(run_identity(ROOT))  # the commit (when known) and a digest of the code: --promote checks it
     if not args.cpu_smoke:
         report.run("environment", environment)
     else:
@@ -686,7 +730,9 @@ def main(argv=None) -> int:
         _vs_trl_sections(report, args.budget_s, args.cpu_smoke)
         return _finish(report, args)
     if not args.skip_tests:
-        report.run("contract_tests", contract_tests, args.test_timeout)
+        report.run("contract_tests", contract_tests, args.test_timeout, CUDA_TESTS)
+    report.run("sampler", sampler, QWEN2_05B["vocab_size"])
+    report.run("engine_steps", engine_steps, new_tokens=new_tokens)
     report.run("hf_generation", hf_generation, batches, new_tokens)
     has_vllm = bool(report.data["sections"]["environment"].get("vllm"))
     if has_vllm:
@@ -703,6 +749,11 @@ def main(argv=None) -> int:
 
 def _finish(report: "Report", args) -> int:
     report.data["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    sec = report.data["sections"]
+    if "outcomes" in sec.get("contract_tests", {}):  # no tests, no verdicts: nothing to promote
+        tests = sec["contract_tests"]
+        report.data["decode_modes"] = decode_verdicts(tests["outcomes"], sec.get("engine_steps"),
+                                                      tests_finished=tests.get("returncode") is not None)
     report.data["summary"] = summary(report.data)
     report.save()
     print("== summary")

@@ -434,7 +434,7 @@ def main(argv=None) -> dict:
     p.add_argument("--precision", default=None, help="llmgym precision (TRL: bf16=True iff bf16-mixed); default: per device")
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on both sides")
     p.add_argument("--engine-decode", default=None, choices=["eager", "static", "compiled"],
-                   help="HFEngine decoding (default: resolve_device_defaults: static on CPU, compiled on GPU)")
+                   help="HFEngine decoding (default: resolve_device_defaults: static on CPU, the fastest GPU-verified mode on GPU)")
     p.add_argument("--no-trl", action="store_true")
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--timeout", type=int, default=900, help="seconds per side process (model loading included)")

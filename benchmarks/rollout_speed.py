@@ -1,6 +1,6 @@
 """Side-by-side rollout speed, measured in one run on this machine.
 
-1. ``HFEngine.generate`` (KV cache + keyed Gumbel sampling) vs ``transformers``' own
+1. ``HFEngine.generate`` (KV cache + keyed inverse-CDF sampling) vs ``transformers``' own
    ``model.generate(do_sample=True)`` on the same model, prompts and token budget.
 2. Collecting the same GRPO batch at sequence level vs token level (one env step per token), the
    token level both with the KV cache kept between steps (a decode session, today's path) and
@@ -10,12 +10,16 @@
    length) at 16, 64 and 256 tokens: time per token with ``TokenStepper`` (cache reused) vs
    ``engine.next_token_logits`` (recomputed). With the cache the time per token stays flat.
 
-Prints tokens/s and the ratios. Usage: ``python benchmarks/rollout_speed.py [--repeats 3]``.
+Prints tokens/s and the ratios. Usage: ``OMP_NUM_THREADS=1 python benchmarks/rollout_speed.py [--repeats 3]``.
+Section 2 also gives each side's CPU time (``time.process_time``): on one thread it is what the work
+costs, and its ratio holds on a loaded machine, where wall-clock ratios swing (0.86–1.12 for the same
+code in one session, load 13–16, while the CPU-time ratio stayed 1.08–1.13).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -114,10 +118,14 @@ def main() -> None:
 
     # interleaved, so load from other processes falls on all three alike
     times = {"seq": [], "tok": [], "old": []}
+    cpu = {"seq": [], "tok": [], "old": []}
     for _ in range(args.repeats):
         for name, fn in (("seq", seq_level), ("tok", token_level), ("old", token_level_recomputed)):
+            started = time.process_time()
             times[name].append(median_time(fn, 1))
+            cpu[name].append(time.process_time() - started)
     t_seq, t_tok, t_old = (statistics.median(times[k]) for k in ("seq", "tok", "old"))
+    c_seq, c_tok, c_old = (statistics.median(cpu[k]) for k in ("seq", "tok", "old"))
 
     # a user's loop: 256 tokens per measurement (256 / length episodes), lengths and methods
     # interleaved within each repeat so that load drifting during the run falls on all alike
@@ -137,15 +145,18 @@ def main() -> None:
                  for n in lengths]
 
     table = Table(title=f"rollout speed (tiny Llama {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
-                        f"{torch.get_num_threads()} threads, median of {args.repeats})")
-    for col in ("what", "seconds", "tokens/s", "ratio"):
+                        f"{torch.get_num_threads()} threads, median of {args.repeats}, load "
+                        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    for col in ("what", "seconds", "tokens/s", "ratio", "CPU seconds", "CPU ratio"):
         table.add_column(col)
     table.add_row("HFEngine.generate", f"{t_ours:.3f}", f"{produced['ours'] / t_ours:,.0f}", "1.00")
     table.add_row("transformers generate()", f"{t_hf:.3f}", f"{produced['hf'] / t_hf:,.0f}",
                   f"{(produced['hf'] / t_hf) / (produced['ours'] / t_ours):.2f}")
-    table.add_row("GRPO batch 8x8, sequence level", f"{t_seq:.3f}", "", "1.00")
-    table.add_row("same batch, token level (KV cache session)", f"{t_tok:.3f}", "", f"{t_tok / t_seq:.2f}x")
-    table.add_row("same batch, token level (recomputed, before)", f"{t_old:.3f}", "", f"{t_old / t_seq:.2f}x")
+    table.add_row("GRPO batch 8x8, sequence level", f"{t_seq:.3f}", "", "1.00", f"{c_seq:.3f}", "1.00")
+    table.add_row("same batch, token level (KV cache session)", f"{t_tok:.3f}", "", f"{t_tok / t_seq:.2f}x",
+                  f"{c_tok:.3f}", f"{c_tok / c_seq:.2f}x")
+    table.add_row("same batch, token level (recomputed, before)", f"{t_old:.3f}", "", f"{t_old / t_seq:.2f}x",
+                  f"{c_old:.3f}", f"{c_old / c_seq:.2f}x")
     console = Console()
     console.print(table)
     loop = Table(title="a user's token loop (batch 1, env.step per token, 256 tokens per measurement): "

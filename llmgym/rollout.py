@@ -28,7 +28,7 @@ from llmgym.engines.base import Completion, SamplingParams
 from llmgym.engines.sampling import row_keys, sample_next_token
 from llmgym.types import Task
 from llmgym.verifiers import Verifier
-from llmgym.vector import clone_env
+from llmgym.vector import clone_envs
 
 __all__ = ["Episode", "collect_episodes", "evaluate", "draw_tasks", "distinct_tasks", "turn_keys", "is_token_level",
            "at_most_one_turn"]
@@ -192,7 +192,7 @@ def collect_episodes(
     if tasks is None:
         tasks = draw_tasks(env, num_tasks, seed)
     n = len(tasks) * group_size
-    envs = [clone_env(env) for _ in range(n)]
+    envs = clone_envs(env, n)  # Gymnasium checks the first; the rest are the same env
     episodes: list[Episode] = []
     observations = []
     for i, e in enumerate(envs):

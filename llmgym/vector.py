@@ -7,7 +7,7 @@ from typing import Any
 
 import gymnasium as gym
 
-__all__ = ["clone_env", "make_group"]
+__all__ = ["clone_env", "clone_envs", "make_group"]
 
 
 def clone_env(env: gym.Env) -> gym.Env:
@@ -32,6 +32,30 @@ def clone_env(env: gym.Env) -> gym.Env:
     if hasattr(env, "clone"):
         return env.clone()
     return copy.deepcopy(env)
+
+
+def clone_envs(env: gym.Env, n: int) -> list[gym.Env]:
+    """``n`` clones of ``env`` (:func:`clone_env`) of which only the first runs Gymnasium's passive
+    checks (``PassiveEnvChecker`` checks an env's first ``reset`` and ``step``): the clones are one
+    env, checked once per rollout instead of once per row — for a 1.1M model that was a quarter of a
+    sequence-level collection's time.
+
+    Example:
+        >>> import gymnasium, llmgym
+        >>> from llmgym.vector import clone_envs
+        >>> first, second = clone_envs(gymnasium.make("llmgym/Copy-v0"), 2)
+        >>> first.env.checked_step, second.env.checked_step
+        (False, True)
+    """
+    clones = [clone_env(env) for _ in range(n)]
+    for clone in clones[1:]:
+        layer = clone
+        while isinstance(layer, gym.Wrapper):
+            if hasattr(layer, "checked_step") and hasattr(layer, "checked_reset"):  # gymnasium's PassiveEnvChecker
+                layer.checked_reset = layer.checked_step = True
+                layer.checked_data_reuse = True
+            layer = layer.env
+    return clones
 
 
 def make_group(env: gym.Env, n: int, **kwargs: Any) -> gym.vector.SyncVectorEnv:

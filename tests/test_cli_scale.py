@@ -97,7 +97,9 @@ def test_flags_win_over_config_and_set_and_auto_resolves_on_this_machine(model_d
     gpu = torch.cuda.is_available()
     assert agent_config["lora_r"] == 0 and agent_config["micro_batch_size"] == 4
     assert agent_config["precision"] == ("bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "fp32")
-    assert agent_config["engine_decode"] == ("compiled" if gpu else "static")
+    from llmgym.engines.gpu_record import default_gpu_decode
+
+    assert agent_config["engine_decode"] == (default_gpu_decode() if gpu else "static")
     assert captured_agents[-1].learner.peft_model is None
     # without the flags, --config / --set stand (on CPU: no automatic precision or decoding)
     out2 = tmp_path / "run2"

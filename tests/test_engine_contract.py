@@ -1,6 +1,8 @@
 """The rollout-engine contract, one suite for every engine.
 
-Engines: ``hf-cpu`` (always), ``hf-cuda`` (when CUDA is available) and ``vllm`` (vLLM's CPU build in
+Engines: ``hf-cpu`` (always), ``hf-cuda`` plus ``hf-cuda-static`` and ``hf-cuda-compiled`` (the
+static-cache and compiled decoders; when CUDA is available: benchmarks/gpu_check.py judges each
+decoding mode by its variant here) and ``vllm`` (vLLM's CPU build in
 the test environment ``scripts/setup.sh --test`` makes, the official wheel on a GPU; skipped only
 where vLLM is not installed, and never under CI, where a missing vLLM fails). The same tiny Llama
 model (random weights, byte tokenizer, head size 64: a size every vLLM attention backend supports)
@@ -28,13 +30,14 @@ import torch
 from conftest import vllm_missing_reason
 from llmgym.engines import Engine, HFEngine, SamplingParams, sequence_logprobs
 
-ENGINES = ("hf-cpu", "hf-cuda", "vllm")
+ENGINES = ("hf-cpu", "hf-cuda", "hf-cuda-static", "hf-cuda-compiled", "vllm")
+DECODE = {"hf-cuda-static": "static", "hf-cuda-compiled": "compiled"}  # HFEngine(decode=...); else eager
 MAX_NEW = 8
 
 
 def _skip_reason(kind: str) -> str | None:
-    if kind == "hf-cuda" and not torch.cuda.is_available():
-        return "hf-cuda needs a CUDA GPU"
+    if kind.startswith("hf-cuda") and not torch.cuda.is_available():
+        return f"{kind} needs a CUDA GPU"
     if kind == "vllm":
         return vllm_missing_reason()
     return None
@@ -65,13 +68,20 @@ def setup(request):
     # head_dim 64: a size every vLLM attention backend supports
     learner = build_tiny_model(tok, TinyModelConfig(hidden_size=128, num_layers=2, num_heads=2,
                                                     intermediate_size=256, seed=3))
-    cuda = request.param == "hf-cuda" or (request.param == "vllm" and torch.cuda.is_available())
+    cuda = request.param.startswith("hf-cuda") or (request.param == "vllm" and torch.cuda.is_available())
     device = "cuda" if cuda else "cpu"
     learner = learner.to(device).eval()
     ns = types.SimpleNamespace(kind=request.param, tok=tok, learner=learner, device=device)
     if request.param.startswith("hf"):
-        ns.engine = HFEngine(copy.deepcopy(learner), tok)
+        if request.param == "hf-cuda-compiled":
+            torch._dynamo.reset()  # a fresh recompile budget: past it dynamo would quietly run the step eagerly
+        ns.engine = HFEngine(copy.deepcopy(learner), tok, decode=DECODE.get(request.param, "eager"))
         ns.tol, ns.exact = 1e-4, True
+        if request.param == "hf-cuda-compiled":  # the variant judges the compiled decoder: it must compile
+            from torch._dynamo.utils import counters
+
+            ns.engine.generate([tok.encode("warm up")], SamplingParams(max_new_tokens=2, seed=0))
+            assert counters["stats"]["unique_graphs"] > 0, "the compiled decoder compiled nothing"
     else:
         from llmgym.engines.vllm import VLLMEngine
 

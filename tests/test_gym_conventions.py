@@ -197,3 +197,37 @@ def test_register_env_keeps_a_lambda_which_makes_and_vectorises_but_cannot_seria
         gym.spec(env_id).to_json()
     with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
         pickle.dumps(gym.make(env_id))
+
+
+# -- the passive checker, once per rollout ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["sequence", "token"])
+def test_a_rollout_runs_gymnasiums_passive_checks_once_not_once_per_row(level, monkeypatch):
+    """The rows of a rollout are clones of one env: Gymnasium's PassiveEnvChecker checks the first
+    clone's reset and step (as it checks a user's env once), not each of the 64 rows of every step."""
+    import gymnasium.wrappers.common as common
+
+    from llmgym.engines import HFEngine, SamplingParams
+    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+    from llmgym.rollout import collect_episodes
+
+    calls = {"reset": 0, "step": 0}
+    real_reset, real_step = common.env_reset_passive_checker, common.env_step_passive_checker
+
+    def counting(kind, real):
+        def check(*args, **kwargs):
+            calls[kind] += 1
+            return real(*args, **kwargs)
+        return check
+
+    monkeypatch.setattr(common, "env_reset_passive_checker", counting("reset", real_reset))
+    monkeypatch.setattr(common, "env_step_passive_checker", counting("step", real_step))
+    tok = build_tokenizer()
+    engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
+    env = gym.make("llmgym/Copy-v0", tokenizer=tok, **({"level": "token", "max_new_tokens": 4} if level == "token" else {}))
+    for _ in range(2):
+        episodes, _ = collect_episodes(env, engine, num_tasks=2, group_size=4, sampling=SamplingParams(max_new_tokens=4),
+                                       seed=0)
+        assert len(episodes) == 8 and all(e.completion_ids for e in episodes)
+    assert calls["step"] == 2 and calls["reset"] <= 3  # one check per rollout (+ the draw's first reset)

@@ -71,7 +71,7 @@ def test_checking_for_done_rows_every_few_steps_keeps_the_tokens(model_and_tok, 
     """A GPU asks "all rows done?" only every few steps (each ask is a host sync): the extra steps
     after every row stopped sample padding only, so completions, log-probs and finish reasons stay."""
     model, tok = model_and_tok
-    params = SamplingParams(n=4, max_new_tokens=24, seed=2)
+    params = SamplingParams(n=4, max_new_tokens=24, seed=0)  # a seed whose rows all stop early (below)
     runs = []
     for every in (None, 5):
         engine = HFEngine(model, tok, decode=decode)
@@ -84,6 +84,7 @@ def test_checking_for_done_rows_every_few_steps_keeps_the_tokens(model_and_tok, 
         [(c.finish_reason, c.logprobs) for g in sparse for c in g]
     lengths = {len(c.token_ids) for g in sparse for c in g}
     assert all(c.finish_reason == "stop" for g in sparse for c in g) and len(lengths) > 1 and max(lengths) < 20
+    assert max(lengths) % 5 != 0  # the last row stops between two checks: the sparse run samples padding after it
 
 
 def test_unknown_decode_mode_is_named(model_and_tok):
@@ -102,6 +103,9 @@ def _compile_reason() -> str | None:
 
 @pytest.mark.skipif(_compile_reason() is not None, reason=_compile_reason() or "")
 def test_compiled_step_gives_the_eager_tokens():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # a fresh recompile budget: past it dynamo would quietly run the step eagerly
     tok = build_tokenizer()
     torch.manual_seed(0)
     model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
@@ -116,16 +120,4 @@ def test_compiled_step_gives_the_eager_tokens():
     assert gap < 1e-4
     other = SamplingParams(n=2, max_new_tokens=8, seed=4)
     assert _same(engine.generate(_prompts(tok), other), HFEngine(model, tok).generate(_prompts(tok), other))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the engine compiles its Gumbel noise on a GPU only "
-                    "(inductor's CPU code for the int64 hash corrupted the heap with torch 2.13)")
-def test_compiled_gumbel_noise_is_the_same_noise():
-    from llmgym.engines.sampling import gumbel_noise
-
-    device = "cuda"
-    keys = torch.tensor([1, -7_046_029_254_386_353_131, 2**62 + 5], device=device)
-    positions = torch.tensor([0, 3, 511], device=device)
-    compiled = torch.compile(gumbel_noise, dynamic=False)
-    for vocab in (1000, 151_936):
-        assert torch.equal(compiled(keys, positions, vocab), gumbel_noise(keys, positions, vocab))
+    assert counters["stats"]["unique_graphs"] > 0, "nothing was compiled: the test compared eager with eager"

@@ -484,7 +484,8 @@ def _summary_window(rows: list[dict[str, Any]]) -> int:
 DTYPES = ("auto", "fp32", "bf16-mixed", "bf16")
 """``--dtype`` values: the agent config's ``precision``, or ``auto`` (bf16-mixed on a bf16 GPU, else fp32)."""
 ENGINE_DECODES = ("auto", "eager", "static", "compiled")
-"""``--engine-decode`` values: the agent config's ``engine_decode``, or ``auto`` (compiled on a GPU, else static)."""
+"""``--engine-decode`` values: the agent config's ``engine_decode``, or ``auto`` (on a GPU the fastest mode a GPU
+check has passed, ``llmgym.engines.gpu_record``; else static)."""
 
 
 def check_device(device: str | None) -> str:
@@ -550,7 +551,8 @@ def scale_options(device: bool = True):
                        help="completions (pairs for dpo) per forward/backward; gradients accumulate over the minibatch")
     group.add_argument("--engine-decode", metavar="{" + ",".join(ENGINE_DECODES) + "}",
                        help="rollout decoding: eager (dynamic KV cache), static (static KV cache), compiled (static "
-                            "cache + torch.compile); auto = compiled on a GPU, else static (default on a GPU: auto; "
+                            "cache + torch.compile); auto = on a GPU the fastest mode a GPU check has passed (the record "
+                            "llmgym/engines/gpu_record.json; today static), else static (default on a GPU: auto; "
                             "on CPU: the config's, eager)")
     group.add_argument("--lr-schedule", metavar="{constant,linear,cosine}",
                        help="learning-rate shape after the warm-up; linear/cosine decay to 0 at --steps")
@@ -562,7 +564,7 @@ def apply_scale_options(args, fields: dict[str, Any], steps: int | None, device:
     """Put the learner options of :func:`scale_options` into agent config ``fields`` (flags win).
 
     ``device`` is the resolved ``--device``: on a GPU an unset precision and decoding follow
-    ``resolve_device_defaults`` (bf16-mixed, compiled); on CPU they stay the config's. A decaying
+    ``resolve_device_defaults`` (bf16-mixed, a GPU-verified decoding); on CPU they stay the config's. A decaying
     ``--lr-schedule`` without an ``lr_total_steps`` field ends at ``steps``.
 
     Example:

@@ -10,7 +10,7 @@ import torch
 from llmgym.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 from llmgym.engines.batching import cache_argument, cache_of, pad_left, position_ids
-from llmgym.engines.sampling import sample_next_token
+from llmgym.engines.sampling import keyed_uniforms, sample_next_token
 from llmgym.engines.session import HFDecodeSession
 from llmgym.engines.static_decode import DECODE_MODES, StaticCacheDecoder, last_logits_only
 
@@ -145,7 +145,9 @@ class HFEngine:
         device = self.device
         batch = len(rows)
         ids, attn = pad_left(rows, self.pad_id, device)
-        key_t = torch.tensor(keys, dtype=torch.long, device=device)
+        # every step's uniform at once: one hash over [B, T] instead of a dozen small kernels per step
+        uniforms = keyed_uniforms(torch.tensor(keys, dtype=torch.long, device=device)[:, None],
+                                  torch.arange(sampling.max_new_tokens, device=device)[None, :])
         eos = torch.tensor(self.eos_ids, device=device)
         tokens = torch.full((batch, sampling.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
         logps = torch.zeros((batch, sampling.max_new_tokens), dtype=torch.float32, device=device)
@@ -157,7 +159,6 @@ class HFEngine:
         check_every = self.done_check_every or (1 if device.type == "cpu" else _DONE_CHECK_EVERY)
         with self.eval_mode():
             static = self._static_decoder() if self.decode != "eager" else None
-            noise_fn = static.noise_fn if static is not None else None
             if static is not None:
                 logits = static.prefill(ids, attn, sampling.max_new_tokens)
             else:
@@ -167,8 +168,8 @@ class HFEngine:
                 cache, last_pos = cache_of(out), positions[:, -1:]
                 logits = out.logits[:, -1, :]
             for step in range(sampling.max_new_tokens):
-                step_pos = torch.full((batch,), step, dtype=torch.long, device=device)
-                tok, lp = sample_next_token(logits, key_t, step_pos, sampling.temperature, sampling.top_p, noise_fn)
+                tok, lp = sample_next_token(logits, None, None, sampling.temperature, sampling.top_p,
+                                            uniforms=uniforms[:, step])
                 tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
                 live = ~done
                 tokens[:, step] = tok

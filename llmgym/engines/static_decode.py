@@ -8,9 +8,10 @@ it), the attention mask has a fixed width, and every step has the same shapes â€
 compiled with ``torch.compile`` (mode ``"reduce-overhead"`` on CUDA: the step is replayed as a CUDA
 graph).
 
-Sampling is untouched: the engine still draws each token with its keyed Gumbel sampler from the
-step's logits, so the same keys give the same tokens as the eager path (exactly, in float32, up to
-float round-off of the logits; tested on CPU).
+Sampling is untouched and never compiled: the engine draws each token with its keyed sampler
+(:mod:`llmgym.engines.sampling`) from the step's logits, so the same keys give the same tokens as the
+eager path (exactly, in float32, up to float round-off of the logits; tested on CPU). Only the
+model's step is handed to ``torch.compile``.
 
 Example:
     >>> import torch
@@ -103,8 +104,6 @@ class StaticCacheDecoder:
         self.compile_mode = compile_mode
         self._caches: dict[tuple, object] = {}
         self._compiled_step = None
-        self._noise_fn = None
-        self.compile_noise = True  # benchmarks/gpu_check.py times the step without it
         self._last_only = last_logits_only(model)
         self._mask = self._cache = self._pos = None
         self._slot = 0
@@ -135,20 +134,6 @@ class StaticCacheDecoder:
                 mode = "reduce-overhead"  # CUDA graphs: one launch per step
             self._compiled_step = torch.compile(_step, mode=mode, dynamic=False, fullgraph=False)
         return self._compiled_step
-
-    @property
-    def noise_fn(self):
-        """The sampler's Gumbel noise: ``torch.compile``-d along with a compiled step on a GPU (the
-        integer hashing and float64 logs fused into one kernel instead of ~35 passes over ``[B, V]``
-        int64 tensors; the same values), else ``None`` (the plain function). Not on a CPU: inductor's
-        C++ code for this int64 hash corrupted the heap with torch 2.13 (``free(): invalid next size``)."""
-        if not (self.compiled and self.compile_noise) or next(self.model.parameters()).device.type != "cuda":
-            return None
-        if self._noise_fn is None:
-            from llmgym.engines.sampling import gumbel_noise
-
-            self._noise_fn = torch.compile(gumbel_noise, dynamic=False)
-        return self._noise_fn
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """Run the (left-padded) prompts; return the next-token logits ``[B, V]``."""
