@@ -506,7 +506,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--side", default="llmgym", choices=["llmgym", "trl", "both"],
                    help="both: each side in a fresh process on the same saved model")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--model", default="tiny", choices=["tiny", "10m", "qwen2-0.5b"])
+    p.add_argument("--model", default="tiny", choices=["tiny", "10m", "qwen2-vocab", "qwen2-0.5b"],
+                   help="qwen2-vocab: the Qwen2 architecture and 151,936-token vocabulary on a small body (CPU)")
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--tasks", type=int, default=4)
     p.add_argument("--group", type=int, default=8)
