@@ -6,9 +6,10 @@ module owns everything else about a step:
 
 * **Chunked log-probs** (:func:`token_logprobs_and_entropy`): the model runs up to its final hidden
   states; the LM head, the log-softmax and the entropy are applied to ``chunk_size`` tokens at a time,
-  only at the positions the loss reads (the action mask), each chunk re-computed in the backward pass
-  (activation checkpointing of the head). The ``[N, L, V]`` logits of the batch never exist: peak
-  memory is bounded by ``chunk_size × V``, not ``N × L × V``.
+  only at the positions the loss reads (the action mask), by one autograd function with its own
+  backward (:mod:`llmgym.agents.fused_head`) that recomputes each chunk's logits. The ``[N, L, V]``
+  logits of the batch never exist and nothing of their size outlives the forward: peak memory is
+  bounded by ``chunk_size × V``, not ``N × L × V``.
 * **Micro-batches with gradient accumulation**: ``minibatch_size`` rows per optimiser step,
   ``micro_batch_size`` examples per forward/backward (an example is one completion, or the
   ``rows_per_example`` rows one loss term reads together: DPO's chosen and rejected pair). Every
@@ -55,6 +56,7 @@ from torch.utils.checkpoint import checkpoint
 from llmgym import distributed
 from llmgym.agents import functional as F
 from llmgym.agents.corrections import ImportanceWeightStats, stale_token_mask, truncated_importance_weights
+from llmgym.agents.fused_head import head_logprobs_and_entropy
 from llmgym.batch import Batch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -153,18 +155,20 @@ def default_chunk_size(vocab_size: int) -> int:
 
 
 def _head_chunk(head: torch.nn.Module, temperature: float, softcap: float | None,
-                hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """log π and H for ``[K, H]`` hidden states: the only place the ``[K, V]`` logits exist.
+                hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``[K, 2]``: log π and H for ``[K, H]`` hidden states through any head module (the fallback of
+    :func:`~llmgym.agents.fused_head.head_logprobs_and_entropy` for heads that are not a plain
+    ``nn.Linear``, e.g. a LoRA-wrapped one).
 
-    ``log p = log_softmax(z)``, ``H = −Σ_v p_v log p_v`` (no cancellation of large logits), with as few
-    ``[K, V]`` temporaries as the formulas allow."""
+    One output, not two: checkpointed, a chunk whose entropy the loss never reads would keep the
+    entropy's recomputed ``[K, V]`` tensors alive until the graph dies (backward never unpacks them)."""
     logits = head(hidden).float()
     if softcap:  # Gemma-2 style final-logit soft-capping, as the model's own forward applies it
         logits = torch.tanh(logits / softcap) * softcap
     logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
     picked = logp.gather(-1, targets.long()[:, None]).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1)
-    return picked, entropy
+    return torch.stack([picked, entropy], dim=-1)
 
 
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
@@ -187,9 +191,12 @@ def token_logprobs_and_entropy(
 
     With ``chunk_size > 0`` the model is run with ``logits_to_keep=1`` and ``output_hidden_states``
     (its last hidden state is the normed input of the LM head), then the head is applied to the
-    selected positions ``chunk_size`` tokens at a time; with gradients enabled each chunk is
-    checkpointed (its logits are recomputed in backward, not stored). ``chunk_size = 0`` (or a model
-    without ``logits_to_keep``) takes the plain path: full ``[N, L-1, V]`` logits.
+    selected positions ``chunk_size`` tokens at a time by
+    :func:`~llmgym.agents.fused_head.head_logprobs_and_entropy`, whose backward recomputes each
+    chunk's logits: nothing of the ``[K, V]`` logits' size is kept between forward and backward
+    (another head module than ``nn.Linear`` gets its own autograd, each chunk checkpointed).
+    ``chunk_size = 0`` (or a model without ``logits_to_keep``) takes the plain path: full
+    ``[N, L-1, V]`` logits.
 
     Args:
         model: a ``transformers`` causal LM (possibly wrapped in DDP or peft).
@@ -231,25 +238,31 @@ def token_logprobs_and_entropy(
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                 output_hidden_states=True, logits_to_keep=1, use_cache=False)
     hidden = out.hidden_states[-1][:, :-1]
+    del out  # its [N, 1, V] logits' graph holds the head's weights (a bf16 copy of them under autocast)
     core = _core_model(model)
-    head = functools.partial(_head_chunk, core.get_output_embeddings(), t,
-                             getattr(core.config, "final_logit_softcapping", None))
+    head = core.get_output_embeddings()
+    softcap = getattr(core.config, "final_logit_softcapping", None)
     select = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask.bool()
     picked_hidden, picked_targets = hidden[select], targets[select]  # [K, H], [K]
-    lp_parts, ent_parts = [], []
-    # one chunk holds everything (small vocabularies): recomputing it in backward would save nothing
-    recompute = torch.is_grad_enabled() and picked_targets.shape[0] > chunk_size
-    for start in range(0, picked_targets.shape[0], chunk_size):
-        args = (picked_hidden[start:start + chunk_size], picked_targets[start:start + chunk_size])
-        lp, ent = checkpoint(head, *args, use_reentrant=False) if recompute else head(*args)
-        lp_parts.append(lp)
-        ent_parts.append(ent)
-    logprobs = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
-    entropy = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
-    if lp_parts:
-        logprobs = logprobs.index_put((select,), torch.cat(lp_parts))
-        entropy = entropy.index_put((select,), torch.cat(ent_parts))
+    if type(head) is torch.nn.Linear and type(head.weight) is torch.nn.Parameter:
+        lp, ent = head_logprobs_and_entropy(picked_hidden, head.weight, head.bias, picked_targets, temperature=t,
+                                            softcap=softcap, chunk_size=chunk_size)
+    else:  # another head module (LoRA on the head, ...): its own autograd, each chunk checkpointed
+        lp, ent = _module_head_logprobs(head, picked_hidden, picked_targets, t, softcap, chunk_size)
+    logprobs = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device).index_put((select,), lp)
+    entropy = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device).index_put((select,), ent)
     return logprobs, entropy, (hidden if with_hidden else None)
+
+
+def _module_head_logprobs(head, hidden, targets, temperature, softcap, chunk_size):
+    """log π and H through ``head``'s own forward, ``chunk_size`` tokens at a time, each chunk
+    recomputed in backward (unless one chunk holds everything: recomputing would save nothing)."""
+    fn = functools.partial(_head_chunk, head, temperature, softcap)
+    recompute = torch.is_grad_enabled() and targets.shape[0] > chunk_size
+    parts = [checkpoint(fn, hidden[s:s + chunk_size], targets[s:s + chunk_size], use_reentrant=False) if recompute
+             else fn(hidden[s:s + chunk_size], targets[s:s + chunk_size]) for s in range(0, targets.shape[0], chunk_size)]
+    both = torch.cat(parts) if parts else hidden.new_zeros((0, 2), dtype=torch.float32)
+    return both[:, 0], both[:, 1]
 
 
 def micro_batches(batch: Batch, size: int | None, rows_per_example: int = 1) -> list[Batch]:

@@ -12,6 +12,7 @@ import torch
 
 from llmgym import Task
 from llmgym.agents import AGENTS, GRPO
+from llmgym.agents.fused_head import head_logprobs_and_entropy
 from llmgym.agents.learner import micro_batches, resolve_device_defaults, token_logprobs_and_entropy
 from llmgym.batch import Batch
 from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
@@ -103,16 +104,65 @@ def test_chunked_forward_returns_the_value_heads_hidden_states():
     assert hidden.shape == (*batch.action_mask.shape, 32) and torch.allclose(hidden, hidden_full, atol=1e-6)
 
 
-def test_the_learner_never_materialises_batch_logits():
-    """The LM head only ever sees ``logits_chunk_size`` rows (the batch has far more policy tokens)."""
-    model, tok = _tiny()
-    seen = []
-    model.get_output_embeddings().register_forward_hook(lambda m, i, o: seen.append(o.shape[:-1].numel()))
-    agent = GRPO(model, tok, group_size=GROUP, kl_coef=0.0, logits_chunk_size=4)
-    agent.update(_fixed_batch(tok))
-    batch = _fixed_batch(tok)
-    assert batch.num_tokens > 4 * 5 and max(seen) <= len(batch)  # chunks of 4; logits_to_keep=1 rows
-    assert sum(s for s in seen if s <= 4) >= batch.num_tokens
+def _reference_head(h, W, b, x, temperature, softcap):
+    """log π and H through autograd's own ops on the full ``[K, V]`` logits (what the fused head replaces)."""
+    z = h @ W.T + (b if b is not None else 0)
+    if softcap:
+        z = torch.tanh(z / softcap) * softcap
+    logp = torch.log_softmax(z / temperature, -1)
+    return logp.gather(-1, x[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+@pytest.mark.parametrize("temperature,softcap,bias", [(1.0, None, False), (0.7, None, True), (1.3, 5.0, True)])
+@pytest.mark.parametrize("reads_entropy", [True, False])
+def test_fused_head_gradient_is_the_full_logits_gradient(temperature, softcap, bias, reads_entropy):
+    """float64, so the only difference left is summation order: log π, H and every gradient agree to ~1e-12."""
+    g = torch.Generator().manual_seed(3)
+    k, hidden, vocab = 13, 6, 11
+    leaves = [torch.randn(k, hidden, generator=g, dtype=torch.float64) * 2, torch.randn(vocab, hidden, generator=g,
+              dtype=torch.float64), torch.randn(vocab, generator=g, dtype=torch.float64) if bias else None]
+    x = torch.randint(0, vocab, (k,), generator=g)
+    u, v = torch.randn(k, generator=g, dtype=torch.float64), torch.randn(k, generator=g, dtype=torch.float64)
+    results = []
+    for fused in (True, False):
+        h, W, b = [t.clone().requires_grad_() if t is not None else None for t in leaves]
+        lp, ent = (head_logprobs_and_entropy(h, W, b, x, temperature=temperature, softcap=softcap, chunk_size=4)
+                   if fused else _reference_head(h, W, b, x, temperature, softcap))
+        ((u * lp).sum() + ((v * ent).sum() if reads_entropy else 0)).backward()
+        results.append([lp.detach(), ent.detach(), *[t.grad for t in (h, W, b) if t is not None]])
+    for got, want in zip(*results):
+        assert torch.allclose(got.double(), want, rtol=1e-10, atol=1e-12), float((got.double() - want).abs().max())
+
+
+def test_fused_head_passes_gradcheck():
+    g = torch.Generator().manual_seed(4)
+    h, W, b = (torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True) for shape in ((7, 3), (5, 3), (5,)))
+    x = torch.randint(0, 5, (7,), generator=g)
+    fn = lambda h, W, b: head_logprobs_and_entropy(h, W, b, x, temperature=0.8, softcap=2.0, chunk_size=3)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (h, W, b))
+    assert torch.autograd.gradcheck(lambda h, W, b: fn(h, W, b)[0], (h, W, b))  # the entropy unread
+
+
+def test_fused_head_under_bf16_autocast_is_the_autocast_computation():
+    """Same bf16 products as ``nn.Linear`` under autocast, float32 softmax and accumulation."""
+    g = torch.Generator().manual_seed(5)
+    h0, W0 = torch.randn(40, 16, generator=g), torch.randn(300, 16, generator=g) / 4
+    x = torch.randint(0, 300, (40,), generator=g)
+    outs = []
+    for fused in (True, False):
+        h, W = h0.clone().requires_grad_(), W0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if fused:
+                lp, ent = head_logprobs_and_entropy(h, W, None, x, chunk_size=16)
+            else:
+                logp = torch.log_softmax(torch.nn.functional.linear(h, W).float(), -1)
+                lp, ent = logp.gather(-1, x[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+        (lp.sum() + 0.1 * ent.sum()).backward()
+        outs.append((lp.detach(), ent.detach(), h.grad, W.grad))
+    for got, want in zip(*outs):
+        assert got.dtype == torch.float32
+        assert torch.allclose(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+    assert torch.equal(outs[0][0], outs[1][0])  # the same bf16 logits: the same log-probs
 
 
 # ---------------------------------------------------------------------------------------------

@@ -124,3 +124,91 @@ def test_memory_timeline_measures_trl_with_the_same_instrument(tmp_path):
     # TRL's steady state is llmgym's: weights and both Adam moments, nothing else
     assert report["kept"]["start"]["optimizer_state"] == pytest.approx(2 * weights, rel=1e-2)
     assert report["kept"]["start"]["grads"] == 0 and report["kept"]["end"]["grads"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the log-prob head: nothing of the logits' size outlives the backward (issue 28)
+# ---------------------------------------------------------------------------------------------
+
+VOCAB, ROWS, COMPLETION, CHUNK = 8192, 8, 32, 16
+
+
+class _WrappedHead(torch.nn.Linear):
+    """A head that is not a plain ``nn.Linear`` (as a LoRA-wrapped one): the module fallback path."""
+
+
+def _big_vocab_model(wrapped_head: bool = False):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, intermediate_size=32, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg)
+    if wrapped_head:
+        head = _WrappedHead(16, VOCAB, bias=False)
+        head.weight = model.model.embed_tokens.weight
+        model.lm_head = head
+    return model
+
+
+def _traced_forward_backward(model, reads_entropy: bool, chunk: int = CHUNK):
+    """(MiB at the marks relative to "start", peak MiB per phase, gradient MiB) of one forward/backward
+    of the chunked head, ``out`` (the log-probs and their graph) still alive after the backward."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from memory_timeline import PhaseRecorder
+
+    from llmgym.agents.learner import token_logprobs_and_entropy
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (ROWS, 1 + COMPLETION), generator=g)
+    attention = torch.ones_like(ids)
+    mask = torch.ones(ROWS, COMPLETION, dtype=torch.long)
+    weights = torch.randn(ROWS, COMPLETION, generator=g)
+    with PhaseRecorder("cpu") as rec:
+        rec.mark("start")
+        lp, ent, _ = token_logprobs_and_entropy(model, ids, attention, mask=mask, chunk_size=chunk)
+        rec.mark("forward")
+        loss = (weights * lp).sum() + (0.01 * ent.sum() if reads_entropy else 0)
+        loss.backward()
+        rec.mark("backward")
+    rows = {r["phase"]: r for r in rec.rows()}
+    start = rows["start"]["allocated_mib"]
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None) / 2**20
+    return ({k: r["allocated_mib"] - start for k, r in rows.items()},
+            {k: r["peak_mib"] - start for k, r in rows.items()}, grads, (lp, ent, loss))
+
+
+@pytest.mark.parametrize("wrapped_head", [False, True], ids=["fused", "module-head"])
+@pytest.mark.parametrize("reads_entropy", [False, True], ids=["no-entropy", "entropy"])
+def test_nothing_of_the_logits_size_outlives_the_backward(wrapped_head, reads_entropy):
+    """After ``backward`` (the loss and its graph still referenced, as in the learner until the
+    optimiser step) what remains is the gradients: no ``[tokens, V]`` tensor. The checkpointed head
+    kept two of them (the entropy's recomputed softmax and log-softmax, never unpacked when the loss
+    did not read the entropy) until the graph died — 4.7 GB on the H100 run."""
+    model = _big_vocab_model(wrapped_head)
+    kept, peak, grads, alive = _traced_forward_backward(model, reads_entropy)
+    logits_mib = ROWS * COMPLETION * VOCAB * 4 / 2**20  # one float32 [tokens, V] tensor: 8 MiB
+    chunk_mib = CHUNK * VOCAB * 4 / 2**20  # 0.5 MiB
+    assert kept["backward"] - grads < chunk_mib / 4, (kept, grads)
+    # and no phase ever holds the batch's logits: a few chunks at most
+    assert max(peak["forward"], peak["backward"] - grads) < logits_mib / 2, peak
+    assert alive[2].grad_fn is not None  # the graph was alive when measured
+
+
+def test_the_fused_head_keeps_no_logits_for_backward():
+    """What the forward saves for backward is the head's input and a few floats per token, not logits."""
+    from llmgym.agents.learner import token_logprobs_and_entropy
+
+    model = _big_vocab_model()
+    ids = torch.randint(3, VOCAB, (ROWS, 1 + COMPLETION), generator=torch.Generator().manual_seed(2))
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        token_logprobs_and_entropy(model, ids, torch.ones_like(ids), chunk_size=CHUNK)
+    largest = max(n for ptr, n in saved.items() if ptr not in params)
+    assert largest < CHUNK * VOCAB * 4 / 4, largest  # the biggest activation is far below one chunk's logits
