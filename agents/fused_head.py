@@ -1,25 +1,28 @@
-"""The LM head, the log-softmax and the entropy in one autograd function: token chunks in, per-token
-``log π`` and ``H`` out, and a backward that recomputes each chunk's logits instead of storing them.
+"""The LM head, the log-softmax and the entropy in one autograd function: hidden states in, per-token
+``log π`` and ``H`` out, in tiles of tokens × vocabulary entries, and a backward that recomputes each
+tile's logits instead of storing them.
 
 For ``K`` tokens with final hidden states ``h`` (``[K, H]``), head weights ``W`` (``[V, H]``) and
 targets ``x``: ``z = s · W h (+ b)`` (``s`` the model's logit scale), soft-capped as the model's own
 forward does (``c · tanh(z / c)``), divided by the temperature ``T``; then
 
-* ``log π_k = z_k[x_k] − logsumexp(z_k)``,
-* ``H_k = −Σ_v p_kv log p_kv`` with ``p_k = softmax(z_k)``.
+* ``log π_k = z_k[x_k] − log Z_k`` with ``log Z_k = logsumexp(z_k)``,
+* ``H_k = −Σ_v p_kv log p_kv = log Z_k − Σ_v p_kv z_kv`` with ``p_k = softmax(z_k)``.
 
-The backward needs only ``∂/∂z``, per token and vocabulary entry:
+The forward runs over the vocabulary in tiles with running statistics (online softmax: the max, the
+sum of ``e^{z−m}`` and of ``e^{z−m} (z − m)``, the target's logit). The backward needs only ``∂/∂z``,
+per token and vocabulary entry, and ``log Z`` and ``H`` make every tile self-contained:
 
 * ``∂ log π_k / ∂z_kv = 1[v = x_k] − p_kv``,
 * ``∂ H_k / ∂z_kv = −p_kv (log p_kv + H_k)``,
 
-so each chunk's logits are recomputed, turned into ``g = ∂L/∂z`` in place, and multiplied out:
-``∂L/∂h = g W``, ``∂L/∂W = gᵀ h`` (accumulated in float32 across chunks), ``∂L/∂b = Σ_k g``. What
-autograd keeps between forward and backward is ``h``, the targets and ``H`` (``K`` floats): nothing of
-the ``[K, V]`` logits' size, whatever the loss reads. A loss that reads no entropy gets no entropy
-term in its backward (the gradient autograd passes is ``None``). This is the computation of
-liger-kernel's fused linear losses and TRL's chunked log-prob kernel, in plain torch ops on every
-device (the logits of one chunk are the only ``[chunk, V]`` tensors: at most two alive at once).
+so each tile's logits are recomputed, turned into ``g = ∂L/∂z`` in place, and multiplied out:
+``∂L/∂h = g W``, ``∂L/∂W = gᵀ h`` (accumulated in float32), ``∂L/∂b = Σ_k g``. What autograd keeps
+between forward and backward is ``h``, the targets, ``log Z`` and ``H``: nothing of the logits' size,
+whatever the loss reads. A loss that reads no entropy gets no entropy term in its backward (the
+gradient autograd passes is ``None``). This is the computation of liger-kernel's fused linear losses
+and TRL's chunked log-prob kernel, in plain torch ops on every device: one tile's logits (at most two
+float32 ``[chunk, tile]`` tensors) and one tile of the weights in the compute dtype exist at a time.
 
 Under ``torch.autocast`` the matrix products run in the autocast dtype (as ``nn.Linear`` would), the
 softmax and every accumulation in float32.
@@ -43,7 +46,11 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["HeadLogProbs", "head_logprobs_and_entropy", "compute_dtype"]
+__all__ = ["HeadLogProbs", "head_logprobs_and_entropy", "compute_dtype", "TILE_ELEMENTS"]
+
+TILE_ELEMENTS = 2**24
+"""Logits per tile by default (64 MiB in float32): ``chunk_size`` tokens × ``TILE_ELEMENTS // chunk_size``
+vocabulary entries."""
 
 
 def compute_dtype(weight: torch.Tensor) -> torch.dtype:
@@ -66,10 +73,12 @@ def compute_dtype(weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _chunk_logits(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, scale: float,
-                  softcap: float | None, temperature: float) -> torch.Tensor:
-    """float32 (or float64) ``[k, V]`` tempered logits of one chunk (``h``, ``w``, ``b`` in the compute dtype)."""
-    z = torch.mm(h, w.t()) if b is None else torch.addmm(b, h, w.t())
+def _tile_logits(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, scale: float,
+                 softcap: float | None, temperature: float, dtype: torch.dtype) -> torch.Tensor:
+    """float32 (float64 for float64 weights) ``[k, v]`` tempered logits of one tile; ``h`` is already in
+    the compute ``dtype``, the weight and bias slices are cast here (one tile's worth)."""
+    w = w.to(dtype)
+    z = torch.mm(h, w.t()) if b is None else torch.addmm(b.to(dtype), h, w.t())
     z = z.to(torch.promote_types(z.dtype, torch.float32))
     if scale != 1.0:
         z.mul_(scale)
@@ -80,87 +89,121 @@ def _chunk_logits(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, scal
     return z
 
 
+def _tiles(n: int, chunk_size: int, vocab: int, vocab_tile: int):
+    """``(token slice, [vocab slices])`` pairs covering ``[n, vocab]``."""
+    for s in range(0, n, chunk_size):
+        yield slice(s, min(s + chunk_size, n)), [slice(a, min(a + vocab_tile, vocab)) for a in range(0, vocab, vocab_tile)]
+
+
 class HeadLogProbs(torch.autograd.Function):
-    """``(log π, H)`` of ``K`` tokens, chunk by chunk; see the module docstring for the formulas.
+    """``(log π, H)`` of ``K`` tokens, in tiles of ``chunk_size`` tokens × ``vocab_tile`` entries; see
+    the module docstring for the formulas.
 
     ``forward(ctx, hidden [K, H], weight [V, H], bias [V] | None, targets [K], temperature, scale,
-    softcap, chunk_size) -> (logprobs [K], entropy [K])``, both float32 (float64 for float64 weights)."""
+    softcap, chunk_size, vocab_tile) -> (logprobs [K], entropy [K])``, both float32 (float64 for
+    float64 weights). Over the vocabulary tiles of a chunk the forward keeps running statistics
+    (max ``m``, ``Σ e^{z−m}``, ``Σ e^{z−m} (z − m)``, the target's logit), so only one tile's logits
+    and one tile of the weights in the compute dtype exist at a time."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, scale, softcap, chunk_size):
+    def forward(ctx, hidden, weight, bias, targets, temperature, scale, softcap, chunk_size, vocab_tile):
         ctx.set_materialize_grads(False)  # an unused entropy sends None: its backward term is skipped
         dtype = compute_dtype(weight)
-        w = weight.to(dtype)
-        b = bias.to(dtype) if bias is not None else None
-        n = hidden.shape[0]
-        out_dtype = torch.promote_types(dtype, torch.float32)
-        logprobs = torch.empty(n, dtype=out_dtype, device=hidden.device)
-        entropy = torch.empty(n, dtype=out_dtype, device=hidden.device)
-        for s in range(0, n, chunk_size):  # (autograd records nothing inside a Function's forward)
-            e = min(s + chunk_size, n)
-            logp = torch.log_softmax(_chunk_logits(hidden[s:e].to(dtype), w, b, scale, softcap, temperature), -1)
-            logprobs[s:e] = logp.gather(-1, targets[s:e, None]).squeeze(-1)
-            entropy[s:e] = logp.exp().mul_(logp).sum(-1).neg_()
-            del logp
-        ctx.save_for_backward(hidden, weight, bias, targets, entropy)
-        ctx.options = (dtype, temperature, scale, softcap, chunk_size)
+        acc = torch.promote_types(dtype, torch.float32)
+        n, vocab = hidden.shape[0], weight.shape[0]
+        log_z = torch.empty(n, dtype=acc, device=hidden.device)
+        logprobs = torch.empty(n, dtype=acc, device=hidden.device)
+        entropy = torch.empty(n, dtype=acc, device=hidden.device)
+        for rows, columns in _tiles(n, chunk_size, vocab, vocab_tile):
+            h, x = hidden[rows].to(dtype), targets[rows]
+            m = sum_e = sum_ez = target = None
+            for cols in columns:
+                z = _tile_logits(h, weight[cols], None if bias is None else bias[cols], scale, softcap, temperature, dtype)
+                inside = (x >= cols.start) & (x < cols.stop)
+                picked = z.gather(-1, (x - cols.start).clamp(0, z.shape[1] - 1)[:, None]).squeeze(-1)
+                target = torch.where(inside, picked, target if target is not None else torch.zeros_like(picked))
+                tile_max = z.amax(-1)
+                if m is None:  # first tile: statistics relative to its max
+                    m, rescale = tile_max, None
+                else:
+                    new_m = torch.maximum(m, tile_max)
+                    rescale, shift = torch.exp(m - new_m), m - new_m
+                    # Σ e^{z−m}(z−m) re-based to the new max: r·(Σ e(z−m) + (m − m')·Σ e)
+                    sum_ez = rescale * (sum_ez + shift * sum_e)
+                    sum_e = rescale * sum_e
+                    m = new_m
+                z.sub_(m[:, None])  # z − m
+                e = z.exp()
+                tile_e = e.sum(-1)
+                tile_ez = e.mul_(z).sum(-1)
+                del z, e
+                sum_e = tile_e if rescale is None else sum_e + tile_e
+                sum_ez = tile_ez if rescale is None else sum_ez + tile_ez
+            log_z[rows] = m + sum_e.log()
+            logprobs[rows] = target - log_z[rows]
+            # H = log Z − Σ p z = log Σe − Σ e(z−m) / Σe
+            entropy[rows] = sum_e.log() - sum_ez / sum_e
+        ctx.save_for_backward(hidden, weight, bias, targets, log_z, entropy)
+        ctx.options = (dtype, temperature, scale, softcap, chunk_size, vocab_tile)
         return logprobs, entropy
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
-        hidden, weight, bias, targets, entropy = ctx.saved_tensors
-        dtype, temperature, scale, softcap, chunk_size = ctx.options
+        hidden, weight, bias, targets, log_z, entropy = ctx.saved_tensors
+        dtype, temperature, scale, softcap, chunk_size, vocab_tile = ctx.options
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        n = hidden.shape[0]
-        grad_h = torch.zeros_like(hidden) if need_h else None
         acc = torch.promote_types(dtype, torch.float32)  # float32 accumulation (float64 stays float64)
+        n, vocab = hidden.shape[0], weight.shape[0]
+        grad_h = torch.zeros_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
         if grad_logprobs is None and grad_entropy is None:
-            return grad_h, grad_w, grad_b, None, None, None, None, None
-        w = weight.to(dtype)
-        b = bias.to(dtype) if bias is not None else None
-        # z = s·c·tanh(raw/c)/T: the chain rule's scalar part folds into the incoming gradients
-        # (g is linear in them), the soft-cap's per-entry factor 1 − tanh² multiplies g below
+            return grad_h, grad_w, grad_b, None, None, None, None, None, None
+        # z = s·c·tanh(raw/c)/T: the scalar part of the chain rule folds into the incoming gradients
+        # (g is linear in them); the soft-cap's per-entry factor 1 − tanh² multiplies g below
         outer = scale / temperature
-        for s in range(0, n, chunk_size):
-            e = min(s + chunk_size, n)
-            h = hidden[s:e].to(dtype)
-            z = _chunk_logits(h, w, b, scale, softcap, temperature)
-            capped = None
-            if softcap:  # tanh = z·T / c
-                capped = (z * (temperature / softcap)).square_().neg_().add_(1)
-            logp = torch.log_softmax(z, -1)
-            del z
-            a = (grad_logprobs[s:e].to(acc) if grad_logprobs is not None
-                 else torch.zeros(e - s, dtype=acc, device=hidden.device)) * outer
-            if grad_entropy is not None:
-                # g = −p ⊙ (a + c (log p + H)) + a·onehot, with c = ∂L/∂H (scaled like a)
-                c = grad_entropy[s:e].to(acc) * outer
-                g = logp.exp()
-                logp.add_(entropy[s:e, None]).mul_(c[:, None]).add_(a[:, None])
-                g.mul_(logp).neg_()
-            else:
-                g = logp.exp_().mul_(-a[:, None])  # g = −p ⊙ a + a·onehot
-            del logp
-            g.scatter_add_(-1, targets[s:e, None], a[:, None])
-            if capped is not None:
-                g.mul_(capped)
-                del capped
+        for rows, columns in _tiles(n, chunk_size, vocab, vocab_tile):
+            h, x = hidden[rows].to(dtype), targets[rows]
+            h_acc = h.to(acc) if need_w else None
+            a = (grad_logprobs[rows].to(acc) if grad_logprobs is not None
+                 else torch.zeros(h.shape[0], dtype=acc, device=h.device)) * outer
+            c = grad_entropy[rows].to(acc) * outer if grad_entropy is not None else None
+            gh = torch.zeros(h.shape, dtype=acc, device=h.device) if need_h else None
+            for cols in columns:
+                w = weight[cols]
+                z = _tile_logits(h, w, None if bias is None else bias[cols], scale, softcap, temperature, dtype)
+                capped = (z * (temperature / softcap)).square_().neg_().add_(1) if softcap else None  # 1 − tanh²
+                logp = z.sub_(log_z[rows, None])
+                if c is not None:
+                    # g = −p ⊙ (a + c (log p + H)) + a·onehot
+                    g = logp.exp()
+                    logp.add_(entropy[rows, None]).mul_(c[:, None]).add_(a[:, None])
+                    g.mul_(logp).neg_()
+                else:
+                    g = logp.exp_().mul_(-a[:, None])  # g = −p ⊙ a + a·onehot
+                del z, logp
+                inside = (x >= cols.start) & (x < cols.stop)
+                g.scatter_add_(-1, (x - cols.start).clamp(0, g.shape[1] - 1)[:, None], torch.where(inside, a, 0.0)[:, None])
+                if capped is not None:
+                    g.mul_(capped)
+                    del capped
+                if need_h:
+                    gh.add_(torch.mm(g.to(dtype), w.to(dtype)))
+                if need_w:  # accumulated in float32 across token chunks, whatever the compute dtype
+                    grad_w[cols].addmm_(g.t(), h_acc)
+                if need_b:
+                    grad_b[cols].add_(g.sum(0))
+                del g
             if need_h:
-                grad_h[s:e] = torch.mm(g.to(dtype), w).to(hidden.dtype)
-            if need_w:  # accumulated in float32 across chunks, whatever the compute dtype
-                grad_w.addmm_(g.t(), h.to(acc))
-            if need_b:
-                grad_b.add_(g.sum(0))
-            del g
+                grad_h[rows] = gh.to(hidden.dtype)
         return (grad_h, grad_w.to(weight.dtype) if need_w else None, grad_b.to(bias.dtype) if need_b else None,
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 def head_logprobs_and_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                               targets: torch.Tensor, *, temperature: float = 1.0, scale: float = 1.0,
-                              softcap: float | None = None, chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+                              softcap: float | None = None, chunk_size: int = 1024,
+                              vocab_tile: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log π [K], H [K])`` of the tempered softmax of ``scale · weight @ hidden (+ bias)``, soft-capped.
 
     Args:
@@ -170,7 +213,10 @@ def head_logprobs_and_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: 
         temperature: ``T`` the logits are divided by (after the soft-cap, as sampling does).
         scale: the model's logit multiplier (1 for most models).
         softcap: ``c`` of ``c · tanh(z / c)`` (Gemma-2's ``final_logit_softcapping``), or ``None``.
-        chunk_size: tokens per chunk: at most two float32 ``[chunk_size, V]`` tensors exist at once.
+        chunk_size: tokens per chunk.
+        vocab_tile: vocabulary entries per tile (default: :data:`TILE_ELEMENTS` ``// chunk_size``): at most
+            two float32 ``[chunk_size, vocab_tile]`` tensors and one ``[vocab_tile, H]`` slice of the
+            weights in the compute dtype exist at once.
 
     Example:
         >>> import torch
@@ -181,5 +227,8 @@ def head_logprobs_and_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: 
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    tile = max(1, TILE_ELEMENTS // chunk_size) if vocab_tile is None else vocab_tile
+    if tile < 1:
+        raise ValueError(f"vocab_tile must be >= 1, got {vocab_tile}")
     return HeadLogProbs.apply(hidden, weight, bias, targets.long(), float(temperature), float(scale),
-                              float(softcap) if softcap else None, int(chunk_size))
+                              float(softcap) if softcap else None, int(chunk_size), int(tile))

@@ -56,7 +56,7 @@ from torch.utils.checkpoint import checkpoint
 from llmgym import distributed
 from llmgym.agents import functional as F
 from llmgym.agents.corrections import ImportanceWeightStats, stale_token_mask, truncated_importance_weights
-from llmgym.agents.fused_head import head_logprobs_and_entropy
+from llmgym.agents.fused_head import TILE_ELEMENTS, head_logprobs_and_entropy
 from llmgym.batch import Batch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -139,19 +139,21 @@ def _core_model(model: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else model
 
 
-CHUNK_ELEMENTS = 2**25
-"""Default LM-head chunk: ``CHUNK_ELEMENTS // vocab_size`` tokens (128 MiB per float32 ``[K, V]`` copy;
-~220 tokens for a 151,936-token vocabulary; the whole batch of a tiny model)."""
+CHUNK_ELEMENTS = TILE_ELEMENTS
+"""Logits per LM-head tile (64 MiB in float32): ``chunk_size`` tokens × ``CHUNK_ELEMENTS // chunk_size``
+vocabulary entries (see :mod:`llmgym.agents.fused_head`)."""
 
 
 def default_chunk_size(vocab_size: int) -> int:
-    """Tokens per LM-head chunk for a vocabulary (see :data:`CHUNK_ELEMENTS`).
+    """Tokens per LM-head chunk for a vocabulary: tiles of :data:`CHUNK_ELEMENTS` logits that span the
+    whole vocabulary up to 8,192 entries (2,048 tokens × 8,192 entries at a 151,936-token vocabulary;
+    the whole batch of a small vocabulary in one tile).
 
     Example:
         >>> default_chunk_size(151_936), default_chunk_size(512)
-        (220, 65536)
+        (2048, 32768)
     """
-    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
+    return max(1, CHUNK_ELEMENTS // max(1, min(vocab_size, 8192)))
 
 
 def _head_chunk(head: torch.nn.Module, temperature: float, softcap: float | None,
@@ -191,10 +193,11 @@ def token_logprobs_and_entropy(
 
     With ``chunk_size > 0`` the model is run with ``logits_to_keep=1`` and ``output_hidden_states``
     (its last hidden state is the normed input of the LM head), then the head is applied to the
-    selected positions ``chunk_size`` tokens at a time by
-    :func:`~llmgym.agents.fused_head.head_logprobs_and_entropy`, whose backward recomputes each
-    chunk's logits: nothing of the ``[K, V]`` logits' size is kept between forward and backward
-    (another head module than ``nn.Linear`` gets its own autograd, each chunk checkpointed).
+    selected positions ``chunk_size`` tokens at a time (in vocabulary tiles of
+    :data:`CHUNK_ELEMENTS` logits) by :func:`~llmgym.agents.fused_head.head_logprobs_and_entropy`,
+    whose backward recomputes each tile's logits: nothing of the ``[K, V]`` logits' size is kept
+    between forward and backward (another head module than ``nn.Linear`` gets its own autograd, in
+    chunks of at most :data:`CHUNK_ELEMENTS` logits, each checkpointed).
     ``chunk_size = 0`` (or a model without ``logits_to_keep``) takes the plain path: full
     ``[N, L-1, V]`` logits.
 
@@ -239,18 +242,21 @@ def token_logprobs_and_entropy(
                 output_hidden_states=True, logits_to_keep=1, use_cache=False)
     hidden = out.hidden_states[-1][:, :-1]
     del out  # its [N, 1, V] logits' graph holds the head's weights (a bf16 copy of them under autocast)
+    select = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask.bool()
+    picked_hidden = hidden[select]  # [K, H]
+    picked_targets = targets[select]
     core = _core_model(model)
     head = core.get_output_embeddings()
     softcap = getattr(core.config, "final_logit_softcapping", None)
-    select = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask.bool()
-    picked_hidden, picked_targets = hidden[select], targets[select]  # [K, H], [K]
     if type(head) is torch.nn.Linear and type(head.weight) is torch.nn.Parameter:
         lp, ent = head_logprobs_and_entropy(picked_hidden, head.weight, head.bias, picked_targets, temperature=t,
                                             softcap=softcap, chunk_size=chunk_size)
-    else:  # another head module (LoRA on the head, ...): its own autograd, each chunk checkpointed
-        lp, ent = _module_head_logprobs(head, picked_hidden, picked_targets, t, softcap, chunk_size)
-    logprobs = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device).index_put((select,), lp)
-    entropy = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device).index_put((select,), ent)
+    else:  # another head module (LoRA on the head, ...): its own autograd, chunks of whole-vocabulary
+        # rows (no more logits per chunk than a tile has), each checkpointed
+        rows = max(1, min(chunk_size, CHUNK_ELEMENTS // max(1, core.config.get_text_config().vocab_size)))
+        lp, ent = _module_head_logprobs(head, picked_hidden, picked_targets, t, softcap, rows)
+    logprobs = torch.zeros(targets.shape, dtype=torch.float32, device=input_ids.device).index_put((select,), lp)
+    entropy = torch.zeros(targets.shape, dtype=torch.float32, device=input_ids.device).index_put((select,), ent)
     return logprobs, entropy, (hidden if with_hidden else None)
 
 
