@@ -57,6 +57,7 @@ from llmgym import distributed
 from llmgym.agents import functional as F
 from llmgym.agents.corrections import ImportanceWeightStats, stale_token_mask, truncated_importance_weights
 from llmgym.agents.fused_head import TILE_ELEMENTS, head_logprobs_and_entropy
+from llmgym.agents.shared_prefix import shared_prefix_hidden, shared_prefixes, supports_shared_prefixes
 from llmgym.batch import Batch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -186,6 +187,7 @@ def token_logprobs_and_entropy(
     mask: torch.Tensor | None = None,
     chunk_size: int = 1024,
     with_hidden: bool = False,
+    share_prefixes: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Teacher-forced ``log π(x_{t+1} | x_≤t)`` and the entropy ``H_t`` of the tempered policy, ``[N, L-1]``.
 
@@ -208,6 +210,10 @@ def token_logprobs_and_entropy(
         mask: ``[N, L-1]`` positions to compute (default: all); others are 0 in the outputs.
         chunk_size: tokens per LM-head chunk.
         with_hidden: also return the last hidden states ``[N, L-1, H]`` (for a value head).
+        share_prefixes: run rows that start alike (a group's prompt) through their common start once
+            (:mod:`llmgym.agents.shared_prefix`; the chunked path, without ``with_hidden``, when it
+            saves at least an eighth of the batch's tokens). Only for a model
+            :func:`~llmgym.agents.shared_prefix.supports_shared_prefixes` accepts.
 
     Returns:
         ``(logprobs, entropy, hidden_or_None)``.
@@ -237,13 +243,18 @@ def token_logprobs_and_entropy(
             entropy = torch.where(keep, entropy, torch.zeros_like(entropy))
         return logprobs, entropy, (out.hidden_states[-1][:, :-1] if with_hidden else None)
 
-    # use_cache=False: a training forward has no use for a KV cache of the whole batch (TRL passes it too)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                output_hidden_states=True, logits_to_keep=1, use_cache=False)
-    hidden = out.hidden_states[-1][:, :-1]
-    del out  # its [N, 1, V] logits' graph holds the head's weights (a bf16 copy of them under autocast)
     select = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask.bool()
-    picked_hidden = hidden[select]  # [K, H]
+    split = shared_prefixes(input_ids, attention_mask, select) if share_prefixes and not with_hidden else None
+    hidden = None
+    if split is not None and 8 * split.saved_tokens >= int(attention_mask.sum()):
+        picked_hidden = shared_prefix_hidden(model, split, select)  # [K, H]
+    else:
+        # use_cache=False: a training forward has no use for a KV cache of the whole batch (TRL passes it too)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                    output_hidden_states=True, logits_to_keep=1, use_cache=False)
+        hidden = out.hidden_states[-1][:, :-1]
+        del out  # its [N, 1, V] logits' graph holds the head's weights (a bf16 copy of them under autocast)
+        picked_hidden = hidden[select]  # [K, H]
     picked_targets = targets[select]
     core = _core_model(model)
     head = core.get_output_embeddings()
@@ -373,6 +384,9 @@ class Learner:
         self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
         self.correct_staleness = True
         """Reweight stale tokens (see :meth:`apply_correction`); off only to measure what the correction does."""
+        self.share_prefixes = True
+        """Run a group's common prompt through the model once per forward (:mod:`llmgym.agents.shared_prefix`;
+        where :func:`~llmgym.agents.shared_prefix.supports_shared_prefixes` allows); off to compare."""
 
     @staticmethod
     def _frozen_copy(model):
@@ -431,10 +445,12 @@ class Learner:
             if chunk is None:
                 head = _core_model(model).get_output_embeddings()
                 chunk = default_chunk_size(head.weight.shape[0] if head is not None else 1)
+        share = self.share_prefixes and supports_shared_prefixes(model)
         with self.autocast():
             logprobs, entropy, hidden = token_logprobs_and_entropy(
                 model, batch.input_ids, batch.attention_mask, temperature=c.temperature,
-                mask=batch.action_mask if mask is None else mask, chunk_size=chunk, with_hidden=with_hidden)
+                mask=batch.action_mask if mask is None else mask, chunk_size=chunk, with_hidden=with_hidden,
+                share_prefixes=share)
         return ForwardOutput(logprobs, entropy, hidden=hidden)
 
     @contextlib.contextmanager

@@ -168,6 +168,103 @@ def test_fused_head_under_bf16_autocast_is_the_autocast_computation():
     assert torch.allclose(outs[0][0], outs[1][0], atol=1e-5)  # the same bf16 logits: log-probs to float32 rounding
 
 
+def _multi_turn_batch(tok) -> Batch:
+    """Groups of 3 sharing a prompt (prompt lengths differ between groups); one group's episodes have an
+    env reply between two sampled turns (action-mask gaps), one row of another group is the longest."""
+    episodes = []
+    for i in range(9):
+        prompt = tok.encode(f"q{i // 3}{'xyz' * (i // 3)}:")
+        turn = [40 + (5 * i + 3 * t) % 50 for t in range(2 + i % 4)]
+        ids, act = prompt + turn, [0] * len(prompt) + [1] * len(turn)
+        if i // 3 == 1:  # an env reply, then a second turn
+            reply, second = tok.encode("ok"), [60 + t for t in range(1 + i % 2)]
+            ids, act = ids + reply + second, act + [0] * len(reply) + [1] * len(second)
+        rewards = [0.0] * len(ids)
+        rewards[-1] = float(i % 3)
+        episodes.append(Episode(Task(f"t{i // 3}"), i // 3, ids, act, [-1.0] * len(ids), rewards, len(prompt), ["stop"]))
+    return Batch.from_episodes(episodes, tok.pad_token_id)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_shared_prefixes_give_the_one_pass_logprobs_and_gradients(arch):
+    """A group's prompt run once (prefix pass + suffix pass over a KV cache) is the same function as one
+    pass over the padded batch: log-probs, entropy and every gradient agree to float32 rounding."""
+    if arch == "qwen2":  # biased q/k/v projections, grouped-query attention
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        tok = build_tokenizer()
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=64))
+    else:
+        model, tok = _tiny()
+    batch = _multi_turn_batch(tok)
+    results = []
+    for share in (True, False):
+        model.zero_grad()
+        lp, ent, _ = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask,
+                                                chunk_size=5, share_prefixes=share)
+        ((lp * torch.linspace(-1, 1, lp.shape[1])).sum() + 0.1 * ent.sum()).backward()
+        results.append((lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (lp_s, ent_s, g_s), (lp_p, ent_p, g_p) = results
+    assert torch.allclose(lp_s, lp_p, atol=1e-5) and torch.allclose(ent_s, ent_p, atol=1e-5)
+    assert bool((lp_s[batch.action_mask.bool()] < 0).all()) and bool((lp_s[~batch.action_mask.bool()] == 0).all())
+    for n in g_p:
+        assert torch.allclose(g_s[n], g_p[n], rtol=1e-4, atol=1e-5), n
+
+
+def test_the_learner_runs_each_groups_prompt_once():
+    """The tokens the model embeds: with prefix sharing each group's prompt once, not once per sample;
+    the same update either way. Off under gradient checkpointing (its layers drop the KV cache) and for a
+    value head's hidden states (PPO)."""
+    from llmgym.agents.shared_prefix import shared_prefixes
+
+    model, tok = _tiny()
+    batch = _multi_turn_batch(tok)
+    seen = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].numel()))
+    agent = GRPO(model, tok, group_size=3, kl_coef=0.0)
+    agent.forward(batch)
+    split = shared_prefixes(batch.input_ids, batch.attention_mask, batch.action_mask.bool())
+    assert len(seen) == 2 and split.prefix_ids.shape[0] == 3  # a prefix pass over 3 prompts, then the suffixes
+    assert sum(seen) < batch.input_ids.numel() - split.saved_tokens // 2
+    seen.clear()
+    agent.learner.share_prefixes = False
+    agent.forward(batch)
+    assert seen == [batch.input_ids.numel()]
+    seen.clear()
+    agent.learner.share_prefixes = True
+    agent.forward(batch, with_values=True)  # hidden states of every position: one pass
+    assert len(seen) == 1
+    hook.remove()
+    shared, _, _ = _update(group_size=2)
+    model_p, tok_p = _tiny()
+    plain = GRPO(model_p, tok_p, group_size=GROUP, kl_coef=0.0, max_new_tokens=8, entropy_coef=0.01)
+    plain.learner.share_prefixes = False
+    plain.optimizer = torch.optim.SGD(plain.parameters(), lr=0.5)
+    plain.update(_fixed_batch(tok_p))
+    _assert_same_state(shared, {k: v.detach() for k, v in model_p.state_dict().items()})
+
+
+def test_shared_prefixes_decline_batches_they_cannot_split():
+    from llmgym.agents.shared_prefix import shared_prefixes, supports_shared_prefixes
+
+    ids = torch.tensor([[1, 5, 6, 7], [1, 5, 6, 8]])
+    attn = torch.ones_like(ids)
+    select = torch.tensor([[0, 1, 1], [0, 1, 1]]).bool()
+    assert shared_prefixes(ids, attn, select).saved_tokens == 1  # the prefix [1], run once instead of twice
+    assert shared_prefixes(ids, torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]), select) is None  # left padding
+    assert shared_prefixes(ids, attn, torch.tensor([[0, 1, 1], [0, 0, 0]]).bool()) is None  # a row reads nothing
+    assert shared_prefixes(ids, attn, torch.tensor([[1, 1, 1], [0, 1, 1]]).bool()) is None  # nothing before
+    model, _ = _tiny()
+    assert supports_shared_prefixes(model)
+    from transformers import MistralConfig, MistralForCausalLM
+
+    sliding = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                               num_key_value_heads=2, intermediate_size=32, sliding_window=8))
+    assert not supports_shared_prefixes(sliding)  # a sliding-window cache: one pass
+
+
 # ---------------------------------------------------------------------------------------------
 # micro-batches with gradient accumulation
 # ---------------------------------------------------------------------------------------------
