@@ -174,6 +174,17 @@ def _head_chunk(head: torch.nn.Module, temperature: float, softcap: float | None
     return torch.stack([picked, entropy], dim=-1)
 
 
+def _backbone(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The decoder stack under the LM head (``base_model``: its ``last_hidden_state`` is the head's normed
+    input), called without the head so no logits at all are computed in the forward; ``None`` where the
+    model must be called whole (under DDP, whose gradient hooks are armed by its own forward)."""
+    if hasattr(model, "module"):  # DistributedDataParallel
+        return None
+    core = _core_model(model)
+    base = getattr(core, "base_model", None)
+    return base if base is not None and base is not core else None
+
+
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(_core_model(model).forward).parameters
 
@@ -193,8 +204,9 @@ def token_logprobs_and_entropy(
 
     Formulas (``z = W_head h_t / T``): ``log π = z[x_{t+1}] − logsumexp(z)``, ``H = logsumexp(z) − Σ_v p_v z_v``.
 
-    With ``chunk_size > 0`` the model is run with ``logits_to_keep=1`` and ``output_hidden_states``
-    (its last hidden state is the normed input of the LM head), then the head is applied to the
+    With ``chunk_size > 0`` the decoder stack under the head is run (``model.base_model``; under DDP
+    the whole model with ``logits_to_keep=1`` and ``output_hidden_states``): its last hidden state
+    is the normed input of the LM head. Then the head is applied to the
     selected positions ``chunk_size`` tokens at a time (in vocabulary tiles of
     :data:`CHUNK_ELEMENTS` logits) by :func:`~llmgym.agents.fused_head.head_logprobs_and_entropy`,
     whose backward recomputes each tile's logits: nothing of the ``[K, V]`` logits' size is kept
@@ -246,14 +258,19 @@ def token_logprobs_and_entropy(
     select = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask.bool()
     split = shared_prefixes(input_ids, attention_mask, select) if share_prefixes and not with_hidden else None
     hidden = None
-    if split is not None and 8 * split.saved_tokens >= int(attention_mask.sum()):
-        picked_hidden = shared_prefix_hidden(model, split, select)  # [K, H]
+    backbone = _backbone(model)
+    if split is not None and backbone is not None and 8 * split.saved_tokens >= int(attention_mask.sum()):
+        picked_hidden = shared_prefix_hidden(backbone, split, select)  # [K, H]
     else:
         # use_cache=False: a training forward has no use for a KV cache of the whole batch (TRL passes it too)
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                    output_hidden_states=True, logits_to_keep=1, use_cache=False)
-        hidden = out.hidden_states[-1][:, :-1]
-        del out  # its [N, 1, V] logits' graph holds the head's weights (a bf16 copy of them under autocast)
+        if backbone is not None:
+            hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                              use_cache=False).last_hidden_state[:, :-1]
+        else:  # the whole model: one position's logits, and every layer's hidden states (the last is the head's input)
+            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                        output_hidden_states=True, logits_to_keep=1, use_cache=False)
+            hidden = out.hidden_states[-1][:, :-1]
+            del out  # its [N, 1, V] logits' graph holds the head's weights (a bf16 copy of them under autocast)
         picked_hidden = hidden[select]  # [K, H]
     picked_targets = targets[select]
     core = _core_model(model)

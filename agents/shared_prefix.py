@@ -41,7 +41,8 @@ __all__ = ["SharedPrefixes", "shared_prefixes", "shared_prefix_hidden", "support
 
 def supports_shared_prefixes(model: torch.nn.Module) -> bool:
     """Whether :func:`shared_prefix_hidden` computes exactly what one pass over the batch computes:
-    a ``transformers`` causal LM (possibly under ``peft``, not under a data-parallel wrapper) whose KV
+    a ``transformers`` causal LM (possibly under ``peft``, not under a data-parallel wrapper) with a
+    decoder stack under its head (``base_model``), whose KV
     cache is a plain ``DynamicCache`` of full-attention layers (no sliding window, no recurrent
     state), without gradient checkpointing (its layers drop a KV cache in training).
 
@@ -58,6 +59,8 @@ def supports_shared_prefixes(model: torch.nn.Module) -> bool:
         return False
     get_base = getattr(model, "get_base_model", None)  # peft.PeftModel
     core = get_base() if callable(get_base) else model
+    if getattr(core, "base_model", core) is core:  # no decoder stack under a head to call
+        return False
     if getattr(core, "is_gradient_checkpointing", False) or getattr(core, "is_activation_checkpointing", False):
         return False
     try:
@@ -126,9 +129,11 @@ def shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, selec
                           suffix_ids, suffix_mask, saved)
 
 
-def shared_prefix_hidden(model: torch.nn.Module, split: SharedPrefixes, select: torch.Tensor) -> torch.Tensor:
-    """``[K, H]``: the model's last hidden states at the ``K`` positions of ``select`` (row-major order,
-    as ``hidden[select]`` of one pass over the batch), by a prefix pass and a suffix pass.
+def shared_prefix_hidden(backbone: torch.nn.Module, split: SharedPrefixes, select: torch.Tensor) -> torch.Tensor:
+    """``[K, H]``: the last hidden states at the ``K`` positions of ``select`` (row-major order, as
+    ``hidden[select]`` of one pass over the batch), by a prefix pass and a suffix pass of ``backbone``
+    (the decoder stack under a causal LM's head, ``model.base_model``: its ``last_hidden_state`` is the
+    head's input).
 
     Example:
         >>> import torch
@@ -137,7 +142,7 @@ def shared_prefix_hidden(model: torch.nn.Module, split: SharedPrefixes, select: 
         >>> model = build_tiny_model(build_tokenizer(), TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
         >>> ids = torch.tensor([[1, 5, 6, 7, 0], [1, 5, 6, 8, 9]]); attn = (ids > 0).long()
         >>> select = torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1]]).bool()
-        >>> h = shared_prefix_hidden(model, shared_prefixes(ids, attn, select), select)
+        >>> h = shared_prefix_hidden(model.base_model, shared_prefixes(ids, attn, select), select)
         >>> full = model(ids, attention_mask=attn, output_hidden_states=True).hidden_states[-1][:, :-1][select]
         >>> h.shape, torch.allclose(h, full, atol=1e-5)
         (torch.Size([5, 32]), True)
@@ -145,8 +150,8 @@ def shared_prefix_hidden(model: torch.nn.Module, split: SharedPrefixes, select: 
     from transformers import DynamicCache
 
     prefix_positions = (split.prefix_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=split.prefix_ids, attention_mask=split.prefix_mask, position_ids=prefix_positions,
-                use_cache=True, logits_to_keep=1)
+    out = backbone(input_ids=split.prefix_ids, attention_mask=split.prefix_mask, position_ids=prefix_positions,
+                   use_cache=True)
     layers = out.past_key_values.layers
     cache = DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, split.row_prefix),
                                           layer.values.index_select(0, split.row_prefix)) for layer in layers])
@@ -154,10 +159,9 @@ def shared_prefix_hidden(model: torch.nn.Module, split: SharedPrefixes, select: 
     span = split.suffix_ids.shape[1]
     positions = split.starts[:, None] + torch.arange(span, device=split.starts.device)
     mask = torch.cat([split.prefix_mask.index_select(0, split.row_prefix), split.suffix_mask], dim=1)
-    out = model(input_ids=split.suffix_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                use_cache=True, output_hidden_states=True, logits_to_keep=1)
-    hidden = out.hidden_states[-1]
-    del out, cache
+    hidden = backbone(input_ids=split.suffix_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                      use_cache=True).last_hidden_state
+    del cache
     # column t of a row's suffix is batch column starts + t; the selected ones, in row-major order
     columns = positions.clamp(max=select.shape[1] - 1)
     suffix_select = select.gather(1, columns) & (positions < select.shape[1]) & split.suffix_mask.bool()

@@ -255,3 +255,17 @@ def test_checkpointed_forward_keeps_what_the_backbone_keeps():
     bf16_weights = sum(p.numel() for p in model.parameters()) * 2 / 2**20
     assert backbone_kept > 0 and out.logprobs.grad_fn is not None
     assert learner_kept <= backbone_kept + head_input + outputs + 0.02, (learner_kept, backbone_kept, bf16_weights)
+
+
+def test_the_training_forward_computes_no_logits_outside_the_fused_head():
+    """The learner runs the decoder stack under the head (``base_model``): the head module itself is never
+    called (it computed one position's ``[N, V]`` logits and, under autocast, a bf16 copy of its weights)."""
+    from llmgym.agents.learner import token_logprobs_and_entropy
+
+    model = _big_vocab_model()
+    calls = []
+    model.lm_head.register_forward_hook(lambda *_: calls.append(1))
+    ids = torch.randint(3, VOCAB, (ROWS, 1 + COMPLETION), generator=torch.Generator().manual_seed(4))
+    lp, _, _ = token_logprobs_and_entropy(model, ids, torch.ones_like(ids), chunk_size=CHUNK)
+    lp.sum().backward()
+    assert calls == [] and model.lm_head.weight.grad is not None
