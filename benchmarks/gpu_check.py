@@ -32,10 +32,12 @@ after every section so a killed run keeps what it measured):
 ``--preset vs-trl`` runs issue 23's measurements instead, in priority order within ``--budget-s``
 (default 330 s; a section with no time left is recorded as skipped): the engine tests (contract +
 static decoding), ``memory_timeline_128`` (``benchmarks/memory_timeline.py --side both``: one step
-of llmgym and of TRL phase by phase, allocator snapshot of each), ``engine_steps`` (ms per decoding
-step vs ``model.generate``'s compiled static cache and the bandwidth bound),
-``memory_timeline_128_ckpt`` and ``grpo_vs_trl_512`` (until both step times settle; it needs
-~150 s or more, so it usually gets a run of its own: ``--preset vs-trl --only grpo_vs_trl_512``).
+of llmgym and of TRL phase by phase, allocator snapshot of each, then 6 timed steps per side in the
+same warm process: the 128-token step ratio), ``engine_steps`` (ms per decoding step vs
+``model.generate``'s compiled static cache and the bandwidth bound), ``memory_timeline_128_ckpt``,
+``memory_timeline_512`` (the timeline at 512 tokens, then 4 timed steps per side) and
+``grpo_vs_trl_512`` (fresh processes until both step times settle; it needs ~150 s or more, so it
+usually gets a run of its own: ``--preset vs-trl --only grpo_vs_trl_512``).
 
 The run ends with a compact summary of the headline numbers. ``--quick`` (``bash
 benchmarks/gpu_check.sh --quick``) shrinks every section (~2 minutes on one GPU).
@@ -412,12 +414,16 @@ def _out_dir() -> Path:
     return OUT_DIR or Path(os.environ.get("OUT") or ROOT / "benchmarks")
 
 
-def memory_timelines(new_tokens: int, checkpointing: bool, snapshot: bool, timeout_s: float) -> dict:
-    """``benchmarks/memory_timeline.py --side both``: one step of each trainer, phase by phase."""
+def memory_timelines(new_tokens: int, checkpointing: bool, snapshot: bool, timeout_s: float, time_steps: int = 0) -> dict:
+    """``benchmarks/memory_timeline.py --side both``: one step of each trainer, phase by phase; with
+    ``time_steps`` (GPU) each side then times that many more steps in the same process (the settled
+    step time side by side, without a second cold start of either trainer)."""
     tag = f"{new_tokens}{'_ckpt' if checkpointing else ''}"
     args = ["--side", "both", "--device", DEVICE, "--model", "qwen2-0.5b", "--new-tokens", str(new_tokens),
             "--timeout", str(int(timeout_s / 2))]
     args += (["--checkpointing"] if checkpointing else [])
+    if time_steps:  # on CPU (--cpu-smoke) the code path runs; the figures mean nothing there
+        args += ["--time-steps", str(time_steps if DEVICE == "cuda" else 2)]
     if snapshot and DEVICE == "cuda":
         args += ["--snapshot", str(_out_dir() / f"snapshot_{tag}.pickle")]
     if DEVICE == "cpu":
@@ -428,7 +434,7 @@ def memory_timelines(new_tokens: int, checkpointing: bool, snapshot: bool, timeo
     for side in ("llmgym", "trl"):
         d = data.get(side, {})
         out[side] = {"error": d.get("error"), "terms": d.get("terms"), "kept": d.get("kept"),
-                     "cuda_graph_pools": d.get("cuda_graph_pools")}
+                     "cuda_graph_pools": d.get("cuda_graph_pools"), "timed_steps": d.get("timed_steps")}
     out["compare"] = data.get("compare")
     if any(out[s]["error"] for s in ("llmgym", "trl")):
         out["output_tail"] = r["output_tail"]
@@ -564,9 +570,11 @@ def _vs_trl_sections(report: "Report", budget_s: float, cpu_smoke: bool) -> None
     tokens = (8, 16) if cpu_smoke else (128, 512)
     plan = [  # (name, minimum seconds it needs, share of what is left it may take, function of its time-out)
         ("contract_tests", 40, 0.2, lambda t: contract_tests(int(t), extra=["tests/test_static_decode.py"])),
-        ("memory_timeline_128", 70, 0.5, lambda t: memory_timelines(tokens[0], False, True, t)),
+        # with 6 timed steps per side: the 128-token step ratio comes from the same warm processes
+        ("memory_timeline_128", 90, 0.5, lambda t: memory_timelines(tokens[0], False, True, t, time_steps=6)),
         ("engine_steps", 50, 1.0, lambda t: engine_steps(new_tokens=16 if cpu_smoke else 128)),
         ("memory_timeline_128_ckpt", 60, 0.6, lambda t: memory_timelines(tokens[0], True, False, t)),
+        ("memory_timeline_512", 100, 0.8, lambda t: memory_timelines(tokens[1], False, False, t, time_steps=4)),
         # TRL's first steps at 512 tokens take ~30 s, 20 s: with less than ~150 s it cannot settle, and
         # a second run (--only grpo_vs_trl_512) gets the whole budget
         ("grpo_vs_trl_512", 30 if cpu_smoke else 150, 1.0,
@@ -621,13 +629,19 @@ def summary(data: dict) -> list[str]:
                      f"{gt['trl'].get('peak_gpu_mib')} MiB (ratio {gt.get('memory_ratio_llmgym_over_trl')})")
     elif gt.get("skipped"):
         lines.append(f"GRPO vs TRL: skipped ({gt['skipped']})")
-    for name in ("memory_timeline_128", "memory_timeline_128_ckpt"):
+    for name in ("memory_timeline_128", "memory_timeline_128_ckpt", "memory_timeline_512"):
         mt = sec.get(name, {})
         if mt.get("compare"):
             c = mt["compare"]
             lines.append(f"{name}: step peak llmgym {c['step_peak_mib']['llmgym']} vs TRL {c['step_peak_mib']['trl']} MiB "
-                         f"(ratio {c['step_peak_ratio_llmgym_over_trl']}); llmgym kept at start "
+                         f"(ratio {c['step_peak_ratio_llmgym_over_trl']}); activations "
+                         f"{c['activations_per_micro_batch_mib']}; llmgym kept at start "
                          f"{(mt.get('llmgym') or {}).get('kept', {}).get('start')}")
+            if "settled_step_s" in c:
+                lines.append(f"{name}: settled step llmgym {c['settled_step_s']['llmgym']} s vs TRL "
+                             f"{c['settled_step_s']['trl']} s (ratio {c['settled_step_ratio_llmgym_over_trl']}, settled "
+                             f"{c['settled_step_s']['settled']}); peak over the timed steps ratio "
+                             f"{c.get('timed_steps_peak_ratio_llmgym_over_trl')}")
         elif mt.get("skipped"):
             lines.append(f"{name}: skipped ({mt['skipped']})")
     g5 = sec.get("grpo_vs_trl_512", {})

@@ -83,7 +83,8 @@ def test_memory_timeline_reports_every_phase_on_cpu(tmp_path):
     import memory_timeline
 
     report = memory_timeline.main(["--model", "tiny", "--tasks", "2", "--group", "2", "--new-tokens", "4",
-                                   "--micro-batch-size", "2", "--threads", "1", "--json", str(tmp_path / "t.json")])
+                                   "--micro-batch-size", "2", "--threads", "1", "--time-steps", "2",
+                                   "--json", str(tmp_path / "t.json")])
     phases = [r["phase"] for r in report["phases"]]
     assert phases == ["start", "rollout", "prepare", "zero_grad", "forward[0]", "loss[0]", "backward[0]",
                       "between[1]", "forward[1]", "loss[1]", "backward[1]", "clip_grad", "optimizer_step",
@@ -108,6 +109,10 @@ def test_memory_timeline_reports_every_phase_on_cpu(tmp_path):
     assert report["terms"]["kept_after_step_mib"] == pytest.approx(0, abs=0.05)
     assert report["terms"]["step_peak_mib"] == max(r["peak_mib"] for r in report["phases"])
     assert report["micro_batches"] == 2 and (tmp_path / "t.json").exists()
+    # --time-steps: more whole steps after the measured one, timed (the GPU preset's step ratio)
+    timed = report["timed_steps"]
+    assert len(timed["step_s"]) == len(timed["rollout_s"]) == 2 and timed["steps_run"] == 2
+    assert all(0 < r < s for r, s in zip(timed["rollout_s"], timed["step_s"]))
 
 
 def test_memory_timeline_measures_trl_with_the_same_instrument(tmp_path):
