@@ -44,9 +44,12 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+import weakref
+
 import torch
 
-__all__ = ["HeadLogProbs", "head_logprobs_and_entropy", "compute_dtype", "TILE_ELEMENTS"]
+__all__ = ["HeadLogProbs", "head_logprobs_and_entropy", "compute_dtype", "TILE_ELEMENTS", "logit_transform"]
 
 TILE_ELEMENTS = 2**24
 """Logits per tile by default (64 MiB in float32): ``chunk_size`` tokens × ``TILE_ELEMENTS // chunk_size``
@@ -232,3 +235,60 @@ def head_logprobs_and_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: 
         raise ValueError(f"vocab_tile must be >= 1, got {vocab_tile}")
     return HeadLogProbs.apply(hidden, weight, bias, targets.long(), float(temperature), float(scale),
                               float(softcap) if softcap else None, int(chunk_size), int(tile))
+
+
+_TRANSFORMS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[float, float | None] | None]" = weakref.WeakKeyDictionary()
+
+
+def logit_transform(model: torch.nn.Module) -> tuple[float, float | None] | None:
+    """``(scale, softcap)`` a causal LM applies to its head's output (``z = softcap·tanh(scale·Wh / softcap)``),
+    read from its config and checked once against the model's own logits; ``None`` when the head's
+    output transformed so does not reproduce them (a transform this function does not know: the caller
+    falls back to the model's full logits, and a warning says so).
+
+    Known: Cohere's ``logit_scale`` (×), Granite's ``logits_scaling`` (÷; HyperCLOVA X ×), Muse
+    Glimmer's ``output_multiplier`` (×), Gemma's ``final_logit_softcapping``. ``model`` is the
+    ``transformers`` model itself (not a DDP or peft wrapper).
+
+    Example:
+        >>> import torch, transformers
+        >>> from llmgym.agents.fused_head import logit_transform
+        >>> cfg = transformers.GraniteConfig(vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        ...                                  num_key_value_heads=2, intermediate_size=16, logits_scaling=4.0)
+        >>> logit_transform(transformers.GraniteForCausalLM(cfg))
+        (0.25, None)
+    """
+    if model in _TRANSFORMS:
+        return _TRANSFORMS[model]
+    cfg = model.config.get_text_config()
+    scale = 1.0
+    for name in ("logit_scale", "output_multiplier"):
+        if getattr(cfg, name, None) is not None:
+            scale *= float(getattr(cfg, name))
+    if getattr(cfg, "logits_scaling", None) is not None:
+        multiplies = str(getattr(cfg, "model_type", "")).startswith("hyperclovax")
+        scale = scale * float(cfg.logits_scaling) if multiplies else scale / float(cfg.logits_scaling)
+    softcap = getattr(cfg, "final_logit_softcapping", None) or None
+    head, base = model.get_output_embeddings(), getattr(model, "base_model", None)
+    result: tuple[float, float | None] | None = (scale, softcap)
+    if head is not None and base is not None and base is not model:
+        device = next(model.parameters()).device
+        ids = torch.arange(1, 6, device=device).clamp(max=cfg.vocab_size - 1)[None]
+        modes = {m: m.training for m in model.modules()}
+        model.eval()  # no dropout: both computations see the same function
+        try:
+            with torch.no_grad(), torch.autocast(device.type, enabled=False):
+                want = model(input_ids=ids, use_cache=False).logits[0].float()
+                z = head(base(input_ids=ids, use_cache=False).last_hidden_state)[0].float() * scale
+                if softcap:
+                    z = torch.tanh(z / softcap) * softcap
+        finally:
+            for m, training in modes.items():
+                m.training = training
+        if not torch.allclose(z, want, rtol=2e-2, atol=1e-3 * float(want.abs().max()) + 1e-6):
+            warnings.warn(f"llmgym: the chunked log-prob head does not reproduce {type(model).__name__}'s logits (a "
+                          f"transform of the head's output it does not know): the learner uses the model's full "
+                          f"[N, L, V] logits for it (memory grows with tokens × vocabulary)", stacklevel=3)
+            result = None
+    _TRANSFORMS[model] = result
+    return result

@@ -56,7 +56,7 @@ from torch.utils.checkpoint import checkpoint
 from llmgym import distributed
 from llmgym.agents import functional as F
 from llmgym.agents.corrections import ImportanceWeightStats, stale_token_mask, truncated_importance_weights
-from llmgym.agents.fused_head import TILE_ELEMENTS, head_logprobs_and_entropy
+from llmgym.agents.fused_head import TILE_ELEMENTS, head_logprobs_and_entropy, logit_transform
 from llmgym.agents.shared_prefix import shared_prefix_hidden, shared_prefixes, supports_shared_prefixes
 from llmgym.batch import Batch
 
@@ -157,7 +157,7 @@ def default_chunk_size(vocab_size: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, min(vocab_size, 8192)))
 
 
-def _head_chunk(head: torch.nn.Module, temperature: float, softcap: float | None,
+def _head_chunk(head: torch.nn.Module, temperature: float, scale: float, softcap: float | None,
                 hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``[K, 2]``: log π and H for ``[K, H]`` hidden states through any head module (the fallback of
     :func:`~llmgym.agents.fused_head.head_logprobs_and_entropy` for heads that are not a plain
@@ -166,6 +166,8 @@ def _head_chunk(head: torch.nn.Module, temperature: float, softcap: float | None
     One output, not two: checkpointed, a chunk whose entropy the loss never reads would keep the
     entropy's recomputed ``[K, V]`` tensors alive until the graph dies (backward never unpacks them)."""
     logits = head(hidden).float()
+    if scale != 1.0:  # the model's logit multiplier (Cohere, Granite, ...)
+        logits = logits * scale
     if softcap:  # Gemma-2 style final-logit soft-capping, as the model's own forward applies it
         logits = torch.tanh(logits / softcap) * softcap
     logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
@@ -212,8 +214,10 @@ def token_logprobs_and_entropy(
     whose backward recomputes each tile's logits: nothing of the ``[K, V]`` logits' size is kept
     between forward and backward (another head module than ``nn.Linear`` gets its own autograd, in
     chunks of at most :data:`CHUNK_ELEMENTS` logits, each checkpointed).
-    ``chunk_size = 0`` (or a model without ``logits_to_keep``) takes the plain path: full
-    ``[N, L-1, V]`` logits.
+    The model's own transform of the head's output (a logit scale, a soft-cap) is applied as its
+    forward applies it (:func:`~llmgym.agents.fused_head.logit_transform`, checked once per model
+    against its own logits). ``chunk_size = 0`` (or a model without ``logits_to_keep``, or one whose
+    logits the chunked head cannot reproduce) takes the plain path: full ``[N, L-1, V]`` logits.
 
     Args:
         model: a ``transformers`` causal LM (possibly wrapped in DDP or peft).
@@ -244,7 +248,8 @@ def token_logprobs_and_entropy(
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     targets = input_ids[:, 1:]
     chunked = chunk_size and chunk_size > 0 and _accepts_logits_to_keep(model)
-    if not chunked:  # full logits (the reference path; also the fallback for exotic models)
+    transform = logit_transform(_core_model(model)) if chunked else None
+    if transform is None:  # full logits (the reference path; also the fallback for exotic models)
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                     output_hidden_states=with_hidden, use_cache=False)
         logits = out.logits[:, :-1].float() / t
@@ -275,23 +280,23 @@ def token_logprobs_and_entropy(
     picked_targets = targets[select]
     core = _core_model(model)
     head = core.get_output_embeddings()
-    softcap = getattr(core.config, "final_logit_softcapping", None)
+    scale, softcap = transform
     if type(head) is torch.nn.Linear and type(head.weight) is torch.nn.Parameter:
         lp, ent = head_logprobs_and_entropy(picked_hidden, head.weight, head.bias, picked_targets, temperature=t,
-                                            softcap=softcap, chunk_size=chunk_size)
+                                            scale=scale, softcap=softcap, chunk_size=chunk_size)
     else:  # another head module (LoRA on the head, ...): its own autograd, chunks of whole-vocabulary
         # rows (no more logits per chunk than a tile has), each checkpointed
         rows = max(1, min(chunk_size, CHUNK_ELEMENTS // max(1, core.config.get_text_config().vocab_size)))
-        lp, ent = _module_head_logprobs(head, picked_hidden, picked_targets, t, softcap, rows)
+        lp, ent = _module_head_logprobs(head, picked_hidden, picked_targets, t, scale, softcap, rows)
     logprobs = torch.zeros(targets.shape, dtype=torch.float32, device=input_ids.device).index_put((select,), lp)
     entropy = torch.zeros(targets.shape, dtype=torch.float32, device=input_ids.device).index_put((select,), ent)
     return logprobs, entropy, (hidden if with_hidden else None)
 
 
-def _module_head_logprobs(head, hidden, targets, temperature, softcap, chunk_size):
+def _module_head_logprobs(head, hidden, targets, temperature, scale, softcap, chunk_size):
     """log π and H through ``head``'s own forward, ``chunk_size`` tokens at a time, each chunk
     recomputed in backward (unless one chunk holds everything: recomputing would save nothing)."""
-    fn = functools.partial(_head_chunk, head, temperature, softcap)
+    fn = functools.partial(_head_chunk, head, temperature, scale, softcap)
     recompute = torch.is_grad_enabled() and targets.shape[0] > chunk_size
     parts = [checkpoint(fn, hidden[s:s + chunk_size], targets[s:s + chunk_size], use_reentrant=False) if recompute
              else fn(hidden[s:s + chunk_size], targets[s:s + chunk_size]) for s in range(0, targets.shape[0], chunk_size)]

@@ -104,6 +104,41 @@ def test_chunked_forward_returns_the_value_heads_hidden_states():
     assert hidden.shape == (*batch.action_mask.shape, 32) and torch.allclose(hidden, hidden_full, atol=1e-6)
 
 
+@pytest.mark.parametrize("family,extra", [("Granite", {"logits_scaling": 4.0}), ("Cohere", {"logit_scale": 0.25}),
+                                          ("Gemma2", {"final_logit_softcapping": 3.0, "head_dim": 8})])
+def test_chunked_logprobs_apply_the_models_own_logit_transform(family, extra):
+    """Granite divides its logits by ``logits_scaling``, Cohere multiplies them by ``logit_scale``, Gemma-2
+    soft-caps them: the chunked head computes what the model's own forward does (it ignored the scales)."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = getattr(transformers, f"{family}Config")(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                   num_key_value_heads=2, intermediate_size=32, eos_token_id=2, **extra)
+    model = getattr(transformers, f"{family}ForCausalLM")(cfg)
+    ids = torch.randint(3, 64, (3, 9), generator=torch.Generator().manual_seed(1))
+    args = (model, ids, torch.ones_like(ids))
+    chunked, full = (token_logprobs_and_entropy(*args, chunk_size=c, temperature=0.7)[:2] for c in (4, 0))
+    assert torch.allclose(chunked[0], full[0], atol=1e-5) and torch.allclose(chunked[1], full[1], atol=1e-5)
+
+
+def test_a_logit_transform_the_head_does_not_know_falls_back_to_full_logits():
+    from llmgym.agents.fused_head import logit_transform
+
+    class Tripled(type(_tiny()[0])):
+        def forward(self, input_ids=None, logits_to_keep=0, **kw):
+            out = super().forward(input_ids=input_ids, logits_to_keep=logits_to_keep, **kw)
+            out.logits = out.logits * 3
+            return out
+
+    model, tok = _tiny()
+    model.__class__ = Tripled
+    ids = torch.tensor([tok.encode("12+34=46")])
+    with pytest.warns(UserWarning, match="does not reproduce Tripled's logits"):
+        lp, _, _ = token_logprobs_and_entropy(model, ids, torch.ones_like(ids), chunk_size=3)
+    want = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    assert torch.allclose(lp[0], want, atol=1e-5) and logit_transform(model) is None
+
+
 def _reference_head(h, W, b, x, temperature, softcap):
     """log π and H through autograd's own ops on the full ``[K, V]`` logits (what the fused head replaces)."""
     z = h @ W.T + (b if b is not None else 0)
@@ -222,8 +257,9 @@ def test_the_learner_runs_each_groups_prompt_once():
     model, tok = _tiny()
     batch = _multi_turn_batch(tok)
     seen = []
-    hook = model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].numel()))
     agent = GRPO(model, tok, group_size=3, kl_coef=0.0)
+    agent.forward(batch)  # the first forward also checks the head's logit transform once (a 5-token probe)
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].numel()))
     agent.forward(batch)
     split = shared_prefixes(batch.input_ids, batch.attention_mask, batch.action_mask.bool())
     assert len(seen) == 2 and split.prefix_ids.shape[0] == 3  # a prefix pass over 3 prompts, then the suffixes
