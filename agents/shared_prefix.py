@@ -5,8 +5,9 @@ GRPO, RLOO, DAPO, ... sample ``G`` completions of one prompt; the learner's forw
 identical prompts. Causal attention makes a prompt's hidden states (and keys and values) independent
 of what follows it, so the batch splits exactly into
 
-* a **prefix pass** over the distinct prefixes (one row each; left-padded, so every prefix ends at the
-  same column), kept as a KV cache, and
+* a **prefix pass** over the distinct prefixes (one row each, right-padded: no query row is fully
+  masked, which some attention kernels turn into NaNs that a masked key would still carry), kept as
+  a KV cache, and
 * a **suffix pass** over every row's remainder (right-padded), attending to its prefix's cached
   keys and values (``index_select``-ed to the rows, so gradients flow back through the prefix pass
   and add up over the group).
@@ -36,7 +37,12 @@ import dataclasses
 
 import torch
 
-__all__ = ["SharedPrefixes", "shared_prefixes", "shared_prefix_hidden", "supports_shared_prefixes"]
+__all__ = ["SharedPrefixes", "shared_prefixes", "shared_prefix_hidden", "supports_shared_prefixes", "TESTED_ATTENTION"]
+
+TESTED_ATTENTION = ("sdpa", "eager")
+"""Attention implementations the prefix/suffix split is tested with (a padding mask with a hole between
+a prefix and its suffix, a KV cache longer than the queries). Others (flash, flex, custom ones, some
+of which drop the padding mask) run the batch in one pass until a run has checked them."""
 
 
 def supports_shared_prefixes(model: torch.nn.Module) -> bool:
@@ -44,7 +50,8 @@ def supports_shared_prefixes(model: torch.nn.Module) -> bool:
     a ``transformers`` causal LM (possibly under ``peft``, not under a data-parallel wrapper) with a
     decoder stack under its head (``base_model``), whose KV
     cache is a plain ``DynamicCache`` of full-attention layers (no sliding window, no recurrent
-    state), without gradient checkpointing (its layers drop a KV cache in training).
+    state), with an attention implementation in :data:`TESTED_ATTENTION`, without gradient
+    checkpointing (its layers drop a KV cache in training).
 
     Example:
         >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
@@ -63,6 +70,8 @@ def supports_shared_prefixes(model: torch.nn.Module) -> bool:
         return False
     if getattr(core, "is_gradient_checkpointing", False) or getattr(core, "is_activation_checkpointing", False):
         return False
+    if getattr(core.config, "_attn_implementation", None) not in TESTED_ATTENTION:
+        return False
     try:
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
@@ -80,7 +89,7 @@ class SharedPrefixes:
     Attributes:
         starts: ``[N]`` each row's prefix length (its suffix starts at that column).
         row_prefix: ``[N]`` index of each row's prefix in ``prefix_ids``.
-        prefix_ids, prefix_mask: ``[U, P]`` the distinct prefixes, left-padded (mask 0 on padding).
+        prefix_ids, prefix_mask: ``[U, P]`` the distinct prefixes, right-padded (mask 0 on padding).
         suffix_ids, suffix_mask: ``[N, S]`` each row's remainder, right-padded.
         saved_tokens: prefix tokens the forward no longer computes (``Σ starts − Σ prefix lengths``).
     """
@@ -116,9 +125,9 @@ def shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, selec
     longest = max(len(p) for p in prefixes)
     prefix_ids = torch.zeros((len(prefixes), longest), dtype=input_ids.dtype, device=input_ids.device)
     prefix_mask = torch.zeros_like(prefix_ids)
-    for u, prefix in enumerate(prefixes):  # left-padded: every prefix ends at column `longest`
-        prefix_ids[u, longest - len(prefix):] = torch.tensor(prefix, dtype=input_ids.dtype)
-        prefix_mask[u, longest - len(prefix):] = 1
+    for u, prefix in enumerate(prefixes):  # right-padded: a padding query still sees its prefix's tokens
+        prefix_ids[u, :len(prefix)] = torch.tensor(prefix, dtype=input_ids.dtype)
+        prefix_mask[u, :len(prefix)] = 1
     suffix_len = lengths - starts
     span = int(suffix_len.max())
     gather = (starts[:, None] + torch.arange(span, device=input_ids.device)).clamp(max=width - 1)

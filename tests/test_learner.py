@@ -220,7 +220,7 @@ def _multi_turn_batch(tok) -> Batch:
     return Batch.from_episodes(episodes, tok.pad_token_id)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "llama-eager", "qwen2"])
 def test_shared_prefixes_give_the_one_pass_logprobs_and_gradients(arch):
     """A group's prompt run once (prefix pass + suffix pass over a KV cache) is the same function as one
     pass over the padded batch: log-probs, entropy and every gradient agree to float32 rounding."""
@@ -233,6 +233,8 @@ def test_shared_prefixes_give_the_one_pass_logprobs_and_gradients(arch):
                                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=64))
     else:
         model, tok = _tiny()
+        if arch == "llama-eager":
+            model.config._attn_implementation = "eager"
     batch = _multi_turn_batch(tok)
     results = []
     for share in (True, False):
@@ -246,6 +248,39 @@ def test_shared_prefixes_give_the_one_pass_logprobs_and_gradients(arch):
     assert bool((lp_s[batch.action_mask.bool()] < 0).all()) and bool((lp_s[~batch.action_mask.bool()] == 0).all())
     for n in g_p:
         assert torch.allclose(g_s[n], g_p[n], rtol=1e-4, atol=1e-5), n
+
+
+def test_shared_prefixes_never_hand_attention_a_fully_masked_query():
+    """Some attention kernels (CUDA's among them) return NaN for a query whose every key is masked; a
+    masked key's NaN value still poisons ``0 · NaN``. The one-pass batch (right-padded) never has such a
+    query, and neither may the prefix pass: under an attention that NaNs them, both paths agree."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def strict_sdpa(module, query, key, value, attention_mask, **kw):
+        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+        if attention_mask is not None:  # [B, 1, Q, K]; out is [B, Q, heads, D]
+            allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask > -1e30
+            dead = ~allowed.any(-1)  # [B, 1, Q]
+            out = out.masked_fill(dead.transpose(1, 2)[..., None], float("nan"))
+        return out, weights
+
+    AttentionInterface.register("llmgym_strict_sdpa", strict_sdpa)
+    AttentionMaskInterface.register("llmgym_strict_sdpa", sdpa_mask)
+    model, tok = _tiny()
+    model.config._attn_implementation = "llmgym_strict_sdpa"
+    batch = _multi_turn_batch(tok)  # prompts of unequal lengths: the prefix pass pads
+    lp_s, _, _ = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask,
+                                            chunk_size=5, share_prefixes=True)
+    lp_p, _, _ = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask,
+                                            chunk_size=5, share_prefixes=False)
+    assert bool(torch.isfinite(lp_p).all()) and torch.allclose(lp_s, lp_p, atol=1e-5)
+    from llmgym.agents.shared_prefix import supports_shared_prefixes
+
+    assert not supports_shared_prefixes(model)  # an attention implementation the split was not tested with
+    model.config._attn_implementation = "sdpa"
+    assert supports_shared_prefixes(model)
 
 
 def test_the_learner_runs_each_groups_prompt_once():
