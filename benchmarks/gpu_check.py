@@ -31,12 +31,13 @@ after every section so a killed run keeps what it measured):
 
 ``--preset vs-trl`` runs issue 23's measurements instead, in priority order within ``--budget-s``
 (default 330 s; a section with no time left is recorded as skipped): the engine tests (contract +
-static decoding), ``learner_exactness`` (the fused LM head and the shared-prefix forward against
-full logits on this device, float32 and bf16), ``memory_timeline_128`` (``benchmarks/memory_timeline.py --side both``: one step
+static decoding), ``memory_timeline_128`` (``benchmarks/memory_timeline.py --side both``: one step
 of llmgym and of TRL phase by phase, allocator snapshot of each, then 6 timed steps per side in the
 same warm process: the 128-token step ratio), ``engine_steps`` (ms per decoding step vs
 ``model.generate``'s compiled static cache and the bandwidth bound), ``memory_timeline_128_ckpt``,
-``memory_timeline_512`` (the timeline at 512 tokens, then 4 timed steps per side) and
+``learner_exactness`` (the fused LM head and the shared-prefix forward against full logits on this
+device, float32 and bf16), ``memory_timeline_512`` (the timeline at 512 tokens, then 4 timed steps
+per side) and
 ``grpo_vs_trl_512`` (fresh processes until both step times settle; it needs ~150 s or more, so it
 usually gets a run of its own: ``--preset vs-trl --only grpo_vs_trl_512``).
 
@@ -415,10 +416,14 @@ def _out_dir() -> Path:
     return OUT_DIR or Path(os.environ.get("OUT") or ROOT / "benchmarks")
 
 
-def memory_timelines(new_tokens: int, checkpointing: bool, snapshot: bool, timeout_s: float, time_steps: int = 0) -> dict:
-    """``benchmarks/memory_timeline.py --side both``: one step of each trainer, phase by phase; with
-    ``time_steps`` (GPU) each side then times that many more steps in the same process (the settled
-    step time side by side, without a second cold start of either trainer)."""
+def memory_timelines(new_tokens: int, checkpointing: bool, snapshot: bool, timeout_s: float,
+                     time_steps: int | None = None) -> dict:
+    """``benchmarks/memory_timeline.py --side both``: one step of each trainer, phase by phase; then each
+    side times ``time_steps`` more steps in the same process (the settled step time side by side,
+    without a second cold start of either trainer). Default: 6 steps at 128 tokens, 4 at 512 (and at
+    the CPU smoke's token counts), none with checkpointing (the step ratio is measured without it)."""
+    if time_steps is None:
+        time_steps = 0 if checkpointing else (4 if new_tokens >= 512 or new_tokens == 16 else 6)
     tag = f"{new_tokens}{'_ckpt' if checkpointing else ''}"
     args = ["--side", "both", "--device", DEVICE, "--model", "qwen2-0.5b", "--new-tokens", str(new_tokens),
             "--timeout", str(int(timeout_s / 2))]
@@ -625,12 +630,11 @@ def _vs_trl_sections(report: "Report", budget_s: float, cpu_smoke: bool) -> None
     tokens = (8, 16) if cpu_smoke else (128, 512)
     plan = [  # (name, minimum seconds it needs, share of what is left it may take, function of its time-out)
         ("contract_tests", 40, 0.2, lambda t: contract_tests(int(t), extra=["tests/test_static_decode.py"])),
-        ("learner_exactness", 20, 0.2, lambda t: learner_exactness()),
-        # with 6 timed steps per side: the 128-token step ratio comes from the same warm processes
-        ("memory_timeline_128", 90, 0.5, lambda t: memory_timelines(tokens[0], False, True, t, time_steps=6)),
+        ("memory_timeline_128", 70, 0.5, lambda t: memory_timelines(tokens[0], False, True, t)),
         ("engine_steps", 50, 1.0, lambda t: engine_steps(new_tokens=16 if cpu_smoke else 128)),
         ("memory_timeline_128_ckpt", 60, 0.6, lambda t: memory_timelines(tokens[0], True, False, t)),
-        ("memory_timeline_512", 100, 0.8, lambda t: memory_timelines(tokens[1], False, False, t, time_steps=4)),
+        ("learner_exactness", 20, 0.2, lambda t: learner_exactness()),
+        ("memory_timeline_512", 100, 0.8, lambda t: memory_timelines(tokens[1], False, False, t)),
         # TRL's first steps at 512 tokens take ~30 s, 20 s: with less than ~150 s it cannot settle, and
         # a second run (--only grpo_vs_trl_512) gets the whole budget
         ("grpo_vs_trl_512", 30 if cpu_smoke else 150, 1.0,
