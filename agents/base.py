@@ -67,7 +67,8 @@ class AgentConfig:
             (gradients accumulate over a minibatch's micro-batches; per process under data
             parallel); ``None`` = the whole minibatch.
         logits_chunk_size: tokens per LM-head chunk when computing log-probs and entropy (the
-            ``[N, L, V]`` logits never exist); ``None`` = 2^25 / vocabulary size; 0 = full logits.
+            ``[N, L, V]`` logits never exist; each chunk runs in vocabulary tiles of 2^24 logits); ``None`` =
+            ``default_chunk_size`` (2,048 tokens at a 151,936-token vocabulary); 0 = full logits.
         precision: ``"fp32"``, ``"bf16-mixed"`` (bf16 autocast over float32 weights and optimiser
             state) or ``"bf16"`` (bf16 weights). ``resolve_device_defaults`` picks bf16-mixed on a GPU.
         gradient_checkpointing: recompute each layer's activations in backward (``transformers``').

@@ -6,9 +6,10 @@ module owns everything else about a step:
 
 * **Chunked log-probs** (:func:`token_logprobs_and_entropy`): the model runs up to its final hidden
   states; the LM head, the log-softmax and the entropy are applied to ``chunk_size`` tokens at a time,
-  only at the positions the loss reads (the action mask), each chunk re-computed in the backward pass
-  (activation checkpointing of the head). The ``[N, L, V]`` logits of the batch never exist: peak
-  memory is bounded by ``chunk_size × V``, not ``N × L × V``.
+  only at the positions the loss reads (the action mask), by one autograd function with its own
+  backward (:mod:`llmgym.agents.fused_head`) that recomputes each chunk's logits. The ``[N, L, V]``
+  logits of the batch never exist and nothing of their size outlives the forward: peak memory is
+  bounded by ``chunk_size × V``, not ``N × L × V``.
 * **Micro-batches with gradient accumulation**: ``minibatch_size`` rows per optimiser step,
   ``micro_batch_size`` examples per forward/backward (an example is one completion, or the
   ``rows_per_example`` rows one loss term reads together: DPO's chosen and rejected pair). Every
@@ -55,6 +56,8 @@ from torch.utils.checkpoint import checkpoint
 from llmgym import distributed
 from llmgym.agents import functional as F
 from llmgym.agents.corrections import ImportanceWeightStats, stale_token_mask, truncated_importance_weights
+from llmgym.agents.fused_head import TILE_ELEMENTS, head_logprobs_and_entropy, logit_transform
+from llmgym.agents.shared_prefix import shared_prefix_hidden, shared_prefixes, supports_shared_prefixes
 from llmgym.batch import Batch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -141,34 +144,51 @@ def _core_model(model: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else model
 
 
-CHUNK_ELEMENTS = 2**25
-"""Default LM-head chunk: ``CHUNK_ELEMENTS // vocab_size`` tokens (128 MiB per float32 ``[K, V]`` copy;
-~220 tokens for a 151,936-token vocabulary; the whole batch of a tiny model)."""
+CHUNK_ELEMENTS = TILE_ELEMENTS
+"""Logits per LM-head tile (64 MiB in float32): ``chunk_size`` tokens × ``CHUNK_ELEMENTS // chunk_size``
+vocabulary entries (see :mod:`llmgym.agents.fused_head`)."""
 
 
 def default_chunk_size(vocab_size: int) -> int:
-    """Tokens per LM-head chunk for a vocabulary (see :data:`CHUNK_ELEMENTS`).
+    """Tokens per LM-head chunk for a vocabulary: tiles of :data:`CHUNK_ELEMENTS` logits that span the
+    whole vocabulary up to 8,192 entries (2,048 tokens × 8,192 entries at a 151,936-token vocabulary;
+    the whole batch of a small vocabulary in one tile).
 
     Example:
         >>> default_chunk_size(151_936), default_chunk_size(512)
-        (220, 65536)
+        (2048, 32768)
     """
-    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
+    return max(1, CHUNK_ELEMENTS // max(1, min(vocab_size, 8192)))
 
 
-def _head_chunk(head: torch.nn.Module, temperature: float, softcap: float | None,
-                hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """log π and H for ``[K, H]`` hidden states: the only place the ``[K, V]`` logits exist.
+def _head_chunk(head: torch.nn.Module, temperature: float, scale: float, softcap: float | None,
+                hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``[K, 2]``: log π and H for ``[K, H]`` hidden states through any head module (the fallback of
+    :func:`~llmgym.agents.fused_head.head_logprobs_and_entropy` for heads that are not a plain
+    ``nn.Linear``, e.g. a LoRA-wrapped one).
 
-    ``log p = log_softmax(z)``, ``H = −Σ_v p_v log p_v`` (no cancellation of large logits), with as few
-    ``[K, V]`` temporaries as the formulas allow."""
+    One output, not two: checkpointed, a chunk whose entropy the loss never reads would keep the
+    entropy's recomputed ``[K, V]`` tensors alive until the graph dies (backward never unpacks them)."""
     logits = head(hidden).float()
+    if scale != 1.0:  # the model's logit multiplier (Cohere, Granite, ...)
+        logits = logits * scale
     if softcap:  # Gemma-2 style final-logit soft-capping, as the model's own forward applies it
         logits = torch.tanh(logits / softcap) * softcap
     logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
     picked = logp.gather(-1, targets.long()[:, None]).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1)
-    return picked, entropy
+    return torch.stack([picked, entropy], dim=-1)
+
+
+def _backbone(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The decoder stack under the LM head (``base_model``: its ``last_hidden_state`` is the head's normed
+    input), called without the head so no logits at all are computed in the forward; ``None`` where the
+    model must be called whole (under DDP, whose gradient hooks are armed by its own forward)."""
+    if hasattr(model, "module"):  # DistributedDataParallel
+        return None
+    core = _core_model(model)
+    base = getattr(core, "base_model", None)
+    return base if base is not None and base is not core else None
 
 
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
@@ -184,16 +204,24 @@ def token_logprobs_and_entropy(
     mask: torch.Tensor | None = None,
     chunk_size: int = 1024,
     with_hidden: bool = False,
+    share_prefixes: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Teacher-forced ``log π(x_{t+1} | x_≤t)`` and the entropy ``H_t`` of the tempered policy, ``[N, L-1]``.
 
     Formulas (``z = W_head h_t / T``): ``log π = z[x_{t+1}] − logsumexp(z)``, ``H = logsumexp(z) − Σ_v p_v z_v``.
 
-    With ``chunk_size > 0`` the model is run with ``logits_to_keep=1`` and ``output_hidden_states``
-    (its last hidden state is the normed input of the LM head), then the head is applied to the
-    selected positions ``chunk_size`` tokens at a time; with gradients enabled each chunk is
-    checkpointed (its logits are recomputed in backward, not stored). ``chunk_size = 0`` (or a model
-    without ``logits_to_keep``) takes the plain path: full ``[N, L-1, V]`` logits.
+    With ``chunk_size > 0`` the decoder stack under the head is run (``model.base_model``; under DDP
+    the whole model with ``logits_to_keep=1`` and ``output_hidden_states``): its last hidden state
+    is the normed input of the LM head. Then the head is applied to the
+    selected positions ``chunk_size`` tokens at a time (in vocabulary tiles of
+    :data:`CHUNK_ELEMENTS` logits) by :func:`~llmgym.agents.fused_head.head_logprobs_and_entropy`,
+    whose backward recomputes each tile's logits: nothing of the ``[K, V]`` logits' size is kept
+    between forward and backward (another head module than ``nn.Linear`` gets its own autograd, in
+    chunks of at most :data:`CHUNK_ELEMENTS` logits, each checkpointed).
+    The model's own transform of the head's output (a logit scale, a soft-cap) is applied as its
+    forward applies it (:func:`~llmgym.agents.fused_head.logit_transform`, checked once per model
+    against its own logits). ``chunk_size = 0`` (or a model without ``logits_to_keep``, or one whose
+    logits the chunked head cannot reproduce) takes the plain path: full ``[N, L-1, V]`` logits.
 
     Args:
         model: a ``transformers`` causal LM (possibly wrapped in DDP or peft).
@@ -202,6 +230,10 @@ def token_logprobs_and_entropy(
         mask: ``[N, L-1]`` positions to compute (default: all); others are 0 in the outputs.
         chunk_size: tokens per LM-head chunk.
         with_hidden: also return the last hidden states ``[N, L-1, H]`` (for a value head).
+        share_prefixes: run rows that start alike (a group's prompt) through their common start once
+            (:mod:`llmgym.agents.shared_prefix`; the chunked path, without ``with_hidden``, when it
+            saves at least an eighth of the batch's tokens). Only for a model
+            :func:`~llmgym.agents.shared_prefix.supports_shared_prefixes` accepts.
 
     Returns:
         ``(logprobs, entropy, hidden_or_None)``.
@@ -220,7 +252,8 @@ def token_logprobs_and_entropy(
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     targets = input_ids[:, 1:]
     chunked = chunk_size and chunk_size > 0 and _accepts_logits_to_keep(model)
-    if not chunked:  # full logits (the reference path; also the fallback for exotic models)
+    transform = logit_transform(_core_model(model)) if chunked else None
+    if transform is None:  # full logits (the reference path; also the fallback for exotic models)
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                     output_hidden_states=with_hidden, use_cache=False)
         logits = out.logits[:, :-1].float() / t
@@ -231,29 +264,48 @@ def token_logprobs_and_entropy(
             entropy = torch.where(keep, entropy, torch.zeros_like(entropy))
         return logprobs, entropy, (out.hidden_states[-1][:, :-1] if with_hidden else None)
 
-    # use_cache=False: a training forward has no use for a KV cache of the whole batch (TRL passes it too)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                output_hidden_states=True, logits_to_keep=1, use_cache=False)
-    hidden = out.hidden_states[-1][:, :-1]
-    core = _core_model(model)
-    head = functools.partial(_head_chunk, core.get_output_embeddings(), t,
-                             getattr(core.config, "final_logit_softcapping", None))
     select = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask.bool()
-    picked_hidden, picked_targets = hidden[select], targets[select]  # [K, H], [K]
-    lp_parts, ent_parts = [], []
-    # one chunk holds everything (small vocabularies): recomputing it in backward would save nothing
-    recompute = torch.is_grad_enabled() and picked_targets.shape[0] > chunk_size
-    for start in range(0, picked_targets.shape[0], chunk_size):
-        args = (picked_hidden[start:start + chunk_size], picked_targets[start:start + chunk_size])
-        lp, ent = checkpoint(head, *args, use_reentrant=False) if recompute else head(*args)
-        lp_parts.append(lp)
-        ent_parts.append(ent)
-    logprobs = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
-    entropy = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
-    if lp_parts:
-        logprobs = logprobs.index_put((select,), torch.cat(lp_parts))
-        entropy = entropy.index_put((select,), torch.cat(ent_parts))
+    split = shared_prefixes(input_ids, attention_mask, select) if share_prefixes and not with_hidden else None
+    hidden = None
+    backbone = _backbone(model)
+    if split is not None and backbone is not None and 8 * split.saved_tokens >= int(attention_mask.sum()):
+        picked_hidden = shared_prefix_hidden(backbone, split, select)  # [K, H]
+    else:
+        # use_cache=False: a training forward has no use for a KV cache of the whole batch (TRL passes it too)
+        if backbone is not None:
+            hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                              use_cache=False).last_hidden_state[:, :-1]
+        else:  # the whole model: one position's logits, and every layer's hidden states (the last is the head's input)
+            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                        output_hidden_states=True, logits_to_keep=1, use_cache=False)
+            hidden = out.hidden_states[-1][:, :-1]
+            del out  # its [N, 1, V] logits' graph holds the head's weights (a bf16 copy of them under autocast)
+        picked_hidden = hidden[select]  # [K, H]
+    picked_targets = targets[select]
+    core = _core_model(model)
+    head = core.get_output_embeddings()
+    scale, softcap = transform
+    if type(head) is torch.nn.Linear and type(head.weight) is torch.nn.Parameter:
+        lp, ent = head_logprobs_and_entropy(picked_hidden, head.weight, head.bias, picked_targets, temperature=t,
+                                            scale=scale, softcap=softcap, chunk_size=chunk_size)
+    else:  # another head module (LoRA on the head, ...): its own autograd, chunks of whole-vocabulary
+        # rows (no more logits per chunk than a tile has), each checkpointed
+        rows = max(1, min(chunk_size, CHUNK_ELEMENTS // max(1, core.config.get_text_config().vocab_size)))
+        lp, ent = _module_head_logprobs(head, picked_hidden, picked_targets, t, scale, softcap, rows)
+    logprobs = torch.zeros(targets.shape, dtype=torch.float32, device=input_ids.device).index_put((select,), lp)
+    entropy = torch.zeros(targets.shape, dtype=torch.float32, device=input_ids.device).index_put((select,), ent)
     return logprobs, entropy, (hidden if with_hidden else None)
+
+
+def _module_head_logprobs(head, hidden, targets, temperature, scale, softcap, chunk_size):
+    """log π and H through ``head``'s own forward, ``chunk_size`` tokens at a time, each chunk
+    recomputed in backward (unless one chunk holds everything: recomputing would save nothing)."""
+    fn = functools.partial(_head_chunk, head, temperature, scale, softcap)
+    recompute = torch.is_grad_enabled() and targets.shape[0] > chunk_size
+    parts = [checkpoint(fn, hidden[s:s + chunk_size], targets[s:s + chunk_size], use_reentrant=False) if recompute
+             else fn(hidden[s:s + chunk_size], targets[s:s + chunk_size]) for s in range(0, targets.shape[0], chunk_size)]
+    both = torch.cat(parts) if parts else hidden.new_zeros((0, 2), dtype=torch.float32)
+    return both[:, 0], both[:, 1]
 
 
 def micro_batches(batch: Batch, size: int | None, rows_per_example: int = 1) -> list[Batch]:
@@ -358,6 +410,9 @@ class Learner:
         self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
         self.correct_staleness = True
         """Reweight stale tokens (see :meth:`apply_correction`); off only to measure what the correction does."""
+        self.share_prefixes = True
+        """Run a group's common prompt through the model once per forward (:mod:`llmgym.agents.shared_prefix`;
+        where :func:`~llmgym.agents.shared_prefix.supports_shared_prefixes` allows); off to compare."""
 
     @staticmethod
     def _frozen_copy(model):
@@ -368,8 +423,15 @@ class Learner:
 
     # -- precision ---------------------------------------------------------------------------------
     def autocast(self):
-        """The autocast context of the forward pass (a no-op unless ``precision == "bf16-mixed"``)."""
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16-mixed")
+        """The autocast context of the forward pass (a no-op unless ``precision == "bf16-mixed"``).
+
+        Without autocast's weight cache: the cache keeps the bf16 copy of every weight until the
+        outermost autocast block exits, i.e. from the forward through the loss (0.94 GiB for the
+        Qwen2-0.5B shape: two thirds of what the checkpointed forward held on the H100). A training
+        forward uses each weight once (gradient checkpointing recasts in backward either way), so
+        the cache saves no work; what backward needs, autograd saves itself."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16-mixed",
+                              cache_enabled=False)
 
     # -- optimiser and schedule --------------------------------------------------------------------
     def make_optimizer(self, params) -> torch.optim.Optimizer:
@@ -409,10 +471,12 @@ class Learner:
             if chunk is None:
                 head = _core_model(model).get_output_embeddings()
                 chunk = default_chunk_size(head.weight.shape[0] if head is not None else 1)
+        share = self.share_prefixes and supports_shared_prefixes(model)
         with self.autocast():
             logprobs, entropy, hidden = token_logprobs_and_entropy(
                 model, batch.input_ids, batch.attention_mask, temperature=c.temperature,
-                mask=batch.action_mask if mask is None else mask, chunk_size=chunk, with_hidden=with_hidden)
+                mask=batch.action_mask if mask is None else mask, chunk_size=chunk, with_hidden=with_hidden,
+                share_prefixes=share)
         return ForwardOutput(logprobs, entropy, hidden=hidden)
 
     @contextlib.contextmanager

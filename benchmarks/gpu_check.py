@@ -32,10 +32,14 @@ after every section so a killed run keeps what it measured):
 ``--preset vs-trl`` runs issue 23's measurements instead, in priority order within ``--budget-s``
 (default 330 s; a section with no time left is recorded as skipped): the engine tests (contract +
 static decoding), ``memory_timeline_128`` (``benchmarks/memory_timeline.py --side both``: one step
-of llmgym and of TRL phase by phase, allocator snapshot of each), ``engine_steps`` (ms per decoding
-step vs ``model.generate``'s compiled static cache and the bandwidth bound),
-``memory_timeline_128_ckpt`` and ``grpo_vs_trl_512`` (until both step times settle; it needs
-~150 s or more, so it usually gets a run of its own: ``--preset vs-trl --only grpo_vs_trl_512``).
+of llmgym and of TRL phase by phase, allocator snapshot of each, then 6 timed steps per side in the
+same warm process: the 128-token step ratio), ``engine_steps`` (ms per decoding step vs
+``model.generate``'s compiled static cache and the bandwidth bound), ``memory_timeline_128_ckpt``,
+``learner_exactness`` (the fused LM head and the shared-prefix forward against full logits on this
+device, float32 and bf16), ``memory_timeline_512`` (the timeline at 512 tokens, then 4 timed steps
+per side) and
+``grpo_vs_trl_512`` (fresh processes until both step times settle; it needs ~150 s or more, so it
+usually gets a run of its own: ``--preset vs-trl --only grpo_vs_trl_512``).
 
 The run ends with a compact summary of the headline numbers. ``--quick`` (``bash
 benchmarks/gpu_check.sh --quick``) shrinks every section (~2 minutes on one GPU).
@@ -433,12 +437,20 @@ def _out_dir() -> Path:
     return OUT_DIR or Path(os.environ.get("OUT") or ROOT / "benchmarks")
 
 
-def memory_timelines(new_tokens: int, checkpointing: bool, snapshot: bool, timeout_s: float) -> dict:
-    """``benchmarks/memory_timeline.py --side both``: one step of each trainer, phase by phase."""
+def memory_timelines(new_tokens: int, checkpointing: bool, snapshot: bool, timeout_s: float,
+                     time_steps: int | None = None) -> dict:
+    """``benchmarks/memory_timeline.py --side both``: one step of each trainer, phase by phase; then each
+    side times ``time_steps`` more steps in the same process (the settled step time side by side,
+    without a second cold start of either trainer). Default: 6 steps at 128 tokens, 4 at 512 (and at
+    the CPU smoke's token counts), none with checkpointing (the step ratio is measured without it)."""
+    if time_steps is None:
+        time_steps = 0 if checkpointing else (4 if new_tokens >= 512 or new_tokens == 16 else 6)
     tag = f"{new_tokens}{'_ckpt' if checkpointing else ''}"
     args = ["--side", "both", "--device", DEVICE, "--model", "qwen2-0.5b", "--new-tokens", str(new_tokens),
             "--timeout", str(int(timeout_s / 2))]
     args += (["--checkpointing"] if checkpointing else [])
+    if time_steps:  # on CPU (--cpu-smoke) the code path runs; the figures mean nothing there
+        args += ["--time-steps", str(time_steps if DEVICE == "cuda" else 2)]
     if snapshot and DEVICE == "cuda":
         args += ["--snapshot", str(_out_dir() / f"snapshot_{tag}.pickle")]
     if DEVICE == "cpu":
@@ -449,10 +461,64 @@ def memory_timelines(new_tokens: int, checkpointing: bool, snapshot: bool, timeo
     for side in ("llmgym", "trl"):
         d = data.get(side, {})
         out[side] = {"error": d.get("error"), "terms": d.get("terms"), "kept": d.get("kept"),
-                     "cuda_graph_pools": d.get("cuda_graph_pools")}
+                     "cuda_graph_pools": d.get("cuda_graph_pools"), "timed_steps": d.get("timed_steps")}
     out["compare"] = data.get("compare")
     if any(out[s]["error"] for s in ("llmgym", "trl")):
         out["output_tail"] = r["output_tail"]
+    return out
+
+
+def learner_exactness() -> dict:
+    """On this device: the fused LM head (vocabulary tiles, its own backward) against full logits, and the
+    shared-prefix forward against one pass, log-probs and gradients, float32 and bf16 autocast — the CPU
+    tests of tests/test_learner.py, on the device's kernels. A Qwen2 body with the 151,936 vocabulary,
+    4 prompts × 8 completions of 48 tokens, small tiles so several are exercised."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from llmgym.agents.learner import token_logprobs_and_entropy
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=256, vocab_size=QWEN2_05B["vocab_size"], tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg).to(DEVICE).train()
+    g = torch.Generator().manual_seed(1)
+    rows = [(p, torch.randint(3, cfg.vocab_size, (30,), generator=g)) for p in range(4) for _ in range(8)]
+    prompts = [torch.randint(3, cfg.vocab_size, (18 + 3 * p,), generator=g) for p in range(4)]
+    seqs = [torch.cat([prompts[p], c[:48 - 18 - 3 * p + 5 * (i % 3)]]) for i, (p, c) in enumerate(rows)]
+    width = max(len(x) for x in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    mask = torch.zeros(len(seqs), width - 1)
+    for i, (x, (p, _)) in enumerate(zip(seqs, rows)):
+        ids[i, :len(x)], attn[i, :len(x)] = x, 1
+        mask[i, 18 + 3 * p - 1:len(x) - 1] = 1
+    ids, attn, mask = ids.to(DEVICE), attn.to(DEVICE), mask.to(DEVICE)
+    weights = torch.linspace(-1, 1, width - 1, device=DEVICE)
+
+    def run(chunk, share, mixed):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=mixed, cache_enabled=False):
+            lp, ent, _ = token_logprobs_and_entropy(model, ids, attn, mask=mask, chunk_size=chunk, share_prefixes=share)
+        ((lp * weights).sum() + 0.1 * ent.sum()).backward()
+        grads = torch.cat([p.grad.float().flatten() for p in model.parameters()])
+        return lp.detach().float(), ent.detach().float(), grads
+
+    out: dict = {}
+    for mixed in (False, True):
+        ref = run(0, False, mixed)  # full logits, one pass
+        for name, chunk, share in (("fused_head", 256, False), ("fused_head_shared_prefix", 256, True)):  # 3 tiles
+            got = run(chunk, share, mixed)
+            lp_gap = float((got[0] - ref[0]).abs().max())
+            ent_gap = float((got[1] - ref[1]).abs().max())
+            grad_rel = float((got[2] - ref[2]).norm() / ref[2].norm())
+            tol = (5e-2, 2e-2) if mixed else (1e-4, 1e-4)
+            out[f"{name}_{'bf16' if mixed else 'fp32'}"] = {
+                "logprob_gap": lp_gap, "entropy_gap": ent_gap, "grad_rel_error": grad_rel, "finite": bool(torch.isfinite(got[0]).all()),
+                "passed": bool(torch.isfinite(got[0]).all()) and max(lp_gap, ent_gap) < tol[0] and grad_rel < tol[1]}
+    out["passed_all"] = all(v["passed"] for v in out.values() if isinstance(v, dict))
+    if not out["passed_all"]:
+        raise RuntimeError(f"the learner's chunked head or shared-prefix forward differs from full logits here: {out}")
     return out
 
 
@@ -604,6 +670,8 @@ def _vs_trl_sections(report: "Report", budget_s: float, cpu_smoke: bool) -> None
         ("memory_timeline_128", 70, 0.5, lambda t: memory_timelines(tokens[0], False, True, t)),
         ("engine_steps", 50, 1.0, lambda t: engine_steps(new_tokens=16 if cpu_smoke else 128)),
         ("memory_timeline_128_ckpt", 60, 0.6, lambda t: memory_timelines(tokens[0], True, False, t)),
+        ("learner_exactness", 20, 0.2, lambda t: learner_exactness()),
+        ("memory_timeline_512", 100, 0.8, lambda t: memory_timelines(tokens[1], False, False, t)),
         # TRL's first steps at 512 tokens take ~30 s, 20 s: with less than ~150 s it cannot settle, and
         # a second run (--only grpo_vs_trl_512) gets the whole budget
         ("grpo_vs_trl_512", 30 if cpu_smoke else 150, 1.0,
@@ -664,13 +732,24 @@ def summary(data: dict) -> list[str]:
                      f"{gt['trl'].get('peak_gpu_mib')} MiB (ratio {gt.get('memory_ratio_llmgym_over_trl')})")
     elif gt.get("skipped"):
         lines.append(f"GRPO vs TRL: skipped ({gt['skipped']})")
-    for name in ("memory_timeline_128", "memory_timeline_128_ckpt"):
+    le = sec.get("learner_exactness", {})
+    if "passed_all" in le:
+        lines.append("learner exactness (fused head, shared prefixes vs full logits): "
+                     + ", ".join(f"{k} {'ok' if v['passed'] else 'FAILED'} (log-prob gap {v['logprob_gap']:.2g}, "
+                                 f"grad {v['grad_rel_error']:.2g})" for k, v in le.items() if isinstance(v, dict)))
+    for name in ("memory_timeline_128", "memory_timeline_128_ckpt", "memory_timeline_512"):
         mt = sec.get(name, {})
         if mt.get("compare"):
             c = mt["compare"]
             lines.append(f"{name}: step peak llmgym {c['step_peak_mib']['llmgym']} vs TRL {c['step_peak_mib']['trl']} MiB "
-                         f"(ratio {c['step_peak_ratio_llmgym_over_trl']}); llmgym kept at start "
+                         f"(ratio {c['step_peak_ratio_llmgym_over_trl']}); activations "
+                         f"{c['activations_per_micro_batch_mib']}; llmgym kept at start "
                          f"{(mt.get('llmgym') or {}).get('kept', {}).get('start')}")
+            if "settled_step_s" in c:
+                lines.append(f"{name}: settled step llmgym {c['settled_step_s']['llmgym']} s vs TRL "
+                             f"{c['settled_step_s']['trl']} s (ratio {c['settled_step_ratio_llmgym_over_trl']}, settled "
+                             f"{c['settled_step_s']['settled']}); peak over the timed steps ratio "
+                             f"{c.get('timed_steps_peak_ratio_llmgym_over_trl')}")
         elif mt.get("skipped"):
             lines.append(f"{name}: skipped ({mt['skipped']})")
     g5 = sec.get("grpo_vs_trl_512", {})

@@ -66,7 +66,13 @@ MODELS = {  # TinyModelConfig fields
     "tiny": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "intermediate_size": 512},
     "10m": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 2816},
     "qwen2-0.5b": None,  # the Qwen2-0.5B shape of benchmarks/gpu_check.py (random weights; GPU)
+    # the Qwen2 architecture and its 151,936-token vocabulary on a small body (9.8M parameters, nearly
+    # all in the tied embedding): the logits' memory terms of the Qwen2-0.5B shape, at a size a CPU runs
+    "qwen2-vocab": {"qwen2": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                              "num_key_value_heads": 2, "intermediate_size": 256}},
 }
+SMOKE_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "intermediate_size": 128, "vocab_size": 4096}
 PROMPTS = [f"Write digits after {a}+{b}=" for a, b in [(3, 4), (12, 7), (5, 55), (81, 9), (2, 2), (40, 4), (6, 13), (9, 90)]]
 MEMORY_SHAPE = {"rows": 32, "prompt": 32, "completion": 128, "vocab": 151_936}
 
@@ -391,16 +397,17 @@ def build_model_dir(name: str, root: Path) -> Path:
 
     tok = build_tokenizer()
     torch.manual_seed(0)
-    if MODELS[name] is None:
+    if MODELS[name] is None or "qwen2" in MODELS[name]:
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from gpu_check import QWEN2_05B
 
         shape = dict(QWEN2_05B)
-        if os.environ.get("LLMGYM_BENCH_SMOKE") == "1":  # check this path's code on a CPU (numbers meaningless)
-            shape.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=4096)
+        if MODELS[name] is not None:
+            shape.update(MODELS[name]["qwen2"])
+        elif os.environ.get("LLMGYM_BENCH_SMOKE") == "1":  # check this path's code on a CPU (numbers meaningless)
+            shape.update(SMOKE_SHAPE)
         model = Qwen2ForCausalLM(Qwen2Config(**shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                                              pad_token_id=tok.pad_token_id))
     else:

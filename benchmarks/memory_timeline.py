@@ -37,6 +37,12 @@ Usage (the TRL side needs ``pip install 'llmgym[bench]'``)::
     python benchmarks/memory_timeline.py --side both --device cuda --model qwen2-0.5b --new-tokens 128 \
         --json out.json --snapshot out/llmgym_snapshot.pickle
     python benchmarks/memory_timeline.py --adam foreach                # another AdamW implementation
+    python benchmarks/memory_timeline.py --side both --model qwen2-vocab   # CPU: the 151,936 vocabulary's terms
+    python benchmarks/memory_timeline.py --side both --device cuda --model qwen2-0.5b --time-steps 6
+
+``--time-steps K`` (GPU) times ``K`` more steps after the measured one in the same process (warm: the
+first steps' compilation and TRL's slow start are behind it), so one run per setting gives the
+memory timeline, the settled step time of each side and the GPU peak over those steps.
 """
 
 from __future__ import annotations
@@ -417,7 +423,53 @@ def run_llmgym(args) -> dict:
             report["step_s"] = round(time.perf_counter() - t0 - walk, 3)
         _end_cuda_extras(args, report)
         report["kept"]["end"] = breakdown()
+    if args.time_steps:  # after the CPU recorder's profiler stopped
+        report["timed_steps"] = _time_llmgym_steps(agent, env, args)
     return _finish(args, rec, report)
+
+
+def _sync(args) -> None:
+    import torch
+
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _reset_peak(args) -> None:
+    import torch
+
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _timed(step_s: list[float], args, **extra) -> dict:
+    """``--time-steps``: each step's seconds, the settled median (grpo_vs_trl's rule) and the GPU peak over them."""
+    import torch
+
+    from grpo_vs_trl import settled
+
+    out = {"step_s": [round(x, 4) for x in step_s], **settled(step_s), **extra}
+    if args.device == "cuda":
+        out["peak_mib"] = round(torch.cuda.max_memory_allocated() / MIB, 1)
+    return out
+
+
+def _time_llmgym_steps(agent, env, args) -> dict:
+    """``args.time_steps`` more whole steps after the measured one (warm: no compilation, optimiser state made)."""
+    steps, rollouts = [], []
+    _reset_peak(args)
+    for _ in range(args.time_steps):
+        _sync(args)
+        t0 = time.perf_counter()
+        batch = agent.collect(env)
+        _sync(args)
+        t1 = time.perf_counter()
+        agent.update(batch)
+        _sync(args)
+        steps.append(time.perf_counter() - t0)
+        rollouts.append(t1 - t0)
+    return _timed(steps, args, rollout_s=[round(x, 4) for x in rollouts])
 
 
 def run_trl(args) -> dict:
@@ -427,7 +479,10 @@ def run_trl(args) -> dict:
 
     kept: dict = {}
     with PhaseRecorder(args.device) as rec:
-        trainer = make_trl(args, max_steps=args.warmup + 1)
+        trainer = make_trl(args, max_steps=args.warmup + 1 + args.time_steps)
+        timer_box: dict = {}
+        if args.time_steps:
+            trainer.add_callback(_trl_step_timer(args, args.warmup, timer_box))
         if args.adam != "default":
             trainer.create_optimizer = lambda *a, **kw: setattr(trainer, "optimizer", _replace_adam(
                 args, [p for p in trainer.model.parameters() if p.requires_grad])) or trainer.optimizer
@@ -442,7 +497,29 @@ def run_trl(args) -> dict:
         if args.device == "cuda":
             torch.cuda.synchronize()
     report["kept"] = {k: kept[k] for k in ("start", "after_rollout", "end") if k in kept}
+    if args.time_steps:  # on a CPU TRL's trainer runs them under the memory profiler: not a speed figure
+        report["timed_steps"] = _timed(timer_box.get("step_s", []), args, under_cpu_profiler=args.device == "cpu")
     return _finish(args, rec, report)
+
+
+def _trl_step_timer(args, measured_step: int, box: dict):
+    """A callback timing TRL's steps after the measured one (``--time-steps``)."""
+    from transformers import TrainerCallback
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            if state.global_step == measured_step + 1:
+                _reset_peak(args)
+            if state.global_step > measured_step:
+                _sync(args)
+                self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            if state.global_step > measured_step + 1:  # global_step counts the step just ended
+                _sync(args)
+                box.setdefault("step_s", []).append(time.perf_counter() - self.t0)
+
+    return Timer()
 
 
 def _start_cuda_extras(args, report):
@@ -479,7 +556,7 @@ def _finish(args, rec, report) -> dict:
 
 
 CONFIG_KEYS = ("device", "model", "tasks", "group", "new_tokens", "micro", "precision", "engine_decode",
-               "checkpointing", "adam", "warmup", "threads")
+               "checkpointing", "adam", "warmup", "threads", "time_steps")
 
 
 def _print(report: dict) -> None:
@@ -498,6 +575,13 @@ def compare(llmgym: dict, trl: dict) -> dict:
             "optimizer_step_transient_mib", "kept_after_step_mib")
     out = {k: {"llmgym": llmgym["terms"].get(k), "trl": trl["terms"].get(k)} for k in keys}
     out["step_peak_ratio_llmgym_over_trl"] = round(llmgym["terms"]["step_peak_mib"] / trl["terms"]["step_peak_mib"], 3)
+    timed = [side.get("timed_steps") or {} for side in (llmgym, trl)]
+    if all(t.get("settled_step_s") for t in timed):
+        out["settled_step_s"] = {"llmgym": timed[0]["settled_step_s"], "trl": timed[1]["settled_step_s"],
+                                 "settled": [timed[0]["settled"], timed[1]["settled"]]}
+        out["settled_step_ratio_llmgym_over_trl"] = round(timed[0]["settled_step_s"] / timed[1]["settled_step_s"], 3)
+    if all(t.get("peak_mib") for t in timed):
+        out["timed_steps_peak_ratio_llmgym_over_trl"] = round(timed[0]["peak_mib"] / timed[1]["peak_mib"], 3)
     return out
 
 
@@ -506,7 +590,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--side", default="llmgym", choices=["llmgym", "trl", "both"],
                    help="both: each side in a fresh process on the same saved model")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--model", default="tiny", choices=["tiny", "10m", "qwen2-0.5b"])
+    p.add_argument("--model", default="tiny", choices=["tiny", "10m", "qwen2-vocab", "qwen2-0.5b"],
+                   help="qwen2-vocab: the Qwen2 architecture and 151,936-token vocabulary on a small body (CPU)")
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--tasks", type=int, default=4)
     p.add_argument("--group", type=int, default=8)
@@ -518,6 +603,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--adam", default="default", choices=["default", "foreach", "fused", "for-loop"],
                    help="replace the side's AdamW with this implementation (to compare their memory)")
     p.add_argument("--warmup", type=int, default=1, help="steps before the measured one")
+    p.add_argument("--time-steps", type=int, default=0,
+                   help="time this many more steps after the measured one (step seconds, settled median, GPU peak); "
+                        "GPU figures: on a CPU TRL's steps run under the memory profiler (use grpo_vs_trl.py)")
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or (os.cpu_count() or 1))
     p.add_argument("--snapshot", type=Path, default=None,
                    help="GPU: dump the allocator history of the measured step (with --side both: <stem>_<side>.pickle)")
@@ -536,7 +624,8 @@ def _spawn_side(args, side: str, model_dir: str) -> dict:
         argv = [sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--json", str(out),
                 "--device", args.device, "--model", args.model, "--tasks", str(args.tasks), "--group", str(args.group),
                 "--new-tokens", str(args.new_tokens), "--precision", args.precision, "--engine-decode", args.engine_decode,
-                "--adam", args.adam, "--warmup", str(args.warmup), "--threads", str(args.threads)]
+                "--adam", args.adam, "--warmup", str(args.warmup), "--threads", str(args.threads),
+                "--time-steps", str(args.time_steps)]
         argv += (["--checkpointing"] if args.checkpointing else []) + (["--micro-batch-size", str(args.micro)] if args.micro else [])
         if args.snapshot:
             argv += ["--snapshot", str(args.snapshot.with_name(f"{args.snapshot.stem}_{side}{args.snapshot.suffix}"))]

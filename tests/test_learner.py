@@ -12,6 +12,7 @@ import torch
 
 from llmgym import Task
 from llmgym.agents import AGENTS, GRPO
+from llmgym.agents.fused_head import head_logprobs_and_entropy
 from llmgym.agents.learner import micro_batches, resolve_device_defaults, token_logprobs_and_entropy
 from llmgym.batch import Batch
 from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
@@ -103,16 +104,236 @@ def test_chunked_forward_returns_the_value_heads_hidden_states():
     assert hidden.shape == (*batch.action_mask.shape, 32) and torch.allclose(hidden, hidden_full, atol=1e-6)
 
 
-def test_the_learner_never_materialises_batch_logits():
-    """The LM head only ever sees ``logits_chunk_size`` rows (the batch has far more policy tokens)."""
+@pytest.mark.parametrize("family,extra", [("Granite", {"logits_scaling": 4.0}), ("Cohere", {"logit_scale": 0.25}),
+                                          ("Gemma2", {"final_logit_softcapping": 3.0, "head_dim": 8})])
+def test_chunked_logprobs_apply_the_models_own_logit_transform(family, extra):
+    """Granite divides its logits by ``logits_scaling``, Cohere multiplies them by ``logit_scale``, Gemma-2
+    soft-caps them: the chunked head computes what the model's own forward does (it ignored the scales)."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = getattr(transformers, f"{family}Config")(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                   num_key_value_heads=2, intermediate_size=32, eos_token_id=2, **extra)
+    model = getattr(transformers, f"{family}ForCausalLM")(cfg)
+    ids = torch.randint(3, 64, (3, 9), generator=torch.Generator().manual_seed(1))
+    args = (model, ids, torch.ones_like(ids))
+    chunked, full = (token_logprobs_and_entropy(*args, chunk_size=c, temperature=0.7)[:2] for c in (4, 0))
+    assert torch.allclose(chunked[0], full[0], atol=1e-5) and torch.allclose(chunked[1], full[1], atol=1e-5)
+
+
+def test_a_logit_transform_the_head_does_not_know_falls_back_to_full_logits():
+    from llmgym.agents.fused_head import logit_transform
+
+    class Tripled(type(_tiny()[0])):
+        def forward(self, input_ids=None, logits_to_keep=0, **kw):
+            out = super().forward(input_ids=input_ids, logits_to_keep=logits_to_keep, **kw)
+            out.logits = out.logits * 3
+            return out
+
     model, tok = _tiny()
+    model.__class__ = Tripled
+    ids = torch.tensor([tok.encode("12+34=46")])
+    with pytest.warns(UserWarning, match="does not reproduce Tripled's logits"):
+        lp, _, _ = token_logprobs_and_entropy(model, ids, torch.ones_like(ids), chunk_size=3)
+    want = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    assert torch.allclose(lp[0], want, atol=1e-5) and logit_transform(model) is None
+
+
+def _reference_head(h, W, b, x, temperature, softcap):
+    """log π and H through autograd's own ops on the full ``[K, V]`` logits (what the fused head replaces)."""
+    z = h @ W.T + (b if b is not None else 0)
+    if softcap:
+        z = torch.tanh(z / softcap) * softcap
+    logp = torch.log_softmax(z / temperature, -1)
+    return logp.gather(-1, x[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+@pytest.mark.parametrize("temperature,softcap,bias", [(1.0, None, False), (0.7, None, True), (1.3, 5.0, True)])
+@pytest.mark.parametrize("reads_entropy", [True, False])
+@pytest.mark.parametrize("vocab_tile", [None, 3], ids=["one-tile", "tiles-of-3"])
+def test_fused_head_gradient_is_the_full_logits_gradient(temperature, softcap, bias, reads_entropy, vocab_tile):
+    """float64, so the only difference left is summation order: log π, H and every gradient agree to ~1e-12
+    (one vocabulary tile, and tiles of 3 entries: the online softmax and the per-tile backward)."""
+    g = torch.Generator().manual_seed(3)
+    k, hidden, vocab = 13, 6, 11
+    leaves = [torch.randn(k, hidden, generator=g, dtype=torch.float64) * 2, torch.randn(vocab, hidden, generator=g,
+              dtype=torch.float64), torch.randn(vocab, generator=g, dtype=torch.float64) if bias else None]
+    x = torch.randint(0, vocab, (k,), generator=g)
+    u, v = torch.randn(k, generator=g, dtype=torch.float64), torch.randn(k, generator=g, dtype=torch.float64)
+    results = []
+    for fused in (True, False):
+        h, W, b = [t.clone().requires_grad_() if t is not None else None for t in leaves]
+        lp, ent = (head_logprobs_and_entropy(h, W, b, x, temperature=temperature, softcap=softcap, chunk_size=4,
+                                             vocab_tile=vocab_tile) if fused else _reference_head(h, W, b, x, temperature, softcap))
+        ((u * lp).sum() + ((v * ent).sum() if reads_entropy else 0)).backward()
+        results.append([lp.detach(), ent.detach(), *[t.grad for t in (h, W, b) if t is not None]])
+    for got, want in zip(*results):
+        assert torch.allclose(got.double(), want, rtol=1e-10, atol=1e-12), float((got.double() - want).abs().max())
+
+
+def test_fused_head_passes_gradcheck():
+    g = torch.Generator().manual_seed(4)
+    h, W, b = (torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True) for shape in ((7, 3), (5, 3), (5,)))
+    x = torch.randint(0, 5, (7,), generator=g)
+    fn = lambda h, W, b: head_logprobs_and_entropy(h, W, b, x, temperature=0.8, softcap=2.0, chunk_size=3,  # noqa: E731
+                                                   vocab_tile=2)
+    assert torch.autograd.gradcheck(fn, (h, W, b))
+    assert torch.autograd.gradcheck(lambda h, W, b: fn(h, W, b)[0], (h, W, b))  # the entropy unread
+
+
+def test_fused_head_under_bf16_autocast_is_the_autocast_computation():
+    """Same bf16 products as ``nn.Linear`` under autocast, float32 softmax and accumulation."""
+    g = torch.Generator().manual_seed(5)
+    h0, W0 = torch.randn(40, 16, generator=g), torch.randn(300, 16, generator=g) / 4
+    x = torch.randint(0, 300, (40,), generator=g)
+    outs = []
+    for fused in (True, False):
+        h, W = h0.clone().requires_grad_(), W0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if fused:
+                lp, ent = head_logprobs_and_entropy(h, W, None, x, chunk_size=16, vocab_tile=128)
+            else:
+                logp = torch.log_softmax(torch.nn.functional.linear(h, W).float(), -1)
+                lp, ent = logp.gather(-1, x[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+        (lp.sum() + 0.1 * ent.sum()).backward()
+        outs.append((lp.detach(), ent.detach(), h.grad, W.grad))
+    for got, want in zip(*outs):
+        assert got.dtype == torch.float32
+        assert torch.allclose(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+    assert torch.allclose(outs[0][0], outs[1][0], atol=1e-5)  # the same bf16 logits: log-probs to float32 rounding
+
+
+def _multi_turn_batch(tok) -> Batch:
+    """Groups of 3 sharing a prompt (prompt lengths differ between groups); one group's episodes have an
+    env reply between two sampled turns (action-mask gaps), one row of another group is the longest."""
+    episodes = []
+    for i in range(9):
+        prompt = tok.encode(f"q{i // 3}{'xyz' * (i // 3)}:")
+        turn = [40 + (5 * i + 3 * t) % 50 for t in range(2 + i % 4)]
+        ids, act = prompt + turn, [0] * len(prompt) + [1] * len(turn)
+        if i // 3 == 1:  # an env reply, then a second turn
+            reply, second = tok.encode("ok"), [60 + t for t in range(1 + i % 2)]
+            ids, act = ids + reply + second, act + [0] * len(reply) + [1] * len(second)
+        rewards = [0.0] * len(ids)
+        rewards[-1] = float(i % 3)
+        episodes.append(Episode(Task(f"t{i // 3}"), i // 3, ids, act, [-1.0] * len(ids), rewards, len(prompt), ["stop"]))
+    return Batch.from_episodes(episodes, tok.pad_token_id)
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama-eager", "qwen2"])
+def test_shared_prefixes_give_the_one_pass_logprobs_and_gradients(arch):
+    """A group's prompt run once (prefix pass + suffix pass over a KV cache) is the same function as one
+    pass over the padded batch: log-probs, entropy and every gradient agree to float32 rounding."""
+    if arch == "qwen2":  # biased q/k/v projections, grouped-query attention
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        tok = build_tokenizer()
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=64))
+    else:
+        model, tok = _tiny()
+        if arch == "llama-eager":
+            model.config._attn_implementation = "eager"
+    batch = _multi_turn_batch(tok)
+    results = []
+    for share in (True, False):
+        model.zero_grad()
+        lp, ent, _ = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask,
+                                                chunk_size=5, share_prefixes=share)
+        ((lp * torch.linspace(-1, 1, lp.shape[1])).sum() + 0.1 * ent.sum()).backward()
+        results.append((lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (lp_s, ent_s, g_s), (lp_p, ent_p, g_p) = results
+    assert torch.allclose(lp_s, lp_p, atol=1e-5) and torch.allclose(ent_s, ent_p, atol=1e-5)
+    assert bool((lp_s[batch.action_mask.bool()] < 0).all()) and bool((lp_s[~batch.action_mask.bool()] == 0).all())
+    for n in g_p:
+        assert torch.allclose(g_s[n], g_p[n], rtol=1e-4, atol=1e-5), n
+
+
+def test_shared_prefixes_never_hand_attention_a_fully_masked_query():
+    """Some attention kernels (CUDA's among them) return NaN for a query whose every key is masked; a
+    masked key's NaN value still poisons ``0 · NaN``. The one-pass batch (right-padded) never has such a
+    query, and neither may the prefix pass: under an attention that NaNs them, both paths agree."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def strict_sdpa(module, query, key, value, attention_mask, **kw):
+        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+        if attention_mask is not None:  # [B, 1, Q, K]; out is [B, Q, heads, D]
+            allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask > -1e30
+            dead = ~allowed.any(-1)  # [B, 1, Q]
+            out = out.masked_fill(dead.transpose(1, 2)[..., None], float("nan"))
+        return out, weights
+
+    AttentionInterface.register("llmgym_strict_sdpa", strict_sdpa)
+    AttentionMaskInterface.register("llmgym_strict_sdpa", sdpa_mask)
+    model, tok = _tiny()
+    model.config._attn_implementation = "llmgym_strict_sdpa"
+    batch = _multi_turn_batch(tok)  # prompts of unequal lengths: the prefix pass pads
+    lp_s, _, _ = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask,
+                                            chunk_size=5, share_prefixes=True)
+    lp_p, _, _ = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask,
+                                            chunk_size=5, share_prefixes=False)
+    assert bool(torch.isfinite(lp_p).all()) and torch.allclose(lp_s, lp_p, atol=1e-5)
+    from llmgym.agents.shared_prefix import supports_shared_prefixes
+
+    assert not supports_shared_prefixes(model)  # an attention implementation the split was not tested with
+    model.config._attn_implementation = "sdpa"
+    assert supports_shared_prefixes(model)
+
+
+def test_the_learner_runs_each_groups_prompt_once():
+    """The tokens the model embeds: with prefix sharing each group's prompt once, not once per sample;
+    the same update either way. Off under gradient checkpointing (its layers drop the KV cache) and for a
+    value head's hidden states (PPO)."""
+    from llmgym.agents.shared_prefix import shared_prefixes
+
+    model, tok = _tiny()
+    batch = _multi_turn_batch(tok)
     seen = []
-    model.get_output_embeddings().register_forward_hook(lambda m, i, o: seen.append(o.shape[:-1].numel()))
-    agent = GRPO(model, tok, group_size=GROUP, kl_coef=0.0, logits_chunk_size=4)
-    agent.update(_fixed_batch(tok))
-    batch = _fixed_batch(tok)
-    assert batch.num_tokens > 4 * 5 and max(seen) <= len(batch)  # chunks of 4; logits_to_keep=1 rows
-    assert sum(s for s in seen if s <= 4) >= batch.num_tokens
+    agent = GRPO(model, tok, group_size=3, kl_coef=0.0)
+    agent.forward(batch)  # the first forward also checks the head's logit transform once (a 5-token probe)
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].numel()))
+    agent.forward(batch)
+    split = shared_prefixes(batch.input_ids, batch.attention_mask, batch.action_mask.bool())
+    assert len(seen) == 2 and split.prefix_ids.shape[0] == 3  # a prefix pass over 3 prompts, then the suffixes
+    assert sum(seen) < batch.input_ids.numel() - split.saved_tokens // 2
+    seen.clear()
+    agent.learner.share_prefixes = False
+    agent.forward(batch)
+    assert seen == [batch.input_ids.numel()]
+    seen.clear()
+    agent.learner.share_prefixes = True
+    agent.forward(batch, with_values=True)  # hidden states of every position: one pass
+    assert len(seen) == 1
+    hook.remove()
+    shared, _, _ = _update(group_size=2)
+    model_p, tok_p = _tiny()
+    plain = GRPO(model_p, tok_p, group_size=GROUP, kl_coef=0.0, max_new_tokens=8, entropy_coef=0.01)
+    plain.learner.share_prefixes = False
+    plain.optimizer = torch.optim.SGD(plain.parameters(), lr=0.5)
+    plain.update(_fixed_batch(tok_p))
+    _assert_same_state(shared, {k: v.detach() for k, v in model_p.state_dict().items()})
+
+
+def test_shared_prefixes_decline_batches_they_cannot_split():
+    from llmgym.agents.shared_prefix import shared_prefixes, supports_shared_prefixes
+
+    ids = torch.tensor([[1, 5, 6, 7], [1, 5, 6, 8]])
+    attn = torch.ones_like(ids)
+    select = torch.tensor([[0, 1, 1], [0, 1, 1]]).bool()
+    assert shared_prefixes(ids, attn, select).saved_tokens == 1  # the prefix [1], run once instead of twice
+    assert shared_prefixes(ids, torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]), select) is None  # left padding
+    assert shared_prefixes(ids, attn, torch.tensor([[0, 1, 1], [0, 0, 0]]).bool()) is None  # a row reads nothing
+    assert shared_prefixes(ids, attn, torch.tensor([[1, 1, 1], [0, 1, 1]]).bool()) is None  # nothing before
+    model, _ = _tiny()
+    assert supports_shared_prefixes(model)
+    from transformers import MistralConfig, MistralForCausalLM
+
+    sliding = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                               num_key_value_heads=2, intermediate_size=32, sliding_window=8))
+    assert not supports_shared_prefixes(sliding)  # a sliding-window cache: one pass
 
 
 # ---------------------------------------------------------------------------------------------
