@@ -288,6 +288,24 @@ def test_quickstart_quick_improves_held_out_reward(tmp_path, capsys):
     assert "before" in printed and "after" in printed and "exact match" in printed
 
 
+def spread(seed: int):
+    """``llmgym quickstart --quick`` with agent seed ``seed`` (the command's is 0) on a fresh cache, as rows for
+    ``benchmarks/learning_spread.py``: its held-out gains, sampled and greedy."""
+    import tempfile
+
+    from llmgym.cli.quickstart import QUICKSTART_SETTINGS
+
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LLMGYM_CACHE", os.path.join(tmp, "cache"))
+        mp.setitem(QUICKSTART_SETTINGS["quick"], "seed", seed)
+        assert main(["quickstart", "--quick", "--out", os.path.join(tmp, "run")]) == 0
+        report = json.loads(Path(tmp, "run", "eval.json").read_text())
+    for decode in ("sampled", "greedy"):
+        before, after = report["before"][decode]["reward_mean"], report["after"][decode]["reward_mean"]
+        yield {"check": f"test_quickstart_quick_improves_held_out_reward ({decode})", "value": after - before,
+               "bound": {"sampled": 0.05, "greedy": 0.01}[decode], "before": before, "after": after}
+
+
 # -- errors -------------------------------------------------------------------------------------
 
 
