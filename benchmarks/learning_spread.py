@@ -100,8 +100,19 @@ def supported_families() -> list[str]:
     return [name for name, needs in _NEEDS.items() if needs <= flags]
 
 
+_DIGESTS: dict[tuple[Path, int, int], bytes] = {}
+
+
 def _source_digest(path: Path) -> bytes:
     """A file's code without its docstrings and comments: editing prose does not invalidate recorded runs."""
+    stat = path.stat()
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = _parse_digest(path)
+    return _DIGESTS[key]
+
+
+def _parse_digest(path: Path) -> bytes:
     import ast
 
     tree = ast.parse(path.read_text())
@@ -200,8 +211,12 @@ def sweep(args: argparse.Namespace) -> None:
     print(f"{len(plan) - len(todo)} of {len(plan)} runs already in {out} for this code; {len(todo)} to go", flush=True)
     for number, (recipe, family, threads, seed) in enumerate(todo, 1):
         print(f"[{number}/{len(todo)}] {recipe} family={family} threads={threads} seed={seed} ...", end=" ", flush=True)
+        code = code_id(recipe)  # what this run executes, even if the files changed since the sweep started
         rows, info = run_one(recipe, family, threads, seed, args.nice)
-        key = {"recipe": recipe, "family": family, "threads": threads, "seed": seed, "code": codes[recipe]}
+        if code_id(recipe) != code:
+            print("SKIPPED: its code changed while it ran; run the sweep again", flush=True)
+            continue
+        key = {"recipe": recipe, "family": family, "threads": threads, "seed": seed, "code": code}
         process = next((r for r in rows if r["kind"] == "process"), {})
         expected = FAMILIES[family]["ATEN_CPU_CAPABILITY"].upper()
         if info["returncode"] == 0 and (process.get("cpu_capability") != expected

@@ -45,7 +45,7 @@ from llmgym.tools import ToolCall, write_tool_calls
 from warm_cache import cached_warmup  # tests/ is on sys.path
 
 DIGITS = dict(min_digits=3, max_digits=3)
-WARMUP_STEPS = 550
+WARMUP_STEPS = 900
 WARMUP_TASKS = 1000
 ANSWER_REPEATS = 3
 DISTRACTOR_SHARE = 0.5  # of the warm-up's answers: the tool's result with its last digit off by one
