@@ -65,11 +65,16 @@ def tokenizer():
     return build_tokenizer()
 
 
-@pytest.fixture(scope="session")
-def tiny_config():
+def tiny_shape():
+    """The learning tests' model shape (``tiny_config``), for code that runs their recipes outside pytest."""
     from llmgym.models import TinyModelConfig
 
     return TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=256)
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    return tiny_shape()
 
 
 @pytest.fixture()

@@ -270,22 +270,44 @@ def test_list_family_shows_every_env_with_its_multi_turn_flag(capsys):
 # -- quickstart ---------------------------------------------------------------------------------
 
 
+QUICKSTART_MARGIN = 0.05
+
+
 def test_quickstart_quick_improves_held_out_reward(tmp_path, capsys):
     out = tmp_path / "quickstart"
     assert main(["quickstart", "--quick", "--out", str(out)]) == 0
     report = json.loads((out / "eval.json").read_text())
     before, after = report["before"], report["after"]
-    # The run repeats exactly on one machine, not across machines, so the margins sit well below the
-    # spread measured over agent seeds 0-3 x --threads 1 and 2 (8 runs, 2026-11-26; both thread counts
-    # gave the same numbers): sampled reward +0.089..+0.127 (margin 0.05), greedy +0.026..+0.061 (0.01).
-    assert after["sampled"]["reward_mean"] > before["sampled"]["reward_mean"] + 0.05
-    assert after["greedy"]["reward_mean"] > before["greedy"]["reward_mean"] + 0.01
+    # The run repeats exactly on one machine, not across machines: the margin sits well below the spread of
+    # the sampled reward (64 prompts x 4 samples) over seeds x threads x CPU kernel families, in
+    # docs/learning_tests.md. The greedy reward (one pass over the 64 prompts) is reported, not asserted:
+    # it is not a stable statistic (+0.026..+0.061 on one machine, +0.001 on an AVX2 one).
+    assert after["sampled"]["reward_mean"] > before["sampled"]["reward_mean"] + QUICKSTART_MARGIN
     assert 0.2 < before["greedy"]["reward_mean"] < 0.95  # the warm-up: imperfect but not hopeless
     rows = read_metrics(out / "metrics.jsonl")
     assert len(rows) == report["steps_done"] and (out / "curves.png").is_file()
     assert (out / "checkpoints" / "last" / "agent.pt").is_file()
     printed = capsys.readouterr().out
     assert "before" in printed and "after" in printed and "exact match" in printed
+
+
+def spread(seed: int):
+    """``llmgym quickstart --quick`` with agent seed ``seed`` (the command's is 0) on a fresh cache, as rows for
+    ``benchmarks/learning_spread.py``: its held-out gains, sampled and greedy."""
+    import tempfile
+
+    from llmgym.cli.quickstart import QUICKSTART_SETTINGS
+
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LLMGYM_CACHE", os.path.join(tmp, "cache"))
+        mp.setitem(QUICKSTART_SETTINGS["quick"], "seed", seed)
+        assert main(["quickstart", "--quick", "--out", os.path.join(tmp, "run")]) == 0
+        report = json.loads(Path(tmp, "run", "eval.json").read_text())
+    for decode, bound in (("sampled", QUICKSTART_MARGIN), ("greedy", 0.01)):  # greedy: its old margin, not asserted
+        before, after = report["before"][decode]["reward_mean"], report["after"][decode]["reward_mean"]
+        yield {"check": "test_quickstart_quick_improves_held_out_reward" + ("" if decode == "sampled" else
+               " (greedy: not asserted)"), "value": after - before, "bound": bound, "before": before, "after": after,
+               "statistic": f"{decode} held-out gain"}
 
 
 # -- errors -------------------------------------------------------------------------------------

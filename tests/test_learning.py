@@ -146,3 +146,34 @@ def test_without_the_correction_the_importance_weights_drift(staleness_runs):
     drift = late_drift(corrected), late_drift(uncorrected)
     assert drift[1] > DRIFT_RATIO * drift[0], f"late |log π_prox − log π_behav|: corrected {drift[0]:.4f}, " \
                                               f"uncorrected {drift[1]:.4f}"
+
+
+def spread(seed: int):
+    """This file's assertions at agent seed ``seed``, as rows for ``benchmarks/learning_spread.py``: each row's
+    ``value`` is what a test compares with its ``bound`` (the test runs ``seed=SEED``)."""
+    from conftest import tiny_shape
+
+    from llmgym.models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    base = warm_model(tokenizer, tiny_shape())
+    before = held_out_reward(base, tokenizer, seed)
+    runs = {}
+    for cls, config in AGENTS:
+        model = copy.deepcopy(base)
+        train(cls, config, model, tokenizer, seed=seed)
+        after = held_out_reward(model, tokenizer, seed)
+        yield {"check": f"test_agent_raises_held_out_reward[{cls.name}]", "value": after - before, "bound": MARGIN,
+               "before": before, "after": after}
+    for max_staleness, correct in [(k, True) for k in PIPELINED] + [(2, False)]:
+        model = copy.deepcopy(base)
+        history = train(GRPO, dict(AGENTS)[GRPO], model, tokenizer, seed=seed, correct_staleness=correct,
+                        max_staleness=max_staleness)
+        runs[max_staleness, correct] = history
+        if correct:
+            after = held_out_reward(model, tokenizer, seed)
+            yield {"check": f"test_pipelined_grpo_raises_held_out_reward[K={max_staleness}]", "value": after - before,
+                   "bound": MARGIN, "before": before, "after": after}
+    drift = late_drift(runs[2, True]), late_drift(runs[2, False])
+    yield {"check": "test_without_the_correction_the_importance_weights_drift", "value": drift[1] / drift[0],
+           "bound": DRIFT_RATIO, "statistic": "late drift, uncorrected / corrected"}

@@ -84,3 +84,18 @@ def warm_base(tokenizer, tiny_config):
 def test_new_loss_preset_raises_held_out_reward(name, warm_base, tokenizer):
     before, after = train_and_score(name, warm_base, tokenizer)
     assert after > before + MARGIN, f"{name}: held-out reward {before:.3f} -> {after:.3f}"
+
+
+def spread(seed: int):
+    """The assertions of this file at agent seed ``seed`` (the test runs 0), as rows for
+    ``benchmarks/learning_spread.py``: ``value`` is compared with ``bound``."""
+    from conftest import tiny_shape
+
+    from llmgym.models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    base = make_warm_base(tokenizer, tiny_shape())
+    for name in ("cispo", "sapo", "gdpo"):
+        before, after = train_and_score(name, base, tokenizer, seed=seed)
+        yield {"check": f"test_new_loss_preset_raises_held_out_reward[{name}]", "value": after - before, "bound": MARGIN,
+               "before": before, "after": after}

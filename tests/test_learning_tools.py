@@ -39,12 +39,13 @@ import llmgym  # noqa: F401
 from llmgym.agents import GRPO
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.envs.tools.calculator import multiplication_task
-from llmgym.models import build_tiny_model, supervised_warmup
+from llmgym.models import build_tiny_model
 from llmgym.rollout import evaluate
 from llmgym.tools import ToolCall, write_tool_calls
+from warm_cache import cached_warmup  # tests/ is on sys.path
 
 DIGITS = dict(min_digits=3, max_digits=3)
-WARMUP_STEPS = 550
+WARMUP_STEPS = 900
 WARMUP_TASKS = 1000
 ANSWER_REPEATS = 3
 DISTRACTOR_SHARE = 0.5  # of the warm-up's answers: the tool's result with its last digit off by one
@@ -90,9 +91,10 @@ def expert_pairs(tokenizer, n: int = WARMUP_TASKS, seed: int = 1) -> list[tuple[
 
 
 def warm_model(tokenizer, tiny_config, steps: int = WARMUP_STEPS):
-    model = build_tiny_model(tokenizer, tiny_config)
-    supervised_warmup(model, tokenizer, expert_pairs(tokenizer), steps=steps, batch_size=32, lr=3e-3, seed=0)
-    return model
+    """The warm-up's model, built once per machine set-up and cached (``tests/warm_cache.py``)."""
+    settings = dict(steps=steps, batch_size=32, lr=3e-3, seed=0)
+    return cached_warmup("calculator", lambda: build_tiny_model(tokenizer, tiny_config), tokenizer,
+                         expert_pairs(tokenizer), settings)
 
 
 def held_out_reward(model, tokenizer, seed: int = SEED) -> float:
@@ -138,3 +140,21 @@ def test_the_tool_task_benches_and_trains_from_the_command_line(warm_base, token
                  "--out", str(run), "--set", "tasks_per_step=2", "--set", "group_size=2",
                  "--set", f"max_new_tokens={MAX_NEW_TOKENS}", *digits]) == 0
     assert (run / "metrics.jsonl").exists() and (run / "checkpoints" / "last").exists()
+
+
+def spread(seed: int):
+    """This file's learning assertion at agent seed ``seed`` (the test runs ``SEED``), as rows for
+    ``benchmarks/learning_spread.py``: ``value`` is compared with ``bound``."""
+    from conftest import tiny_shape
+
+    from llmgym.models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    base = warm_model(tokenizer, tiny_shape())
+    before = held_out_reward(base, tokenizer, seed)
+    for cls, config in AGENTS:
+        model = copy.deepcopy(base)
+        train(cls, config, model, tokenizer, seed=seed)
+        after = held_out_reward(model, tokenizer, seed)
+        yield {"check": f"test_grpo_raises_the_calculator_reward[{cls.name}]", "value": after - before, "bound": MARGIN,
+               "before": before, "after": after}

@@ -167,3 +167,31 @@ def test_rejection_sampling_raises_env_reward(warm_policy, tokenizer):
     #     some prompts with digits only
     assert all(r["kept"] + r["skipped_groups"] == 16 for r in history)
     assert after > before + 0.1, (before, after)
+
+
+def spread(seed: int):
+    """The four experiments at ``seed`` (the warm-up, the pairs and every learner; the tests run 0), as rows for
+    ``benchmarks/learning_spread.py``: each row's ``value`` is what a test compares with its ``bound``."""
+    from conftest import tiny_shape
+
+    from llmgym.models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    policy = make_warm_policy(tokenizer, tiny_shape(), seed=seed)
+    rm, history, train, test = reward_model_experiment(policy, tokenizer, seed=seed)
+    yield {"check": "test_reward_model_ranks_held_out_pairs", "value": history[-1]["eval_accuracy"], "bound": 0.85,
+           "statistic": "held-out pairwise accuracy", "op": ">="}
+    before, after = grpo_experiment(rm, policy, tokenizer, seed=seed)
+    yield {"check": "test_grpo_against_reward_model_raises_hidden_score", "value": after - before, "bound": 0.1,
+           "statistic": "hidden-score gain", "before": before, "after": after}
+    dpo = dpo_experiment(train, test, policy, tokenizer, seed=seed)
+    check = "test_dpo_on_pairs_raises_implicit_accuracy_and_hidden_score"
+    yield {"check": f"{check} (train accuracy)", "value": dpo["train_accuracy"], "bound": 0.7, "op": ">=",
+           "statistic": "implicit-reward accuracy, last 5 steps"}
+    yield {"check": f"{check} (held-out accuracy)", "value": dpo["held_out_accuracy"], "bound": 0.65, "op": ">=",
+           "statistic": "implicit-reward accuracy, held out"}
+    yield {"check": f"{check} (hidden score)", "value": dpo["after"] - dpo["before"], "bound": 0.05,
+           "statistic": "hidden-score gain", "before": dpo["before"], "after": dpo["after"]}
+    before, after, _ = rejection_sampling_experiment(policy, tokenizer, seed=seed)
+    yield {"check": "test_rejection_sampling_raises_env_reward", "value": after - before, "bound": 0.1,
+           "statistic": "env-reward gain", "before": before, "after": after}

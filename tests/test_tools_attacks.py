@@ -50,7 +50,7 @@ def hang(x: int) -> int:
     Args:
         x: anything
     """
-    subprocess.Popen(["sleep", "300"])
+    subprocess.Popen(["sleep", f"{300 + x / 1e6:.6f}"])  # x in its command line: a test finds its own sleep
     while True:
         pass
 
@@ -144,12 +144,15 @@ def test_each_attack_gets_a_clear_tool_error_and_the_episode_goes_on(name):
 
 
 def test_a_hanging_tool_leaves_no_process_behind():
+    from host_traces import cmdline_pids
+
+    # this run's own sleep: a plain `sleep 300` also matched other test runs' on a shared machine
+    x = uuid.uuid4().int % 10**6
     env = _env()
     env.reset(seed=0)
-    env.step(CALL % ("hang", '{"x": 1}'))
+    env.step(CALL % ("hang", '{"x": %d}' % x))
     time.sleep(0.5)
-    leftovers = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True).stdout.split()
-    assert leftovers == []
+    assert cmdline_pids(f"{300 + x / 1e6:.6f}") == []
 
 
 def test_too_many_calls_run_up_to_the_limit_and_the_rest_are_refused():
@@ -336,6 +339,6 @@ def test_a_tool_module_that_runs_an_episode_at_import_is_refused_not_recursed(tm
     (tmp_path / "tools_at_import.py").write_text(SCRIPT)  # `triple` is importable from it: it goes by reference
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", "import tools_at_import"], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=tmp_path)
+                          timeout=600, env=env, cwd=tmp_path)  # a hang guard: 120 s ran out under load ~10
     assert proc.returncode != 0 and "ToolSetupError" in proc.stderr, proc.stderr[-2000:]
     assert 'if __name__ == "__main__":' in proc.stderr

@@ -239,6 +239,24 @@ def test_vllm_rollouts_raise_held_out_reward(cls, config, tokenizer):
     assert after > before + VLLM_MARGIN, f"{cls.name} with vLLM rollouts: held-out reward {before:.3f} -> {after:.3f}"
 
 
+def spread(seed: int):
+    """The learning assertion above at agent seed ``seed`` (the test runs 0), as rows for
+    ``benchmarks/learning_spread.py``: ``value`` is compared with ``bound``."""
+    import test_learning as recipe
+
+    from llmgym.models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    base = recipe.warm_model(tokenizer, VLLM_SHAPE)
+    before = recipe.held_out_reward(base, tokenizer, seed)
+    for cls, config in VLLM_AGENTS:
+        model = copy.deepcopy(base)
+        train_with_vllm(cls, config, model, tokenizer, seed=seed)
+        after = recipe.held_out_reward(model, tokenizer, seed)
+        yield {"check": f"test_vllm_rollouts_raise_held_out_reward[{cls.name}]", "value": after - before,
+               "bound": VLLM_MARGIN, "before": before, "after": after}
+
+
 # -- the command line ---------------------------------------------------------------------------------
 
 
