@@ -9,22 +9,6 @@ kernel family the CPU can execute, each thread count and several seeds, every ru
 process (the variables act when torch loads), and a table shows each statistic's spread against the
 bound its test asserts (``docs/learning_tests.md``).
 
-<<<<<<< HEAD
-    python benchmarks/learning_spread.py --threads 1 --seeds 0 1 2 3
-    python benchmarks/learning_spread.py --threads 2 --seeds 0 1 2 3
-    python benchmarks/learning_spread.py --recipe test_learning_tools --threads 1 --seeds 0 1 2   # the tool task
-    python benchmarks/learning_spread.py --engine vllm --threads 1   # tests/test_vllm.py's recipe
-    python benchmarks/learning_spread.py --engine fleet --server URL1 --server URL2   # tests/test_fleet.py's
-    python benchmarks/learning_spread.py --max-staleness 2 --agents grpo   # the pipelined learner (K = 2)
-    python benchmarks/learning_spread.py --max-staleness 2 --agents grpo --no-correction   # without its correction
-
-``--engine vllm`` measures the vLLM learning test instead: its agents and model shape (head size 32),
-every rollout sampled by an in-process ``VLLMEngine`` with the weights synced after every update.
-``--engine fleet`` measures ``tests/test_fleet.py``'s learning test: the same recipe with every rollout
-from the ``llmgym serve`` servers at ``--server`` (started for a model of ``VLLM_SHAPE``; the weights
-are pushed to them, so their own checkpoint does not matter).
-``--recipe`` names another learning test whose recipe (agents, steps, held-out set, ``make_env``) to run.
-=======
     python benchmarks/learning_spread.py                       # everything: resumable, then the table
     python benchmarks/learning_spread.py --docs docs/learning_tests.md   # ... and the table into the docs
     python benchmarks/learning_spread.py --recipes tools --families default --threads 1 --seeds 0
@@ -38,13 +22,13 @@ is installed). Families: ``default`` (every library on its generic x86-64 path),
 instruction). Runs go one at a time, ``nice``'d, and each finished one is appended to ``--out``
 (JSON lines) at once: an interrupted sweep resumes where it stopped. Rows are keyed by the code they
 ran (git commit + a digest of uncommitted changes): after a merge the old rows are ignored, not mixed in.
->>>>>>> i29
 
 ``explore`` keeps the earlier in-process mode for trying recipes (one process, no family switch)::
 
     python benchmarks/learning_spread.py explore --threads 1 --seeds 0 1 2 3
     python benchmarks/learning_spread.py explore --recipe test_learning_tools --threads 1 --seeds 0 1 2
     python benchmarks/learning_spread.py explore --engine vllm --threads 1   # tests/test_vllm.py's recipe
+    python benchmarks/learning_spread.py explore --engine fleet --server URL1 --server URL2   # tests/test_fleet.py's
     python benchmarks/learning_spread.py explore --max-staleness 2 --agents grpo [--no-correction]
 """
 
@@ -340,13 +324,9 @@ def explore(argv: list[str]) -> None:
                         help="with --max-staleness: do not reweight stale tokens (to measure what the correction does)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override an agent config field for every agent (repeatable)")
-<<<<<<< HEAD
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if (args.engine == "fleet") != bool(args.server):
         parser.error("--engine fleet samples from the servers given with --server URL (and only it takes them)")
-=======
-    args = parser.parse_args(argv)
->>>>>>> i29
     if args.no_correction and args.max_staleness is None:
         parser.error("--no-correction turns off the pipelined learner's correction: pass --max-staleness K too")
     os.environ["LLMGYM_TEST_THREADS"] = str(args.threads)  # tests/conftest.py (imported by test_vllm) reads it
@@ -364,14 +344,8 @@ def explore(argv: list[str]) -> None:
 
     tokenizer = build_tokenizer()
     started = time.process_time()
-<<<<<<< HEAD
-    shape = TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=256)
-    agents = recipe.AGENTS
-    if args.engine in ("vllm", "fleet"):
-=======
     shape, agents = tiny_shape(), recipe.AGENTS
-    if args.engine == "vllm":
->>>>>>> i29
+    if args.engine in ("vllm", "fleet"):
         import test_vllm
 
         shape, agents = test_vllm.VLLM_SHAPE, test_vllm.VLLM_AGENTS
