@@ -184,7 +184,7 @@ def contract_tests(timeout_s: int, extra: list[str] | None = None) -> dict:
     from gpu_verdicts import pytest_outcomes
 
     cmd = [sys.executable, "-m", "pytest", "tests/test_engine_contract.py", *(extra or []), "-v", "-rs",
-           "-p", "no:cacheprovider"]
+           "-p", "no:cacheprovider", "-o", "addopts=", "-p", "no:xdist"]  # one process: outcomes read from -v lines
     started = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False)

@@ -4,6 +4,9 @@ Torch threads: ``LLMGYM_TEST_THREADS`` (default: ``min(2, cores)``). Different t
 different CPU kernels and so round floats differently, the closest stand-in for "another machine":
 run the suite with ``LLMGYM_TEST_THREADS=1`` and with the default to check that no test depends on
 one machine's exact numbers. Subprocesses the tests start (the examples) get the same count.
+
+Workers: test files run in parallel processes (pytest-xdist, one file per worker at a time), one per core
+(at most 4) or ``LLMGYM_TEST_WORKERS``; ``-n 0`` runs everything in this process.
 """
 
 from __future__ import annotations
@@ -43,6 +46,50 @@ def _test_threads() -> int:
 TEST_THREADS = _test_threads()
 torch.set_num_threads(TEST_THREADS)
 os.environ["LLMGYM_TEST_THREADS"] = str(TEST_THREADS)  # read by tests that start Python subprocesses
+
+
+# -- parallel workers (pytest-xdist; pyproject's addopts: -n auto --dist loadfile) -------------------------------
+
+def _test_workers() -> int:
+    raw = os.environ.get("LLMGYM_TEST_WORKERS", "").strip()
+    if not raw:
+        # The suite alone keeps about one core busy (measured: 34 CPU-minutes over a serial run; most tests are
+        # small models, subprocess start-ups and waits on deadlines), so one worker per core, at most 4 (each
+        # may start vLLM servers of ~2.3 GB).
+        return max(1, min(4, os.cpu_count() or 1))
+    try:
+        workers = int(raw)
+    except ValueError:
+        workers = -1
+    if workers < 0:
+        raise pytest.UsageError(f"LLMGYM_TEST_WORKERS must be a whole number >= 0 (0: one process), got {raw!r}")
+    return workers
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: ``LLMGYM_TEST_WORKERS``, else one worker per core (at most 4)."""
+    return _test_workers()
+
+
+# Files whose tests take minutes (learning tests, vLLM servers), started first so that no worker is left
+# running one of them alone at the end; measured with --durations on the 2-core machine. The rest follow in
+# collection order.
+SLOWEST_FILES_FIRST = (
+    "test_learning_tools.py", "test_fleet.py", "test_learning.py", "test_reward_integrity.py", "test_vllm.py",
+    "test_interop_verifiers.py", "test_openai_engine.py", "test_tools.py", "test_vllm_paths.py",
+    "test_interrupt.py", "test_learning_new_losses.py", "test_examples.py", "test_code_judge.py",
+)
+
+
+class _SlowestFilesFirst:
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        rank = {name: i for i, name in enumerate(SLOWEST_FILES_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_SlowestFilesFirst(), "llmgym-slowest-files-first")
 
 
 def vllm_missing_reason() -> str | None:

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -93,7 +94,7 @@ def quickstart_base_model(console=None, threads: int | None = None) -> Path:
         pairs = [(t.prompt, t.answer) for t in sample_tasks(w["task"], w["pairs"], seed=w["pairs_seed"])]
         losses = supervised_warmup(model, tokenizer, pairs, steps=w["steps"], lr=w["lr"],
                                    batch_size=w["batch_size"], seed=w["seed"])
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # two processes may build it at once
         shutil.rmtree(tmp, ignore_errors=True)
         save_pretrained(model, tokenizer, tmp)
         (tmp / "recipe.json").write_text(json.dumps({**recipe, "final_loss": losses[-1]}, indent=2) + "\n")
