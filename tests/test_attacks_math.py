@@ -1,0 +1,86 @@
+r"""Issue 30's closing attack on the math scorer: echoes with a no-op, forms written as exponents, hedges.
+
+Found by the fresh attacker's pass (each scored 1.0 before the fix):
+
+* the question's own expression with an operation that does nothing -- ``2^{10} \cdot 1``, ``+ 0``,
+  ``^{1}``, ``/1``, ``--``, ``2.0^{10}``, ``16^{1/2}`` or ``\sqrt[2]{16}`` for ``\sqrt{16}``: the echo
+  guard compared the trees as written, so any no-op made a new tree;
+* "in simplest radical form" answered ``12^{1/2}`` (the question itself), ``\sqrt[4]{144}``,
+  ``\sqrt{2}\sqrt{6}``, ``\sqrt{3} + \sqrt{3}`` or ``2^{3/2}``: a root written as an exponent was not
+  seen as a root, and products of roots and like terms were not looked at.
+
+Held (kept here so they stay held): two answers in one (``3 \text{ or } 5``, ``5 = 3``, ``3 \approx 5``)
+never pay for both values.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import llmgym  # noqa: F401  (registers the envs)
+from llmgym import Task
+
+pytest.importorskip("math_verify")
+
+from llmgym.envs.math import MathVerifier  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with MathVerifier(time_limit=30) as v:
+        yield v
+
+
+@pytest.mark.parametrize("question, gold, echoes, right", [
+    (r"What is $2^{10}$?", "1024",
+     [r"\boxed{2^{10} \cdot 1}", r"\boxed{2^{10}+0}", r"\boxed{0+2^{10}}", r"\boxed{2^{10}-0}", r"\boxed{\frac{2^{10}}{1}}",
+      r"\boxed{2^{10}/1}", r"\boxed{(2^{10})^{1}}", r"\boxed{1 \times 2^{10}}", r"\boxed{2^{10.0}}", r"\boxed{2.0^{10}}"],
+     [r"\boxed{1024}", r"\boxed{1{,}024}"]),
+    (r"Compute $\sqrt{16}$.", "4",
+     [r"\boxed{16^{1/2}}", r"\boxed{\sqrt[2]{16}}", r"\boxed{16^{0.5}}", r"\boxed{\left(16\right)^{\frac{1}{2}}}",
+      r"\boxed{\sqrt{16}\cdot 1}", r"\boxed{--\sqrt{16}}", r"\boxed{\sqrt{16}^{1}}"],
+     [r"\boxed{4}", r"\boxed{4.0}"]),
+    (r"Compute $\dbinom{8}{4}$.", "70", [r"\boxed{\binom{8}{4}\cdot 1}", r"\boxed{1 \times \binom{8}{4}}"], [r"\boxed{70}"]),
+    (r"Simplify $\frac{12}{18}$.", r"\frac{2}{3}",
+     [r"\boxed{\frac{12}{18}\cdot 1}", r"\boxed{\frac{12.0}{18}}", r"\boxed{\frac{12}{18}+0}", r"\boxed{\frac{12}{18}^{1}}"],
+     [r"\boxed{\frac{2}{3}}", r"\boxed{\frac{2}{3} \cdot 1}"]),
+])
+def test_an_echo_with_a_no_op_is_still_an_echo(verifier, question, gold, echoes, right):
+    task = Task(question, answer=gold)
+    for answer in echoes:
+        score = verifier(task, answer)
+        assert score.reward == 0.0, answer
+        assert "own expressions" in score.info["error"], (answer, score.info)
+    for answer in right:  # the value, or the reference as written (no-ops and all), still pays
+        assert verifier(task, answer).reward == 1.0, answer
+
+
+@pytest.mark.parametrize("question, gold, right, wrong_form", [
+    (r"Write $\sqrt{12}$ in simplest radical form.", r"2\sqrt{3}",
+     [r"\boxed{2\sqrt{3}}", r"\boxed{\sqrt{3}\cdot 2}", r"\boxed{2 \cdot 3^{1/2}}"],
+     [r"\boxed{12^{1/2}}", r"\boxed{\sqrt[4]{144}}", r"\boxed{\sqrt{2}\sqrt{6}}", r"\boxed{\sqrt{3} + \sqrt{3}}",
+      r"\boxed{\sqrt{4}\sqrt{3}}"]),
+    (r"Simplify $\sqrt{8}$. Express your answer in simplest radical form.", r"2\sqrt{2}",
+     [r"\boxed{2\sqrt{2}}"], [r"\boxed{2^{3/2}}", r"\boxed{2^{\frac{3}{2}}}", r"\boxed{\sqrt{2}+\sqrt{2}}"]),
+    (r"Simplify $\sqrt{12} + \sqrt{3}$. Express your answer in simplest radical form.", r"3\sqrt{3}",
+     [r"\boxed{3\sqrt{3}}"], [r"\boxed{2\sqrt{3}+\sqrt{3}}", r"\boxed{\sqrt{3}+\sqrt{3}+\sqrt{3}}"]),
+])
+def test_simplest_radical_form_sees_roots_written_as_exponents_products_and_like_terms(
+        verifier, question, gold, right, wrong_form):
+    task = Task(question, answer=gold)
+    for answer in right:
+        assert verifier(task, answer).reward == 1.0, answer
+    for answer in wrong_form:
+        score = verifier(task, answer)
+        assert score.reward == 0.0, answer
+        assert "radical" in score.info["error"] or "own expressions" in score.info["error"], (answer, score.info)
+
+
+@pytest.mark.parametrize("hedge", [
+    r"\boxed{3 \text{ or } 5}", r"\boxed{5=3}", r"\boxed{3=5}", r"\boxed{3 \approx 5}", r"\boxed{5 \approx 3}",
+    r"\boxed{3 \text{ (or 5)}}", r"\boxed{5 \text{ (or 3)}}", r"\boxed{3, 5}", r"\boxed{\{3, 5\}}", r"\boxed{x = 3, x = 5}",
+    "The answer is 3 or 5", "The answer is 5 or 3", r"\boxed{3 \pmod 5}", r"\boxed{3 \sim 5}",
+])
+def test_two_answers_in_one_never_pay_for_both(verifier, hedge):
+    paid = [verifier(Task(q, answer=gold), hedge).reward for q, gold in (("What is 2+1?", "3"), ("What is 2+3?", "5"))]
+    assert paid != [1.0, 1.0], hedge
