@@ -84,3 +84,23 @@ def test_simplest_radical_form_sees_roots_written_as_exponents_products_and_like
 def test_two_answers_in_one_never_pay_for_both(verifier, hedge):
     paid = [verifier(Task(q, answer=gold), hedge).reward for q, gold in (("What is 2+1?", "3"), ("What is 2+3?", "5"))]
     assert paid != [1.0, 1.0], hedge
+
+
+@pytest.mark.parametrize("tower", ["((2**1000)**1000)**1000", "((2**1000 + 1)**1000 + 1)**1000",
+                                   "(((y+1)**1000)**1000)", "((((2**999)**999)**999)**999)"])
+def test_a_tower_of_small_exponents_never_reaches_sympy(tower):
+    """Each exponent passed the grammar's bound (1000), their product did not: the scorer ran until the time
+    limit killed it (5 s of a worker per completion; the docs promised such towers never reach SymPy)."""
+    pytest.importorskip("reasoning_gym")
+    from llmgym.envs.math.answer_grammar import check_answer
+
+    for dataset in ("polynomial_multiplication", "simple_integration", "intermediate_integration"):
+        assert "powers of powers" in check_answer(dataset, tower, {})
+    for fine in ("(y**2 + 1)**3", "y**1000", "(y**2)**500", "2**y**1000", "-27508*y**8 + 944840*y**6"):
+        assert check_answer("polynomial_multiplication", fine, {}) is None, fine
+    import gymnasium
+
+    env = gymnasium.make("llmgym/RG-polynomial_multiplication-v0")
+    env.reset(seed=0)
+    _, reward, *_, info = env.step(f"<answer>{tower}</answer>")
+    assert reward == 0.0 and "powers of powers" in info["error"]
