@@ -293,8 +293,7 @@ def _roots(term):
 def _in_simplest_radical_form(tree):
     import sympy
     from sympy import preorder_traversal
-    with sympy.evaluate(False):
-        tree = _canonical(tree)  # 12^{1/2}, \sqrt[4]{144}: roots written as exponents are roots too
+    tree = _canon(tree)  # 12^{1/2}, \sqrt[4]{144}: roots written as exponents are roots too
     for node in preorder_traversal(tree):
         if node.is_Float:
             return False
@@ -382,6 +381,15 @@ def _canonical(tree):
     except TypeError:
         return tree.func(*args)
 
+def _canon(tree):
+    # _canonical where SymPy can rebuild the tree (a matrix or an odd set may not): else the tree as written
+    import sympy
+    try:
+        with sympy.evaluate(False):
+            return _canonical(tree)
+    except Exception:
+        return tree
+
 def _is_interval(tree):
     import sympy
     return isinstance(tree, (sympy.Interval, sympy.Union)) or tree in (sympy.S.Reals, sympy.S.EmptySet)
@@ -404,17 +412,15 @@ def _form_verdict(gold, predicted, spans, forms):
     # trees compared through srepr, which orders the arguments of a sum or product: 3 \times 2^3 is 2^3 \cdot 3;
     # and canonical, so that an echo with a no-op (\cdot 1, + 0, ^{1}, 16^{1/2} for \sqrt{16}) is the echo
     import sympy
-    with sympy.evaluate(False):
-        mine = None if mine is None else _canonical(mine)
-        reference = None if reference is None else _canonical(reference)
+    mine = None if mine is None else _canon(mine)
+    reference = None if reference is None else _canon(reference)
     tree = None if mine is None else sympy.srepr(mine)
     if mine is None or mine.is_Integer or (reference is not None and tree == sympy.srepr(reference)):
         return None  # an integer is a value; the reference as written is right
     for span in spans:
         for side in [span] + (span.split("=") if "=" in span else []):
             theirs = _written(side)
-            with sympy.evaluate(False):
-                theirs = None if theirs is None else _canonical(theirs)
+            theirs = None if theirs is None else _canon(theirs)
             if theirs is not None and sympy.srepr(theirs) == tree:
                 return "the answer is one of the question's own expressions, not evaluated"
     return None
