@@ -104,3 +104,22 @@ def test_a_tower_of_small_exponents_never_reaches_sympy(tower):
     env.reset(seed=0)
     _, reward, *_, info = env.step(f"<answer>{tower}</answer>")
     assert reward == 0.0 and "powers of powers" in info["error"]
+
+
+@pytest.mark.parametrize("hedge", [
+    "{a} or {b}", r"\boxed{{{a} \text{{ or }} {b}}}", r"\boxed{{{a}, {b}}}", "{a}/{b}", r"\boxed{{{a}/{b}}}", "{a} {b}",
+    r"\boxed{{{a}}} \boxed{{{b}}}", r"\boxed{{\{{{a}, {b}\}}}}",
+])
+@pytest.mark.parametrize("pair", [("Monday", "Tuesday"), ("yes", "no"), (r"\text{(A)}", r"\text{(B)}")])
+def test_two_word_answers_in_one_never_pay_for_both(verifier, hedge, pair):
+    for a, b in (pair, pair[::-1]):
+        answer = hedge.format(a=a, b=b)
+        paid = [verifier(Task("Which one?", answer=gold), answer).reward for gold in pair]
+        assert paid != [1.0, 1.0], answer
+
+
+@pytest.mark.parametrize("huge", [r"\boxed{((2^{1000})^{1000})^{1000}}", r"\boxed{(((2^{999})^{999})^{999})^{999}}",
+                                  r"\boxed{(10^{100})!}", r"\boxed{\binom{10^{9}}{10^{8}}}", r"\boxed{2^{2^{2^{2^{2}}}}}"])
+def test_latex_towers_are_refused_by_size_in_the_sandbox(verifier, huge):
+    score = verifier(Task("What is 2+1?", answer="3"), huge)
+    assert score.reward == 0.0 and "bits" in score.info["error"], score.info
