@@ -123,3 +123,89 @@ def test_hostile_model_names_are_shown_on_one_bounded_line(server, tok):
         message = str(info.value)
         assert "\n" not in message and "\x1b" not in message and len(message) < 2000, message[:300]
         assert "51 in all" in message
+
+
+class RolloutServer:
+    """A loopback stand-in for ``llmgym serve``: the OpenAI routes plus the control routes a FleetEngine reads;
+    ``weight_info`` is ``(body, content encoding or None, seconds between bytes or None)``."""
+
+    def __init__(self):
+        self.weight_info = (b'{"weight_version": "v1"}', None, None)
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _send(self, body, encoding=None, drip=None):
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if encoding:
+                    self.send_header("Content-Encoding", encoding)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    if drip is None:
+                        self.wfile.write(body)
+                        return
+                    for i in range(len(body)):
+                        self.wfile.write(body[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(drip)
+                except OSError:
+                    return
+
+            def do_GET(self):  # noqa: N802
+                if self.path.startswith("/v1/models"):
+                    self._send(json.dumps(MODELS).encode())
+                elif self.path.startswith("/weight_info"):
+                    self._send(*outer.weight_info)
+                else:
+                    self._send(b'{"world_size": 1}')
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _gzip_bomb(megabytes: int) -> bytes:
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip framing, fed in chunks: the test never holds it inflated
+    parts = [packer.compress(b'{"weight_version": "')]
+    chunk = b"x" * (1 << 20)
+    parts += [packer.compress(chunk) for _ in range(megabytes)]
+    return b"".join(parts + [packer.compress(b'"}'), packer.flush()])
+
+
+def test_a_fleet_s_control_plane_is_bounded_like_sampling(tok, monkeypatch):
+    """``FleetEngine`` read its control routes (``/weight_info``, ``/get_world_size``, the sync routes) with a
+    plain httpx client: a 300 KB gzip reply inflated to 1.5 GB of the learner's memory in 10 s, and a reply
+    dripped one byte every 0.5 s held a call far past its timeout (the timeout was per read)."""
+    from llmgym.engines.fleet import FleetEngine, FleetError
+
+    rollout = RolloutServer()
+    try:
+        rollout.weight_info = (_gzip_bomb(200), "gzip", None)
+        with pytest.raises(FleetError, match=r"compressed \(gzip\)"):
+            FleetEngine([rollout.url], tok, max_retries=0, timeout=5)
+        rollout.weight_info = (b'{"weight_version": "' + b"x" * (8 << 20) + b'"}', None, None)
+        with pytest.raises(FleetError, match=r"over \d+ bytes"):
+            FleetEngine([rollout.url], tok, max_retries=0, timeout=5)
+        rollout.weight_info = (b'{"weight_version": "v1"}', None, None)
+        monkeypatch.setattr(FleetEngine, "_connect_all", lambda self: None)  # no weight link: the stand-in has none
+        engine = FleetEngine([rollout.url], tok, max_retries=0, timeout=5)
+        rollout.weight_info = (b'{"weight_version": "v2"}' + b" " * 400, None, 0.25)  # 100 s at that pace
+        start = time.monotonic()
+        with pytest.raises(FleetError, match=r"ReadTimeout"):
+            engine.servers[0].call("GET", "/weight_info", timeout=2)
+        assert time.monotonic() - start < 6.0
+    finally:
+        rollout.close()

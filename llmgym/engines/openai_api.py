@@ -366,7 +366,10 @@ def _budgeted_http_client(budget: _Budget, timeout: float, connections: int) -> 
     pool._network_backend = _BudgetedBackend(pool._network_backend, budget)
 
     def start_attempt(request: httpx.Request) -> None:  # every attempt, the retries' too
-        budget.deadline, budget.read, budget.why = time.monotonic() + timeout, 0, None
+        # the request's own timeout where the caller gave one (a long control-plane call), else the client's
+        own = (request.extensions.get("timeout") or {}).get("read")
+        seconds = own if isinstance(own, (int, float)) and own > 0 else timeout
+        budget.deadline, budget.read, budget.why = time.monotonic() + seconds, 0, None
 
     def plain_body(response: httpx.Response) -> None:
         # the size cap counts bytes on the wire: a compressed reply (asked for or not) could expand a
