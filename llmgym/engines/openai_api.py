@@ -68,7 +68,7 @@ except ImportError as err:  # pragma: no cover - exercised where openai is absen
 
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
-__all__ = ["ModelNotServedError", "OpenAIEngine", "ServedChoice", "ServerError", "check_options",
+__all__ = ["ModelNotServedError", "OpenAIEngine", "ServedChoice", "ServerError", "bounded_http_client", "check_options",
            "validate_completions_response", "validate_models_response"]
 
 _SEED_MASK = (1 << 63) - 1
@@ -384,6 +384,24 @@ def _budgeted_http_client(budget: _Budget, timeout: float, connections: int) -> 
     return httpx.Client(transport=transport, timeout=timeout, follow_redirects=False,
                         headers={"Accept-Encoding": "identity"},
                         event_hooks={"request": [start_attempt], "response": [plain_body]})
+
+
+def bounded_http_client(timeout: float, connections: int = 4) -> httpx.Client:
+    """An ``httpx.Client`` for a server's other routes, bounded as :class:`OpenAIEngine`'s requests are.
+
+    Each request gets one deadline from sending to the last byte (its own ``timeout=`` where given, else
+    ``timeout``; httpx's are per read), at most 1 MiB of reply counted on the wire, ``Accept-Encoding:
+    identity`` (a compressed reply is refused before it is inflated), and no redirects. A bound that
+    trips is an ``httpx.HTTPError`` (``ReadTimeout``, ``ReadError``, ``DecodingError``).
+
+    Example:
+        >>> from llmgym.engines.openai_api import bounded_http_client
+        >>> client = bounded_http_client(5.0)
+        >>> client.follow_redirects, client.headers["accept-encoding"]
+        (False, 'identity')
+        >>> client.close()
+    """
+    return _budgeted_http_client(_Budget(), timeout, connections)
 
 
 class OpenAIEngine:
