@@ -94,26 +94,48 @@ def _literal(answer: str, dataset: str) -> str | None:
     return None
 
 
+def _exponent_value(n: ast.AST) -> float:
+    """The value of a numeric exponent (numbers, + - * / and parentheses), ``ValueError`` for anything else."""
+    if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool):
+        if abs(n.value) > MAX_EXPONENT:
+            raise ValueError
+        return float(n.value)
+    if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.USub, ast.UAdd)):
+        return -_exponent_value(n.operand) if isinstance(n.op, ast.USub) else _exponent_value(n.operand)
+    if isinstance(n, ast.BinOp) and isinstance(n.op, _ARITHMETIC_OPS):
+        a, b = _exponent_value(n.left), _exponent_value(n.right)
+        if isinstance(n.op, ast.Div):
+            return a / b if b else 0.0
+        return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}[type(n.op)]
+    raise ValueError
+
+
 def _small_number(node: ast.AST) -> bool:
     """A numeric exponent: numbers, + - * / and parentheses only, of absolute value ≤ MAX_EXPONENT."""
-    def value(n: ast.AST) -> float:
-        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool):
-            if abs(n.value) > MAX_EXPONENT:
-                raise ValueError
-            return float(n.value)
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.USub, ast.UAdd)):
-            return -value(n.operand) if isinstance(n.op, ast.USub) else value(n.operand)
-        if isinstance(n, ast.BinOp) and isinstance(n.op, _ARITHMETIC_OPS):
-            a, b = value(n.left), value(n.right)
-            if isinstance(n.op, ast.Div):
-                return a / b if b else 0.0
-            return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}[type(n.op)]
-        raise ValueError
-
     try:
-        return abs(value(node)) <= MAX_EXPONENT
+        return abs(_exponent_value(node)) <= MAX_EXPONENT
     except (ValueError, RecursionError):
         return False
+
+
+def _tower(node: ast.AST) -> float:
+    """The product of the numeric exponents along the deepest chain of powers in ``node``: ``((2**1000)**1000)**1000``
+    is 10^9 -- each exponent small, the number astronomical -- and so is ``((2**1000 + 1)**1000 + 1)**1000``."""
+    best = 1.0
+    stack = [(node, 1.0)]  # (subtree, product of the numeric exponents of the powers above it)
+    while stack:
+        n, above = stack.pop()
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) and not _has_name(n.right):
+            try:
+                exponent = abs(_exponent_value(n.right))
+            except (ValueError, RecursionError, ZeroDivisionError):
+                exponent = float("inf")
+            above *= max(exponent, 1.0)
+            best = max(best, above)
+            stack.append((n.left, above))
+            continue
+        stack.extend((child, above) for child in ast.iter_child_nodes(n))
+    return best
 
 
 def _has_name(node: ast.AST) -> bool:
@@ -145,6 +167,8 @@ def _expression(answer: str, dataset: str, ops: tuple[type, ...], calls: frozens
                 and not any(isinstance(a, ast.Starred) for a in node.args)):
             continue
         return f"not allowed in a {dataset} answer: {_name(node)}"
+    if _tower(tree) > MAX_EXPONENT:
+        return f"powers of powers in a {dataset} answer may multiply their numeric exponents to at most {MAX_EXPONENT}"
     return None
 
 

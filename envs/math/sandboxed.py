@@ -285,18 +285,32 @@ def _content(tree):
         return c
     return 1
 
+def _roots(term):
+    # the roots (x^{1/q}) among a product's factors, as (radicand, index) pairs
+    return sorted((str(f.base), int(f.exp.q)) for f in _factors(term)
+                  if f.is_Pow and f.exp.is_Rational and not f.exp.is_Integer)
+
 def _in_simplest_radical_form(tree):
     import sympy
     from sympy import preorder_traversal
+    tree = _canon(tree)  # 12^{1/2}, \sqrt[4]{144}: roots written as exponents are roots too
     for node in preorder_traversal(tree):
         if node.is_Float:
             return False
+        if node.is_Mul:  # one root per index in a product: \sqrt{2}\sqrt{6} is \sqrt{12}
+            indices = [q for _, q in _roots(node)]
+            if len(indices) != len(set(indices)):
+                return False
+        if node.is_Add:  # like terms combined: \sqrt{3} + \sqrt{3} is 2\sqrt{3}
+            kinds = [tuple(_roots(term)) for term in node.args]
+            if len(kinds) != len(set(kinds)):
+                return False
         if not node.is_Pow:
             continue
         exp = node.exp
         if exp.is_Rational and not exp.is_Integer:  # a root: an integer radicand with no power of the root's index
-            if exp < 0 or not node.base.is_Integer or not 0 < node.base < 10 ** 18:
-                return False
+            if exp < 0 or exp.p != 1 or not node.base.is_Integer or not 0 < node.base < 10 ** 18:
+                return False  # 2^{3/2} is 2\sqrt{2}
             if any(k >= exp.q for k in sympy.factorint(int(node.base)).values()):
                 return False
         elif exp.is_negative and any(n.is_Pow and n.exp.is_Rational and not n.exp.is_Integer
@@ -309,6 +323,72 @@ def _in_simplest_radical_form(tree):
         numerator = [f for f in _factors(tree) if f not in dens]
         return math.gcd(_content(sympy.Mul(*numerator, evaluate=False)) if numerator else 1, int(dens[0].base)) == 1
     return True
+
+def _numeric_exponent(exp):
+    # an exponent written with numbers, + - * and division only (1/2, 0.5, 10.0, \frac{1}{2}), as one Rational
+    import sympy
+    from sympy import preorder_traversal
+    nodes = list(preorder_traversal(exp))
+    if len(nodes) > 50 or not all(n.is_Add or n.is_Mul or n.is_Integer or n.is_Rational or n.is_Float
+                                  or (n.is_Pow and n.exp == -1 and n.base.is_Integer and n.base != 0)
+                                  for n in nodes):
+        return None
+    if any(n.is_Integer and abs(int(n)) > 10 ** 6 for n in nodes):
+        return None
+    with sympy.evaluate(True):
+        value = sympy.nsimplify(exp.doit(), rational=True)
+    return value if value.is_Rational else None
+
+def _canonical(tree):
+    # the tree as written, less what does nothing: * 1, + 0, ^1, / 1, two minus signs, 2.0 for 2, a nested
+    # product or sum; a numeric exponent as one Rational (16^{1/2}, 16^{0.5}, \sqrt[2]{16} are \sqrt{16})
+    import sympy
+    if not tree.args:
+        if tree.is_Float and float(tree).is_integer():
+            return sympy.Integer(int(tree))
+        return tree
+    args = [_canonical(a) for a in tree.args]
+    if tree.is_Mul:
+        flat = []
+        for a in args:
+            flat += list(a.args) if a.is_Mul else [a]
+        if any(a == 0 for a in flat):
+            return sympy.S.Zero
+        negative = sum(1 for a in flat if a == -1) % 2
+        flat = [a for a in flat if a != 1 and a != -1] + ([sympy.S.NegativeOne] if negative else [])
+        if not flat:
+            return sympy.S.One
+        return flat[0] if len(flat) == 1 else sympy.Mul(*flat, evaluate=False)
+    if tree.is_Add:
+        flat = []
+        for a in args:
+            flat += list(a.args) if a.is_Add else [a]
+        flat = [a for a in flat if a != 0]
+        if not flat:
+            return sympy.S.Zero
+        return flat[0] if len(flat) == 1 else sympy.Add(*flat, evaluate=False)
+    if tree.is_Pow:
+        base, exp = args
+        if exp.is_number and not exp.is_Rational:
+            exp = _numeric_exponent(exp) or exp
+        if exp == 1:
+            return base
+        if base == 1:
+            return sympy.S.One
+        return sympy.Pow(base, exp, evaluate=False)
+    try:
+        return tree.func(*args, evaluate=False)
+    except TypeError:
+        return tree.func(*args)
+
+def _canon(tree):
+    # _canonical where SymPy can rebuild the tree (a matrix or an odd set may not): else the tree as written
+    import sympy
+    try:
+        with sympy.evaluate(False):
+            return _canonical(tree)
+    except Exception:
+        return tree
 
 def _is_interval(tree):
     import sympy
@@ -329,14 +409,18 @@ def _form_verdict(gold, predicted, spans, forms):
             continue  # the dataset writes its own answer otherwise: the form is not checked
         if mine is None or not check(mine):
             return "the question asks for %s; the answer is not written that way" % name
-    # trees compared through srepr, which orders the arguments of a sum or product: 3 \times 2^3 is 2^3 \cdot 3
+    # trees compared through srepr, which orders the arguments of a sum or product: 3 \times 2^3 is 2^3 \cdot 3;
+    # and canonical, so that an echo with a no-op (\cdot 1, + 0, ^{1}, 16^{1/2} for \sqrt{16}) is the echo
     import sympy
+    mine = None if mine is None else _canon(mine)
+    reference = None if reference is None else _canon(reference)
     tree = None if mine is None else sympy.srepr(mine)
     if mine is None or mine.is_Integer or (reference is not None and tree == sympy.srepr(reference)):
         return None  # an integer is a value; the reference as written is right
     for span in spans:
         for side in [span] + (span.split("=") if "=" in span else []):
             theirs = _written(side)
+            theirs = None if theirs is None else _canon(theirs)
             if theirs is not None and sympy.srepr(theirs) == tree:
                 return "the answer is one of the question's own expressions, not evaluated"
     return None

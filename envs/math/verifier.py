@@ -557,7 +557,8 @@ class MathVerifier(Verifier):
             answered ``\frac{3}{6}``, or "Express $0.75$ as a common fraction." answered ``0.75``,
             would score 1.0 (default on). Compared as parsed trees, not as text, in the sandbox:
             ``\frac{\,3}{6}``, ``3/6`` and ``\dfrac36`` are one tree, ``3 \times 2^3`` and
-            ``2^3 \cdot 3`` another.
+            ``2^3 \cdot 3`` another; no-ops do not count (``2^{10} \cdot 1``, ``+ 0``, ``^{1}``,
+            ``16^{1/2}`` for ``\sqrt{16}``).
         check_form: where the question asks for a form (:data:`FORM_PHRASES`: "in lowest terms", "as
             a common fraction", "in simplest radical form", "as a decimal", "in interval
             notation"), an answer equal to the reference must also be written in it -- ``\frac{6}{12}``

@@ -188,9 +188,7 @@ class FleetEngine:
                  max_concurrency: int = 16, timeout: float = 120.0, max_retries: int = 2, api_key: str | None = None,
                  sync_address: str | None = None, sync_timeout_s: float = 120.0,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES):
-        import httpx
-
-        from llmgym.engines.openai_api import ModelNotServedError, OpenAIEngine, ServerError
+        from llmgym.engines.openai_api import ModelNotServedError, OpenAIEngine, ServerError, bounded_http_client
 
         if isinstance(servers, str):
             servers = [servers]
@@ -225,7 +223,9 @@ class FleetEngine:
                     raise FleetError(str(exc)) from None
                 except ModelNotServedError as exc:
                     raise FleetError(str(exc)) from None
-                server = _Server(url, client, httpx.Client(timeout=timeout))
+                # the control plane is bounded like sampling: one deadline per call (not per read), a size cap,
+                # no compressed reply, no redirect (a 300 KB gzip reply to /weight_info took 1.5 GB before)
+                server = _Server(url, client, bounded_http_client(timeout))
                 self.servers.append(server)
                 if not client.server_is_vllm:
                     raise NotARolloutServerError(f"the server at {server.root} is not vLLM (its model list does not "

@@ -68,7 +68,7 @@ except ImportError as err:  # pragma: no cover - exercised where openai is absen
 
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
-__all__ = ["ModelNotServedError", "OpenAIEngine", "ServedChoice", "ServerError", "check_options",
+__all__ = ["ModelNotServedError", "OpenAIEngine", "ServedChoice", "ServerError", "bounded_http_client", "check_options",
            "validate_completions_response", "validate_models_response"]
 
 _SEED_MASK = (1 << 63) - 1
@@ -366,7 +366,10 @@ def _budgeted_http_client(budget: _Budget, timeout: float, connections: int) -> 
     pool._network_backend = _BudgetedBackend(pool._network_backend, budget)
 
     def start_attempt(request: httpx.Request) -> None:  # every attempt, the retries' too
-        budget.deadline, budget.read, budget.why = time.monotonic() + timeout, 0, None
+        # the request's own timeout where the caller gave one (a long control-plane call), else the client's
+        own = (request.extensions.get("timeout") or {}).get("read")
+        seconds = own if isinstance(own, (int, float)) and own > 0 else timeout
+        budget.deadline, budget.read, budget.why = time.monotonic() + seconds, 0, None
 
     def plain_body(response: httpx.Response) -> None:
         # the size cap counts bytes on the wire: a compressed reply (asked for or not) could expand a
@@ -376,9 +379,29 @@ def _budgeted_http_client(budget: _Budget, timeout: float, connections: int) -> 
             budget.why = f"the reply is compressed ({_shown(encoding, 40)}) though identity was asked for"
             raise httpx.DecodingError(budget.why, request=response.request)
 
-    return httpx.Client(transport=transport, timeout=timeout, follow_redirects=True,
+    # redirects are not followed: each hop was a new attempt with a new deadline (21 hops of a slow server held a
+    # call with timeout=2 for 25 s); an OpenAI-compatible API root answers where it is asked
+    return httpx.Client(transport=transport, timeout=timeout, follow_redirects=False,
                         headers={"Accept-Encoding": "identity"},
                         event_hooks={"request": [start_attempt], "response": [plain_body]})
+
+
+def bounded_http_client(timeout: float, connections: int = 4) -> httpx.Client:
+    """An ``httpx.Client`` for a server's other routes, bounded as :class:`OpenAIEngine`'s requests are.
+
+    Each request gets one deadline from sending to the last byte (its own ``timeout=`` where given, else
+    ``timeout``; httpx's are per read), at most 1 MiB of reply counted on the wire, ``Accept-Encoding:
+    identity`` (a compressed reply is refused before it is inflated), and no redirects. A bound that
+    trips is an ``httpx.HTTPError`` (``ReadTimeout``, ``ReadError``, ``DecodingError``).
+
+    Example:
+        >>> from llmgym.engines.openai_api import bounded_http_client
+        >>> client = bounded_http_client(5.0)
+        >>> client.follow_redirects, client.headers["accept-encoding"]
+        (False, 'identity')
+        >>> client.close()
+    """
+    return _budgeted_http_client(_Budget(), timeout, connections)
 
 
 class OpenAIEngine:
@@ -432,11 +455,11 @@ class OpenAIEngine:
         if model is None:
             if len(names) != 1:
                 raise ModelNotServedError(f"the server at {self.base_url} serves {len(names)} models "
-                                          f"({', '.join(names) or 'none'}): name one")
+                                          f"({_names(names) or 'none'}): name one")
             model = names[0]
         elif model not in names:
-            raise ModelNotServedError(f"the server at {self.base_url} does not serve model {model!r}; it serves: "
-                                      f"{', '.join(names) or 'no model'}")
+            raise ModelNotServedError(f"the server at {self.base_url} does not serve model {_shown(repr(model), 80)}; it "
+                                      f"serves: {_names(names) or 'no model'}")
         self.model = model
         self.server_is_vllm = (model, "vllm") in served
         self.prompt_format = prompt_format
@@ -586,7 +609,7 @@ class OpenAIEngine:
                 response = self._request(prompt=self._prompt(row), **kwargs)
             except openai.BadRequestError as exc:
                 raise ServerError(f"the server at {self.base_url} refused the request: {_first_line(exc)}") from None
-        completion = self._completion(row, response, key)
+        completion = self._completion(row, response, key, int(sampling.max_new_tokens))
         if sampling.stop and not server_stops:
             completion = self._cut_at_stop(completion, sampling.stop)
         return completion
@@ -605,14 +628,23 @@ class OpenAIEngine:
                                   self.tokenizer.decode(ids, skip_special_tokens=True), c.key)
         return c
 
-    def _completion(self, prompt: list[int], choice: ServedChoice, key: int) -> Completion:
+    def _completion(self, prompt: list[int], choice: ServedChoice, key: int, max_tokens: int) -> Completion:
         token_logprobs = choice.logprobs
         token_ids = choice.token_ids  # vLLM's return_token_ids, checked against the vocabulary
         if token_ids is not None:
             self.token_ids_from = "server"
         elif self.tokenizer is not None:
             self.token_ids_from = "text"
+            # the text is the server's: bounded before it is tokenised (no token decodes to more characters
+            # than its vocabulary entry has), and its ids must line up with the server's log-probs
+            if len(choice.text) > max_tokens * self._longest_token():
+                raise ServerError(f"the server at {self.base_url} answered {len(choice.text)} characters of text, "
+                                  f"more than {max_tokens} tokens (max_new_tokens) can decode to")
             token_ids = list(self.tokenizer.encode(choice.text, add_special_tokens=False))
+            if len(token_ids) != len(token_logprobs) or len(token_ids) > max_tokens:
+                raise ServerError(f"the server at {self.base_url} answered {len(token_logprobs)} log-probs for a text "
+                                  f"of {len(token_ids)} tokens (max_new_tokens={max_tokens}): the ids cannot be lined "
+                                  f"up with the log-probs; serve with vLLM (it returns the token ids)")
         else:
             raise ServerError(f"the server at {self.base_url} returns no token ids; pass the model's tokenizer to "
                               f"OpenAIEngine so the text can be tokenised")
@@ -626,6 +658,12 @@ class OpenAIEngine:
             text=text,
             key=int(key),
         )
+
+    def _longest_token(self) -> int:
+        """Characters of the tokenizer's longest vocabulary entry (what one token can decode to, at most)."""
+        if getattr(self, "_longest", None) is None:
+            self._longest = max(8, max((len(t) for t in self.tokenizer.get_vocab()), default=0))
+        return self._longest
 
     def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
         """Log-probs of ``completion_ids`` after ``prompt_ids`` as the server scores its prompt
@@ -655,6 +693,12 @@ class OpenAIEngine:
 
     def __repr__(self) -> str:
         return f"OpenAIEngine({self.base_url!r}, {self.model!r})"
+
+
+def _names(names: list[str], limit: int = 10) -> str:
+    """The server's model names for a one-line error: each made printable and cut, at most ``limit`` of them."""
+    shown = ", ".join(_shown(n, 80) for n in names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
 def _first_line(exc: BaseException) -> str:
