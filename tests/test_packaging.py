@@ -122,3 +122,18 @@ def test_the_engines_package_imports_one_way():
     for low, highs in below.items():
         for high in highs:
             assert order.index(low) < order.index(high), f"{low} must not depend on {high}"
+
+
+def test_the_slow_table_names_real_tests_and_holds_every_learning_test():
+    """``pytest -m "not slow"`` is the inner loop: every learning test module is in the table, and
+    every test it names exists (a renamed test would silently join the fast loop)."""
+    from conftest import SLOW_TESTS
+
+    learning = {p.name for p in (ROOT / "tests").glob("test_*learning*.py") if p.name != "test_learning_spread.py"}
+    assert learning and all(SLOW_TESTS.get(name) == "*" for name in learning), learning
+    for name, entry in SLOW_TESTS.items():
+        path = ROOT / "tests" / name
+        assert path.exists(), name
+        if entry != "*":
+            defined = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+            assert set(entry) <= defined, (name, set(entry) - defined)
