@@ -83,7 +83,7 @@ class ToolWorker:
         """The helper's next answer, or ``None`` when it does not come by ``deadline`` (or the helper died)."""
         fd = proc.stdout.fileno()
         buffer = b""
-        need = _worker._HEADER.size
+        need = _worker.HEADER.size
         size = None
         while True:
             while len(buffer) < need:
@@ -95,8 +95,8 @@ class ToolWorker:
                     return None
                 buffer += chunk
             if size is None:
-                (size,) = _worker._HEADER.unpack(buffer[: _worker._HEADER.size])
-                buffer = buffer[_worker._HEADER.size:]
+                (size,) = _worker.HEADER.unpack(buffer[: _worker.HEADER.size])
+                buffer = buffer[_worker.HEADER.size:]
                 need = size
                 continue
             return pickle.loads(buffer[:size])
