@@ -183,6 +183,32 @@ def test_a_time_limited_respond_runs_inside_an_async_vector_env_worker():
         envs.close()
 
 
+def test_a_time_limited_check_that_starts_a_process_takes_it_down_at_its_limit():
+    """The killable child's process group is killed at the deadline: a check's own subprocess does not
+    outlive it (before, only the child itself was killed)."""
+    import subprocess
+    import time
+
+    from llmgym import as_verifier
+
+    marker = "314159.26535"  # a unique duration: this test's own sleep, not another run's
+
+    def spawns_and_hangs(task, completion):
+        subprocess.Popen(["sleep", marker])
+        time.sleep(60)
+        return 1.0
+
+    score = as_verifier(spawns_and_hangs, time_limit=2.0)(Task("x"), "y")
+    assert score.reward == 0.0 and score.info["error"].startswith("timeout")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the kernel reaps it at once; give a loaded machine a moment
+        alive = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.split()
+        if not alive:
+            break
+        time.sleep(0.2)
+    assert alive == []
+
+
 def test_the_guess_example_of_the_docs_trains_without_crashing(tokenizer):
     from llmgym.agents import GRPO
     from llmgym.models import TinyModelConfig, build_tiny_model
