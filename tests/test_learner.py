@@ -638,3 +638,21 @@ def test_each_agents_loss_is_its_formula_composed_by_hand(name):
     expected = F.aggregate_loss(pg + 0.05 * kl - 0.01 * out.entropy, mask, c.loss_agg,
                                 **({"normalizer": c.loss_normalizer or c.max_new_tokens} if hasattr(c, "loss_normalizer") else {}))
     assert torch.allclose(loss, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_a_checkpoint_round_trips_in_the_library_and_a_damaged_one_is_a_typed_error(tmp_path):
+    """Checkpoints are the library's (``llmgym.agents.checkpoint``), not the command line's."""
+    from llmgym.agents.checkpoint import CheckpointError, checkpoint_step, load_checkpoint, save_checkpoint
+
+    model, tok = _tiny()
+    agent = GRPO(model, tok, group_size=GROUP, max_new_tokens=8, kl_coef=0.0)
+    agent.update(_fixed_batch(tok))
+    folder = save_checkpoint(agent, tok, tmp_path / "last")
+    other = GRPO(_tiny(seed=1)[0], tok, group_size=GROUP, max_new_tokens=8, kl_coef=0.0)
+    load_checkpoint(other, folder)
+    assert checkpoint_step(folder) == other.step_count == 1
+    for (name, a), b in zip(agent.model.state_dict().items(), other.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    (folder / "agent.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot read the checkpoint"):
+        load_checkpoint(other, folder)

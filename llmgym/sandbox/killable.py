@@ -2,7 +2,7 @@
 
 A time limit is enforced by something that can stop the work -- a killed process, never a thread. This
 module is the one implementation of that rule for code that runs on the host: a ``Verifier(time_limit=...)``,
-a multi-turn env's ``respond_time_limit``, the tools' helper (``llmgym/tools/_worker.py`` loads this file
+a multi-turn env's ``respond_time_limit``, the tools' helper (``llmgym/tools/tool_helper.py`` loads this file
 by path: it imports nothing of ``llmgym``), and the interop adapters, which ask :func:`in_killable_child`
 before starting a sandboxed worker. (Inside the sandbox, the zygote of :mod:`llmgym.sandbox.worker` forks
 its calls in its own namespace and cgroup.)

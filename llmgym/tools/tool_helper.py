@@ -16,7 +16,7 @@ import signal
 import struct
 import sys
 
-__all__ = ["main"]
+__all__ = ["HEADER", "as_text", "main", "read_message", "write_message"]
 
 HEADER = struct.Struct("!I")
 _MAX_MESSAGE = 64 << 20  # a request larger than this is a protocol error, not a tool
@@ -54,7 +54,14 @@ def _load_killable():
     return module
 
 
-def _as_text(value) -> str:
+def as_text(value) -> str:
+    """A tool's result as the text the model reads: a string as it is, else JSON, else ``str``.
+
+    Example:
+        >>> from llmgym.tools.tool_helper import as_text
+        >>> as_text({"a": 1}), as_text("hi"), as_text({1, 2}) in ("{1, 2}", "{2, 1}")
+        ('{"a": 1}', 'hi', True)
+    """
     if isinstance(value, str):
         return value
     try:
@@ -66,7 +73,7 @@ def _as_text(value) -> str:
 def _tool_outcome(function, arguments, max_chars) -> tuple:
     """In the killable child: ``("ok", text, length)`` or the tool's failure, reported to the model."""
     try:
-        text = _as_text(function(**arguments))
+        text = as_text(function(**arguments))
         return ("ok", text[:max_chars], len(text))
     except BaseException as exc:
         message = f"{type(exc).__name__}: {exc}"
