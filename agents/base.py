@@ -165,6 +165,8 @@ class Agent(abc.ABC):
     pipelined = True
     """Whether :class:`llmgym.agents.pipeline.Pipeline` may train this agent on stale samples (DPO
     may not: its pairs carry no policy-gradient correction)."""
+    uses_values = False
+    """Whether the loss reads a value head (PPO): the learner then asks :meth:`forward` for values."""
     pipeline_state: Any = None
     """What continues a pipelined :meth:`learn` that its callback stopped (see there); ``None`` otherwise."""
 
@@ -199,7 +201,8 @@ class Agent(abc.ABC):
         self.level = "sequence"
         self.step_count = 0
         self._act_calls = 0
-        self._rng = torch.Generator().manual_seed(config.seed)
+        # shuffles minibatches (the learner draws from it); saved with the agent's state
+        self.minibatch_generator = torch.Generator().manual_seed(config.seed)
 
     # -- pieces subclasses may extend -------------------------------------------------------------
     def parameters(self) -> Iterable[torch.nn.Parameter]:
@@ -324,25 +327,21 @@ class Agent(abc.ABC):
     def loss(self, batch: Batch, out: ForwardOutput) -> tuple[torch.Tensor, dict[str, float]]:
         """The scalar loss of a minibatch and its diagnostics."""
 
-    def kl_loss_term(self, batch: Batch, out: ForwardOutput) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``β · KL_t`` per token when ``kl_placement == "loss"`` (else 0), and the KL itself."""
+    def reference_kl(self, batch: Batch, out: ForwardOutput) -> torch.Tensor | None:
+        """``[N, L-1]`` estimate of KL(π‖π_ref) per token (``kl_estimator``); ``None`` without a reference."""
         if not self.has_reference:
-            return torch.zeros_like(out.logprobs), None
-        kl = F.kl_estimate(out.logprobs, batch.ref_logprobs, self.config.kl_estimator, batch.action_mask)
-        if self.config.kl_placement == "loss":
-            return self.config.kl_coef * kl, kl
-        return torch.zeros_like(out.logprobs), kl
+            return None
+        return F.kl_estimate(out.logprobs, batch.ref_logprobs, self.config.kl_estimator, batch.action_mask)
 
-    def policy_loss(self, batch: Batch, out: ForwardOutput, pg_loss: torch.Tensor, is_clipped=None,
-                    mask: torch.Tensor | None = None, **aggregate_kw) -> tuple[torch.Tensor, dict[str, float]]:
-        """``aggregate(pg_loss + β·KL − c_H·H)`` over ``mask`` (default: the action mask) and diagnostics."""
-        kl_term, kl = self.kl_loss_term(batch, out)
-        token_loss = pg_loss + kl_term
-        if self.config.entropy_coef:  # 0·H would still send a gradient through the entropy's [K, V] softmax
-            token_loss = token_loss - self.config.entropy_coef * out.entropy
-        mask = batch.action_mask if mask is None else mask
-        loss = F.aggregate_loss(token_loss, mask, self.config.loss_agg, **aggregate_kw)
-        return loss, self.policy_stats(batch, out, is_clipped, kl)
+    @property
+    def kl_coef_in_loss(self) -> float:
+        """β where the KL penalty sits in the loss (``kl_placement == "loss"``); 0 where it sits in the
+        reward (:meth:`kl_rewards`) or there is no reference."""
+        return self.config.kl_coef if self.has_reference and self.config.kl_placement == "loss" else 0.0
+
+    def loss_mask(self, batch: Batch) -> torch.Tensor:
+        """The tokens the loss averages over (DAPO drops truncated episodes); the action mask by default."""
+        return batch.action_mask
 
     def prepare(self, batch: Batch) -> Batch:
         """Everything computed once per batch before the optimiser steps."""
@@ -371,7 +370,7 @@ class Agent(abc.ABC):
         return metrics
 
     # -- data parallel ----------------------------------------------------------------------------
-    def _extra_parameters(self) -> list[torch.nn.Parameter]:
+    def extra_parameters(self) -> list[torch.nn.Parameter]:
         """Trained parameters outside ``self.model`` (e.g. PPO's value head): synced by hand."""
         own = {id(p) for p in self.model.parameters()}
         return [p for p in self.parameters() if id(p) not in own]
@@ -503,7 +502,7 @@ class Agent(abc.ABC):
             "optimizer": self.optimizer.state_dict(),
             "step_count": self.step_count,
             "act_calls": self._act_calls,
-            "rng": self._rng.get_state(),
+            "rng": self.minibatch_generator.get_state(),
             "config": dataclasses.asdict(self.config),
             "learner": self.learner.state_dict(),
             "extra": self.extra_state(),
@@ -517,7 +516,7 @@ class Agent(abc.ABC):
         self.optimizer.load_state_dict(state["optimizer"])
         self.step_count = state["step_count"]
         self._act_calls = state["act_calls"]
-        self._rng.set_state(state["rng"])
+        self.minibatch_generator.set_state(state["rng"])
         self.learner.load_state_dict(state.get("learner", {}))
         self.load_extra_state(state.get("extra", {}))
         sync_engine_weights(self.engine, self.model, self.step_count)

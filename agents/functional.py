@@ -25,7 +25,7 @@ KL estimators k1/k2/k3 (Schulman 2020, "Approximating KL divergence").
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -1210,6 +1210,49 @@ def aggregate_loss(
     return seq_sums.sum() / max(n_seq * norm, tiny)
 
 
+def policy_objective(
+    pg_loss: Tensor,
+    mask: Tensor,
+    mode: str = "token-mean",
+    *,
+    kl: Optional[Tensor] = None,
+    kl_coef: float = 0.0,
+    entropy: Optional[Tensor] = None,
+    entropy_coef: float = 0.0,
+    **aggregate_kw: Any,
+) -> Tensor:
+    """The scalar objective of a policy-gradient agent: ``aggregate(ℓ_pg + β·KL − c_H·H)``.
+
+    ``ℓ_pg`` is the per-token surrogate (:func:`policy_gradient_loss`, :func:`clipped_surrogate_loss`,
+    ...), ``KL`` a per-token estimate of KL(π‖π_ref) (:func:`kl_estimate`) added with weight β when
+    the penalty sits in the loss (GRPO; pass ``kl=None`` when it sits in the reward), ``H`` the
+    per-token entropy; :func:`aggregate_loss` reduces over ``mask`` in ``mode`` (``aggregate_kw``:
+    its ``num_tokens``, ``num_sequences``, ``normalizer``).
+
+    Args:
+        pg_loss, mask: ``[B, T]``.
+        mode: one of :data:`LOSS_AGG_MODES`.
+        kl: ``[B, T]`` or ``None`` (no KL term).
+        kl_coef: β.
+        entropy: ``[B, T]`` or ``None``.
+        entropy_coef: c_H; 0 adds nothing (not even a zero-weighted gradient through the entropy).
+
+    Returns:
+        scalar tensor.
+
+    Example:
+        >>> pg = torch.tensor([[1.0, -1.0, 0.0]])
+        >>> kl = torch.tensor([[0.5, 0.5, 9.0]])
+        >>> m = torch.tensor([[1, 1, 0]])
+        >>> policy_objective(pg, m, "token-mean", kl=kl, kl_coef=0.1)  # ((1 + .05) + (-1 + .05)) / 2
+        tensor(0.0500)
+    """
+    token_loss = pg_loss if kl is None or not kl_coef else pg_loss + kl_coef * kl
+    if entropy_coef:  # 0·H would still send a gradient through the entropy's [K, V] softmax
+        token_loss = token_loss - entropy_coef * entropy
+    return aggregate_loss(token_loss, mask, mode, **aggregate_kw)
+
+
 # --------------------------------------------------------------------------------------------
 # diagnostics
 # --------------------------------------------------------------------------------------------
@@ -1337,4 +1380,4 @@ def preference_loss(
     return torch.relu(1.0 - beta * h)  # hinge
 
 
-__all__ += ["preference_loss", "PREFERENCE_LOSSES"]
+__all__ += ["preference_loss", "PREFERENCE_LOSSES", "policy_objective"]

@@ -79,13 +79,14 @@ class GRPO(Agent):
         return F.clipped_surrogate_loss(out.logprobs, batch.old_logprobs, batch.advantages,
                                         c.clip_low, c.clip_high, c.dual_clip, mask=batch.action_mask)
 
-    def loss_mask(self, batch: Batch):
-        return batch.action_mask
-
     def loss(self, batch: Batch, out: ForwardOutput):
-        pg_loss, is_clipped = self.surrogate(batch, out)  # clipped surrogate; + β·KL (k3) below
-        normalizer = self.config.loss_normalizer or self.config.max_new_tokens
-        return self.policy_loss(batch, out, pg_loss, is_clipped, mask=self.loss_mask(batch), normalizer=normalizer)
+        c = self.config
+        pg_loss, is_clipped = self.surrogate(batch, out)  # −min(r·A, clip(r)·A) per token (GSPO: per sequence)
+        kl = self.reference_kl(batch, out)  # None without a reference model (β = 0)
+        loss = F.policy_objective(pg_loss, self.loss_mask(batch), c.loss_agg, kl=kl, kl_coef=self.kl_coef_in_loss,
+                                  entropy=out.entropy, entropy_coef=c.entropy_coef,
+                                  normalizer=c.loss_normalizer or c.max_new_tokens)  # agg(ℓ + β·KL − c_H·H)
+        return loss, self.policy_stats(batch, out, is_clipped, kl)
 
 
 @dataclasses.dataclass

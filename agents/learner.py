@@ -409,7 +409,7 @@ class Learner:
         self.scheduler = None
         self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
         self.correct_staleness = True
-        """Reweight stale tokens (see :meth:`apply_correction`); off only to measure what the correction does."""
+        """Reweight stale tokens (see :meth:`importance_corrected`); off only to measure what the correction does."""
         self.share_prefixes = True
         """Run a group's common prompt through the model once per forward (:mod:`llmgym.agents.shared_prefix`;
         where :func:`~llmgym.agents.shared_prefix.supports_shared_prefixes` allows); off to compare."""
@@ -497,7 +497,7 @@ class Learner:
         c = self.config
         parallel = distributed.is_distributed()
         size = self.local_minibatch_size(len(batch)) if parallel else (c.minibatch_size or len(batch))
-        if getattr(agent, "uses_values", False) and c.loss_agg != "token-mean" and (
+        if agent.uses_values and c.loss_agg != "token-mean" and (
                 parallel or (c.micro_batch_size or size) < size):
             raise ValueError("PPO with micro-batches or data parallel needs loss_agg='token-mean' (its value loss "
                              "is token-mean; one loss scale must fit both terms)")
@@ -518,12 +518,12 @@ class Learner:
         if not on_policy and (c.tis is not None or c.precision != "fp32" or weight_stats is not None):
             # π_old (the proximal policy) from the learner itself, once, before the first optimiser step:
             # the engine's log-probs carry its own kernels and precision, and stale weights
-            tis_stats = self.apply_correction(batch, self.learner_logprobs(batch), version, weight_stats)
+            batch, tis_stats = self.importance_corrected(batch, self.learner_logprobs(batch), version, weight_stats)
         for _ in range(c.update_epochs):
-            for mb in (batch.minibatches(size, agent._rng) if size < len(batch) else [batch]):
+            for mb in (batch.minibatches(size, agent.minibatch_generator) if size < len(batch) else [batch]):
                 stats = self._accumulate(agent, mb, learner, on_policy, tis_stats, parallel, version, weight_stats)
                 if parallel:
-                    distributed.average_gradients(agent._extra_parameters())
+                    distributed.average_gradients(agent.extra_parameters())
                 if c.max_grad_norm is not None:
                     stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(agent.parameters(), c.max_grad_norm))
                 agent.optimizer.step()
@@ -546,8 +546,7 @@ class Learner:
     def loss_count(self, agent: "Agent", mb: Batch) -> float:
         """The loss's denominator count of ``mb``: policy tokens for ``token-mean``, rows otherwise."""
         if self.config.loss_agg == "token-mean":
-            mask = agent.loss_mask(mb) if hasattr(agent, "loss_mask") else mb.action_mask
-            return float(mask.float().sum())
+            return float(agent.loss_mask(mb).float().sum())
         return float(len(mb))
 
     def _accumulate(self, agent, mb: Batch, learner, on_policy: bool, tis_stats, parallel: bool, version: int = 0,
@@ -577,11 +576,11 @@ class Learner:
             scale = count * world / total if total > 0 else 0.0
             share = 0.0 if padding else count / local_total if local_total > 0 else len(micro) / len(mb)
             with self.autocast():
-                out = agent.forward(micro, model=learner, with_values=getattr(agent, "uses_values", False))
+                out = agent.forward(micro, model=learner, with_values=agent.uses_values)
             if on_policy:
                 if (c.tis is not None or weight_stats is not None) and not padding:
-                    tis_stats = self.apply_correction(micro, out.logprobs.detach(), version, weight_stats)
-                micro.old_logprobs = out.logprobs.detach()
+                    micro, tis_stats = self.importance_corrected(micro, out.logprobs.detach(), version, weight_stats)
+                micro = dataclasses.replace(micro, old_logprobs=out.logprobs.detach())
             with self.autocast():
                 loss, stats = agent.loss(micro, out)
             stats.update(tis_stats)
@@ -599,12 +598,12 @@ class Learner:
     def data_parallel_module(self, agent: "Agent"):
         """The DDP view of the model (built at the first data-parallel update); an FSDP model as it is."""
         if self._dp_module is None:
-            if getattr(agent, "uses_values", False) and self.config.loss_agg != "token-mean":
+            if agent.uses_values and self.config.loss_agg != "token-mean":
                 raise ValueError("data-parallel PPO needs loss_agg='token-mean' (its value loss is token-mean; "
                                  "one loss scale must fit both terms)")
             self._dp_module = (self.model if distributed.is_fsdp_module(self.model)
                                else distributed.wrap_ddp(self.model))
-            distributed.broadcast_parameters(agent._extra_parameters())
+            distributed.broadcast_parameters(agent.extra_parameters())
         return self._dp_module
 
     def local_minibatch_size(self, local_len: int) -> int:
@@ -633,9 +632,10 @@ class Learner:
             parts = micro_batches(batch, c.minibatch_size)
         return torch.cat([self.forward(part).logprobs for part in parts], dim=0)
 
-    def apply_correction(self, batch: Batch, learner_logprobs: torch.Tensor, version: int = 0,
-                         weight_stats: ImportanceWeightStats | None = None) -> dict[str, float]:
-        """Scale ``batch.advantages`` by the importance weights; make the learner's log-probs π_old.
+    def importance_corrected(self, batch: Batch, learner_logprobs: torch.Tensor, version: int = 0,
+                             weight_stats: ImportanceWeightStats | None = None) -> tuple[Batch, dict[str, float]]:
+        """``batch`` with its advantages scaled by the importance weights and the learner's log-probs as
+        π_old (a new :class:`Batch`; ``batch`` itself is left as it was), and the correction's stats.
 
         ``batch.old_logprobs`` holds the engine's generation-time log-probs (π_behav) on entry;
         ``learner_logprobs`` are the learner's of the same tokens before the update (π_prox). The
@@ -664,12 +664,12 @@ class Learner:
             applied = torch.where(stale, weights, torch.ones_like(weights))
         if weight_stats is not None:
             weight_stats.add(applied, learner_logprobs - batch.old_logprobs, mask)
+        advantages, old_logprobs = batch.advantages, batch.old_logprobs
         if c.tis is not None or (self.correct_staleness and bool(stale.any())):
-            adv = batch.advantages
-            batch.advantages = (adv[:, None] if adv.dim() == 1 else adv) * applied
+            advantages = (advantages[:, None] if advantages.dim() == 1 else advantages) * applied
         if c.tis is not None or c.precision != "fp32" or bool(stale.any()):
-            batch.old_logprobs = learner_logprobs
-        return stats
+            old_logprobs = learner_logprobs
+        return dataclasses.replace(batch, advantages=advantages, old_logprobs=old_logprobs), stats
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -96,9 +96,12 @@ class PPO(Agent):
         pg_loss, is_clipped = F.clipped_surrogate_loss(
             out.logprobs, batch.old_logprobs, batch.advantages, c.clip_low, c.clip_high, c.dual_clip, mask=mask
         )
+        kl = self.reference_kl(batch, out)  # None without a reference model (β = 0)
+        pg = F.policy_objective(pg_loss, mask, c.loss_agg, kl=kl, kl_coef=self.kl_coef_in_loss,
+                                entropy=out.entropy, entropy_coef=c.entropy_coef)  # agg(ℓ + β·KL − c_H·H)
         v_loss = F.clipped_value_loss(out.values, batch.values, batch.returns, c.value_clip)
-        pg, stats = self.policy_loss(batch, out, pg_loss, is_clipped)
         vf = F.aggregate_loss(v_loss, mask, "token-mean")
+        stats = self.policy_stats(batch, out, is_clipped, kl)
         stats.update(
             pg_loss=float(pg.detach()),
             value_loss=float(vf.detach()),

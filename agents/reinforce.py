@@ -78,8 +78,12 @@ class REINFORCE(Agent):
         batch.returns = returns
 
     def loss(self, batch: Batch, out: ForwardOutput):
+        c = self.config
         pg_loss = F.policy_gradient_loss(out.logprobs, batch.advantages)  # −(G_t − b)·log π
-        return self.policy_loss(batch, out, pg_loss)
+        kl = self.reference_kl(batch, out)  # None without a reference model (β = 0)
+        loss = F.policy_objective(pg_loss, batch.action_mask, c.loss_agg, kl=kl, kl_coef=self.kl_coef_in_loss,
+                                  entropy=out.entropy, entropy_coef=c.entropy_coef)  # agg(ℓ + β·KL − c_H·H)
+        return loss, self.policy_stats(batch, out, kl=kl)
 
     def extra_state(self):
         return {"running_baseline": self.running_baseline}
@@ -158,7 +162,10 @@ class REINFORCEPlusPlus(REINFORCE):
         c = self.config
         pg_loss, is_clipped = F.clipped_surrogate_loss(out.logprobs, batch.old_logprobs, batch.advantages,
                                                        c.clip_low, c.clip_high, c.dual_clip, mask=batch.action_mask)
-        return self.policy_loss(batch, out, pg_loss, is_clipped)
+        kl = self.reference_kl(batch, out)  # None without a reference model (β = 0)
+        loss = F.policy_objective(pg_loss, batch.action_mask, c.loss_agg, kl=kl, kl_coef=self.kl_coef_in_loss,
+                                  entropy=out.entropy, entropy_coef=c.entropy_coef)  # agg(ℓ + β·KL − c_H·H)
+        return loss, self.policy_stats(batch, out, is_clipped, kl)
 
 
 __all__ += ["REINFORCEPlusPlusConfig", "REINFORCEPlusPlus"]

@@ -90,8 +90,12 @@ class RejectionSampling(Agent):
         batch.advantages = batch.action_mask.clone()  # weight 1 on every token of a winner: plain SFT
 
     def loss(self, batch: Batch, out: ForwardOutput):
+        c = self.config
         nll = F.policy_gradient_loss(out.logprobs, batch.advantages)  # −1·log π(y_t | x, y_<t)
-        return self.policy_loss(batch, out, nll)
+        kl = self.reference_kl(batch, out)  # None without a reference model (β = 0)
+        loss = F.policy_objective(nll, batch.action_mask, c.loss_agg, kl=kl, kl_coef=self.kl_coef_in_loss,
+                                  entropy=out.entropy, entropy_coef=c.entropy_coef)  # agg(NLL + β·KL − c_H·H)
+        return loss, self.policy_stats(batch, out, kl=kl)
 
     def update(self, batch: Batch) -> dict[str, float]:
         kept = {"kept": float(len(batch)),

@@ -57,6 +57,10 @@ class RLOO(Agent):
         batch.advantages = advantages[:, None] * batch.action_mask
 
     def loss(self, batch: Batch, out: ForwardOutput):
+        c = self.config
         pg_loss = F.policy_gradient_loss(out.logprobs, batch.advantages)  # −A_i·log π(y_i | x)
-        return self.policy_loss(batch, out, pg_loss)
+        kl = self.reference_kl(batch, out)  # None without a reference model (β = 0)
+        loss = F.policy_objective(pg_loss, batch.action_mask, c.loss_agg, kl=kl, kl_coef=self.kl_coef_in_loss,
+                                  entropy=out.entropy, entropy_coef=c.entropy_coef)  # agg(ℓ + β·KL − c_H·H)
+        return loss, self.policy_stats(batch, out, kl=kl)
 

@@ -57,7 +57,10 @@ class SAPO(GRPO):
         c = self.config
         pg_loss, gate_weight = F.sapo_loss(out.logprobs, batch.old_logprobs, batch.advantages,
                                            c.tau_pos, c.tau_neg, mask=batch.action_mask)  # −f(r)·A
-        normalizer = c.loss_normalizer or c.max_new_tokens
-        loss, stats = self.policy_loss(batch, out, pg_loss, mask=self.loss_mask(batch), normalizer=normalizer)
+        kl = self.reference_kl(batch, out)  # None without a reference model (β = 0)
+        loss = F.policy_objective(pg_loss, self.loss_mask(batch), c.loss_agg, kl=kl, kl_coef=self.kl_coef_in_loss,
+                                  entropy=out.entropy, entropy_coef=c.entropy_coef,
+                                  normalizer=c.loss_normalizer or c.max_new_tokens)  # agg(ℓ + β·KL − c_H·H)
+        stats = self.policy_stats(batch, out, kl=kl)
         stats["gate_weight"] = float(F.masked_mean(gate_weight, batch.action_mask))
         return loss, stats

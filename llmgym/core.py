@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from llmgym.sandbox.killable import call_in_killable_child
 from llmgym.spaces import DEFAULT_MAX_CHARS, DEFAULT_MAX_TOKENS, AnyText, as_token_array, token_ids_space
 from llmgym.types import Score, Task
 from llmgym.verifiers import Verifier, VerifierLike, as_verifier
@@ -554,44 +555,23 @@ def _as_id_list(action: Any, limit: int) -> tuple[list[int] | None, int]:
     return None, 0
 
 
+def _respond_and_state(env: "MultiTurnEnv", text: str) -> tuple[Turn, dict[str, Any]]:
+    return env.respond(text), env.state
+
+
 def _respond_in_child(env: "MultiTurnEnv", text: str, limit: float) -> tuple[Turn, dict[str, Any]]:
-    """``env.respond(text)`` in a forked process, killed after ``limit`` seconds: ``(turn, env.state)``."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")
-    receiver, sender = context.Pipe(duplex=False)
-
-    def run() -> None:
-        from llmgym.verifiers import mark_time_limited_child
-
-        mark_time_limited_child()
-        try:
-            sender.send((env.respond(text), env.state, None))
-        except BaseException as exc:  # sent to the parent (as text if it does not pickle)
-            try:
-                sender.send((None, None, exc))
-            except Exception:
-                sender.send((None, None, f"{type(exc).__name__}: {exc}"))
-
-    child = context.Process(target=run, daemon=True)
-    child.start()
-    sender.close()
-    try:
-        if not receiver.poll(limit):
-            raise TimeoutError(f"respond took longer than {limit} s (killed)")
-        try:
-            turn, state, error = receiver.recv()
-        except EOFError:
-            raise RuntimeError("respond's process died before answering") from None
-    finally:
-        child.kill()
-        child.join()
-        receiver.close()
-    if isinstance(error, Exception):
-        raise error
-    if error is not None:
-        raise RuntimeError(error)
-    return turn, state
+    """``env.respond(text)`` in a killable child (:func:`llmgym.sandbox.killable.call_in_killable_child`),
+    killed after ``limit`` seconds: ``(turn, env.state)``; its exception is raised here."""
+    outcome = call_in_killable_child(_respond_and_state, env, text, limit=limit)
+    if outcome.status == "timeout":
+        raise TimeoutError(f"respond took longer than {limit} s (killed)")
+    if outcome.status == "died":
+        raise RuntimeError(f"respond's process died before answering ({outcome.value})")
+    if outcome.status == "raised":
+        if isinstance(outcome.value, Exception):
+            raise outcome.value
+        raise RuntimeError(str(outcome.value))
+    return outcome.value
 
 
 class MultiTurnEnv(SequenceEnv):

@@ -33,7 +33,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-__all__ = ["PIPE_WIDTH", "LineProgress", "is_live", "make_console", "make_progress"]
+__all__ = ["PIPE_WIDTH", "LineProgress", "is_live", "make_console", "make_progress", "quiet_hf_progress"]
 
 PIPE_WIDTH = 400
 """Columns a table may use when the output is a pipe or a file and ``$COLUMNS`` is not set."""
@@ -112,3 +112,20 @@ class LineProgress(Progress):
             self._last[task_id] = (now, tenth, task.completed)
             line = self.make_tasks_table([task])
         self.console.print(line)
+
+
+def quiet_hf_progress() -> None:
+    """Silence the per-file progress bars of ``transformers`` / ``huggingface_hub`` for this process
+    (a command's own progress display is enough).
+
+    Example:
+        >>> from llmgym.display import quiet_hf_progress
+        >>> quiet_hf_progress()
+    """
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:  # pragma: no cover - an old or odd transformers: bars stay
+        pass

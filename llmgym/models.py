@@ -32,6 +32,7 @@ __all__ = [
     "supervised_warmup",
     "cache_dir",
     "flush_denormals",
+    "looks_like_hub_id",
 ]
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
@@ -272,7 +273,7 @@ def tiny_model_path(config: TinyModelConfig | None = None) -> Path:
 
 def _check_exists(name_or_path) -> None:
     text = str(name_or_path)
-    looks_local = text.startswith((".", "/", "~")) or os.sep in text and not _looks_like_hub_id(text)
+    looks_local = text.startswith((".", "/", "~")) or os.sep in text and not looks_like_hub_id(text)
     if looks_local and not Path(text).expanduser().exists():
         raise FileNotFoundError(
             f"no model at {text!r}: give a directory saved with save_pretrained(), a hub id "
@@ -280,7 +281,14 @@ def _check_exists(name_or_path) -> None:
         )
 
 
-def _looks_like_hub_id(text: str) -> bool:
+def looks_like_hub_id(text: str) -> bool:
+    """Whether ``text`` reads as a Hugging Face hub id (``owner/name``) rather than a local path.
+
+    Example:
+        >>> from llmgym.models import looks_like_hub_id
+        >>> looks_like_hub_id("Qwen/Qwen2.5-0.5B"), looks_like_hub_id("./runs/x"), looks_like_hub_id("tiny")
+        (True, False, False)
+    """
     parts = text.split("/")
     return len(parts) == 2 and all(parts) and not text.startswith(("/", "."))
 

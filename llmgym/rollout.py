@@ -30,7 +30,7 @@ from llmgym.types import Task
 from llmgym.verifiers import Verifier
 from llmgym.vector import clone_envs
 
-__all__ = ["Episode", "collect_episodes", "evaluate", "draw_tasks", "distinct_tasks", "turn_keys", "is_token_level",
+__all__ = ["Episode", "collect_episodes", "evaluate", "evaluate_held_out", "draw_tasks", "distinct_tasks", "turn_keys", "is_token_level",
            "at_most_one_turn"]
 
 
@@ -584,3 +584,32 @@ def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0,
                            f"(procedural source; fewer than the {num_tasks} asked for)")
         raise ValueError(f"found only {len(tasks)} distinct tasks in {tried} draws; ask for {len(tasks)} or fewer")
     return tasks, f"{num_tasks} distinct tasks from seeds {seed}..{seed + tried - 1} (procedural source)"
+
+
+def evaluate_held_out(model, tokenizer, env, tasks, *, temperature: float, samples: int = 1,
+                      max_new_tokens: int = 6, seed: int = 0) -> dict[str, float]:
+    """Mean reward and exact-match accuracy (reward 1) of ``model`` on fixed ``tasks``.
+
+    ``temperature=0`` is greedy decoding; otherwise ``samples`` completions per task are sampled
+    with a fixed ``seed``. Uses its own engine and seeds: the agent's RNG state is not touched.
+
+    Example:
+        >>> import gymnasium, llmgym
+        >>> from llmgym.models import load_model
+        >>> from llmgym.rollout import distinct_tasks, evaluate_held_out
+        >>> model, tok = load_model("tiny")
+        >>> env = gymnasium.make("llmgym/Copy-v0", tokenizer=tok)
+        >>> tasks, _ = distinct_tasks(env, 4, seed=1)
+        >>> evaluate_held_out(model, tok, env, tasks, temperature=0.0)["episodes"]
+        4.0
+    """
+    from llmgym.engines import HFEngine
+
+    engine = HFEngine(model, tokenizer)
+    episodes, _ = collect_episodes(
+        env, engine, num_tasks=len(tasks), tasks=list(tasks), group_size=samples if temperature > 0 else 1,
+        sampling=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens), seed=seed)
+    rewards = [e.total_reward for e in episodes]
+    return {"reward_mean": sum(rewards) / len(rewards),
+            "exact_match": sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards),
+            "episodes": float(len(rewards))}

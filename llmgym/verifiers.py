@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import abc
 import math
-import multiprocessing
-import os
 import re
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Sequence, Union
 
 from llmgym.sandbox import SandboxError
+from llmgym.sandbox.killable import call_in_killable_child, in_killable_child, start_child_process
+from llmgym.sandbox.killable import mark_killable_child as mark_time_limited_child
 from llmgym.types import Score, Task
 
 __all__ = [
     "VerifierUnavailableError",
     "in_time_limited_child",
     "is_verifier_failure",
+    "mark_time_limited_child",
     "start_child_process",
     "Verifier",
     "FunctionVerifier",
@@ -142,7 +143,7 @@ class Verifier(abc.ABC):
     def _safe(self, task: Task, completion: str) -> Score:
         if self.time_limit is None:
             return self._guarded(task, completion)
-        return _in_killable_child(self._guarded, task, completion, self.time_limit)
+        return _check_in_killable_child(self._guarded, task, completion, self.time_limit)
 
     def _guarded(self, task: Task, completion: str) -> Score:
         completion = exact_str(completion)
@@ -194,85 +195,40 @@ class Verifier(abc.ABC):
         return f"{type(self).__name__}()"
 
 
-_TIME_LIMITED_CHILD = False
-
-
 def in_time_limited_child() -> bool:
     """True inside a child forked to run a check under a time limit (a ``Verifier(time_limit=...)``
     or a multi-turn ``respond`` with ``respond_time_limit``): the whole child is killed at the limit,
     so starting anything slow here (a sandboxed worker) would eat the check's time.
+    (:func:`llmgym.sandbox.killable.in_killable_child`.)
 
     Example:
         >>> from llmgym.verifiers import in_time_limited_child
         >>> in_time_limited_child()
         False
     """
-    return _TIME_LIMITED_CHILD
+    return in_killable_child()
 
 
-def mark_time_limited_child() -> None:
-    """Called first thing in such a child (see :func:`in_time_limited_child`)."""
-    global _TIME_LIMITED_CHILD
-    _TIME_LIMITED_CHILD = True
-
-
-def _child_main(conn: Any, fn: Callable[[Task, str], Score], task: Task, completion: str) -> None:
-    mark_time_limited_child()
+def _classified(fn: Callable[[Task, str], Score], task: Task, completion: str) -> tuple[str, Any]:
+    """In the child: ``("ok", score)``, or the failure as text, classified where the exception is
+    (``"unavailable"``: the verifier cannot run; ``"error"``: the completion broke the check)."""
     try:
-        conn.send(("ok", fn(task, completion)))
-    except BaseException as exc:  # an unpicklable Score, or anything else: the parent scores it 0 ...
-        try:  # ... or raises, when the verifier itself cannot run
-            conn.send(("unavailable" if is_verifier_failure(exc) else "error", f"{type(exc).__name__}: {exc}"))
-        except BaseException:
-            pass
-    finally:
-        conn.close()
-        os._exit(0)  # no atexit handlers or flushing of the parent's copied state
+        return "ok", fn(task, completion)
+    except BaseException as exc:
+        return ("unavailable" if is_verifier_failure(exc) else "error"), f"{type(exc).__name__}: {exc}"
 
 
-def start_child_process(process: multiprocessing.process.BaseProcess) -> None:
-    """Start a daemonic worker ``process``, also from inside a daemonic process.
-
-    ``multiprocessing`` refuses children of a daemonic process (an ``AsyncVectorEnv`` worker is one)
-    because it could not join them at exit. A verifier's workers are daemonic themselves, are killed
-    at their time limit and end when their pipe closes, so the flag is lifted for the start alone.
-
-    Example:
-        >>> import multiprocessing
-        >>> p = multiprocessing.get_context("fork").Process(target=abs, args=(-1,), daemon=True)
-        >>> start_child_process(p); p.join(); p.exitcode
-        0
-    """
-    config = multiprocessing.current_process()._config  # noqa: SLF001 (no public switch exists)
-    parent_is_daemon = bool(config.get("daemon"))
-    if parent_is_daemon:
-        config["daemon"] = False
-    try:
-        process.start()
-    finally:
-        if parent_is_daemon:
-            config["daemon"] = True
-
-
-def _in_killable_child(fn: Callable[[Task, str], Score], task: Task, completion: str, limit: float) -> Score:
-    """``fn(task, completion)`` in a forked child, SIGKILLed when it overstays ``limit`` seconds."""
-    ctx = multiprocessing.get_context("fork")
-    receiver, sender = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child_main, args=(sender, fn, task, completion), daemon=True)
-    start_child_process(child)
-    sender.close()
-    try:
-        outcome = receiver.recv() if receiver.poll(limit) else None
-    except (EOFError, OSError):
-        outcome = ("error", f"the verification process died (exit code {child.exitcode})")
-    finally:
-        receiver.close()
-        if child.is_alive():
-            child.kill()
-        child.join()
-    if outcome is None:
+def _check_in_killable_child(fn: Callable[[Task, str], Score], task: Task, completion: str, limit: float) -> Score:
+    """``fn(task, completion)`` in a killable child (:func:`llmgym.sandbox.killable.call_in_killable_child`)."""
+    outcome = call_in_killable_child(_classified, fn, task, completion, limit=limit)
+    if outcome.status == "timeout":
         return Score(0.0, {"error": f"timeout: verification took longer than {limit} s"})
-    status, value = outcome
+    if outcome.status == "died":
+        return Score(0.0, {"error": f"the verification process died: {outcome.value}"})
+    if outcome.status == "raised":  # the Score did not pickle, or the like: the completion's 0
+        error = outcome.value if isinstance(outcome.value, str) else f"{type(outcome.value).__name__}: {outcome.value}"
+        return Score(0.0, {"error": error})
+    status, value = outcome.value
     if status == "ok":
         return value
     if status == "unavailable":
@@ -567,8 +523,8 @@ class RewardFunctionVerifier(Verifier):
         if self.time_limit is None:
             return self._guarded_batch(tasks, completions)
         # in a forked child killed at the limit, like Verifier: a thread could not stop the function
-        outcome = _in_killable_child(lambda _t, _c: self._guarded_batch(tasks, completions), None, None,
-                                     self.time_limit)
+        outcome = _check_in_killable_child(lambda _t, _c: self._guarded_batch(tasks, completions), None, None,
+                                           self.time_limit)
         if isinstance(outcome, Score):  # the child timed out or died: every completion scores 0
             error = outcome.info.get("error", "the reward function failed")
             if error.startswith("timeout"):

@@ -192,7 +192,8 @@ def test_a_hub_id_outside_the_cache_fails_fast_without_network(monkeypatch, caps
 
 
 def test_a_failed_write_keeps_the_results_in_a_rescue_file(tmp_path, monkeypatch):
-    from llmgym.cli.common import UsageError, atomic_write_text
+    from llmgym.cli.run_files import atomic_write_text
+    from llmgym.cli.usage import UsageError
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
@@ -264,7 +265,7 @@ def test_distinct_tasks_of_a_small_procedural_space_stop_and_say_how_many():
 def test_compute_fair_settings_equalise_completions_per_step():
     from llmgym.agents import GRPO, PPO, REINFORCE, RLOO
     from llmgym.cli.compare import compute_fair_settings
-    from llmgym.cli.common import build_agent_config
+    from llmgym.cli.resolve import build_agent_config
     from llmgym.cli.training import samples_per_step
 
     agents = [GRPO, RLOO, PPO, REINFORCE]

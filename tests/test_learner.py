@@ -593,3 +593,66 @@ def test_device_defaults_on_this_machine():
         assert d == {"device": "cpu", "precision": "fp32", "engine_decode": "static"}
     assert resolve_device_defaults("cuda", "fp32", "static") == {"device": "cuda", "precision": "fp32",
                                                                  "engine_decode": "static"}
+
+
+# ---------------------------------------------------------------------------------------------
+# the objective in one place; the learner on the agent's public interface
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_learner_reads_no_private_name_of_the_agent():
+    """``Learner`` drives any agent through its public methods (a subclass need not know the learner)."""
+    import ast
+    from pathlib import Path
+
+    import llmgym.agents.learner as learner_module
+
+    tree = ast.parse(Path(learner_module.__file__).read_text())
+    private = sorted({f"agent.{n.attr}" for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                      and isinstance(n.value, ast.Name) and n.value.id == "agent" and n.attr.startswith("_")})
+    assert private == []
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo", "rloo", "reinforce", "reinforce++", "sapo"])
+def test_each_agents_loss_is_its_formula_composed_by_hand(name):
+    """The whole objective of the agent, rebuilt from functional.py's pieces: agg(ℓ_pg + β·KL − c_H·H)."""
+    from llmgym.agents import functional as F
+
+    model, tok = _tiny()
+    extra = {"group_size": GROUP} if name in ("grpo", "dapo", "rloo", "sapo") else {}
+    agent = AGENTS[name](model, tok, max_new_tokens=8, kl_coef=0.05, kl_placement="loss", entropy_coef=0.01, **extra)
+    batch = agent.prepare(_fixed_batch(tok))
+    torch.manual_seed(1)
+    batch.old_logprobs = agent.forward(batch).logprobs.detach() + 0.1 * torch.randn_like(batch.old_logprobs)
+    out = agent.forward(batch)
+    loss, _ = agent.loss(batch, out)
+    c, mask = agent.config, agent.loss_mask(batch)
+    if name in ("rloo", "reinforce"):
+        pg = -batch.advantages * out.logprobs
+    elif name == "sapo":
+        pg, _ = F.sapo_loss(out.logprobs, batch.old_logprobs, batch.advantages, c.tau_pos, c.tau_neg, mask=batch.action_mask)
+    else:
+        ratio = torch.exp(out.logprobs - batch.old_logprobs)
+        pg = -torch.minimum(ratio * batch.advantages, ratio.clamp(1 - c.clip_low, 1 + c.clip_high) * batch.advantages)
+    kl = F.kl_estimate(out.logprobs, batch.ref_logprobs, c.kl_estimator, batch.action_mask)
+    expected = F.aggregate_loss(pg + 0.05 * kl - 0.01 * out.entropy, mask, c.loss_agg,
+                                **({"normalizer": c.loss_normalizer or c.max_new_tokens} if hasattr(c, "loss_normalizer") else {}))
+    assert torch.allclose(loss, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_a_checkpoint_round_trips_in_the_library_and_a_damaged_one_is_a_typed_error(tmp_path):
+    """Checkpoints are the library's (``llmgym.agents.checkpoint``), not the command line's."""
+    from llmgym.agents.checkpoint import CheckpointError, checkpoint_step, load_checkpoint, save_checkpoint
+
+    model, tok = _tiny()
+    agent = GRPO(model, tok, group_size=GROUP, max_new_tokens=8, kl_coef=0.0)
+    agent.update(_fixed_batch(tok))
+    folder = save_checkpoint(agent, tok, tmp_path / "last")
+    other = GRPO(_tiny(seed=1)[0], tok, group_size=GROUP, max_new_tokens=8, kl_coef=0.0)
+    load_checkpoint(other, folder)
+    assert checkpoint_step(folder) == other.step_count == 1
+    for (name, a), b in zip(agent.model.state_dict().items(), other.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    (folder / "agent.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot read the checkpoint"):
+        load_checkpoint(other, folder)

@@ -540,7 +540,7 @@ def test_extraction_matches_the_old_regexes_and_is_linear():
     import random
     import re
 
-    from llmgym.envs.math.verifier import _BOXED, _last_boxed, _math_spans
+    from llmgym.envs.math.verifier import _BOXED, _math_spans, last_boxed as _last_boxed
 
     span = re.compile(r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 

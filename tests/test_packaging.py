@@ -122,3 +122,41 @@ def test_the_engines_package_imports_one_way():
     for low, highs in below.items():
         for high in highs:
             assert order.index(low) < order.index(high), f"{low} must not depend on {high}"
+
+
+def test_the_slow_table_names_real_tests_and_holds_every_learning_test():
+    """``pytest -m "not slow"`` is the inner loop: every learning test module is in the table, and
+    every test it names exists (a renamed test would silently join the fast loop)."""
+    from conftest import SLOW_TESTS
+
+    learning = {p.name for p in (ROOT / "tests").glob("test_*learning*.py") if p.name != "test_learning_spread.py"}
+    assert learning and all(SLOW_TESTS.get(name) == "*" for name in learning), learning
+    for name, entry in SLOW_TESTS.items():
+        path = ROOT / "tests" / name
+        assert path.exists(), name
+        if entry != "*":
+            defined = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+            assert set(entry) <= defined, (name, set(entry) - defined)
+
+
+def _private_imports(path: Path) -> list[str]:
+    """``from <project module> import _name`` and imports of a project module whose name is private."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").startswith("llmgym")):
+            found += [f"from {'.' * node.level}{node.module or ''} import {a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+            found += [f"from {node.module} ..." for part in (node.module or "").split(".")
+                      if part.startswith("_") and not part.startswith("__")]
+        elif isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if a.name.startswith("llmgym") and any(
+                p.startswith("_") and not p.startswith("__") for p in a.name.split("."))]
+    return found
+
+
+@pytest.mark.parametrize("folder", ["llmgym", "agents", "envs"])
+def test_no_private_name_is_imported_across_modules(folder):
+    """A name another module needs is public (in the API, documented); ``_names`` stay in their module."""
+    crossing = {str(p.relative_to(ROOT)): hits for p in sorted((ROOT / folder).rglob("*.py"))
+                if (hits := _private_imports(p))}
+    assert crossing == {}

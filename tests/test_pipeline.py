@@ -149,9 +149,13 @@ def test_only_stale_tokens_are_reweighted_by_the_proximal_over_behaviour_ratio(t
     def corrected(correct: bool):
         batch = Batch.from_episodes([ep])
         batch.advantages = torch.ones_like(batch.action_mask)
+        before = (batch.advantages.clone(), batch.old_logprobs.clone())
         agent.learner.correct_staleness = correct
-        agent.learner.apply_correction(batch, proximal.clone(), version=5)
-        return batch
+        new, _ = agent.learner.importance_corrected(batch, proximal.clone(), version=5)
+        # a new batch: the one passed in keeps its advantages and π_old (nothing rescaled in place)
+        assert new is not batch
+        assert torch.equal(batch.advantages, before[0]) and torch.equal(batch.old_logprobs, before[1])
+        return new
 
     batch = corrected(True)
     # tokens of version 4 are one update old: min(exp(prox − behav), 2); version-5 tokens are fresh: 1

@@ -165,6 +165,50 @@ def test_respond_past_its_time_limit_is_killed_and_keeps_state_otherwise():
     assert (reward, terminated) == (0.0, True) and info["error"].startswith("TimeoutError")
 
 
+def _hangs_env():
+    return Hangs([Task("x")], max_turns=5)
+
+
+def test_a_time_limited_respond_runs_inside_an_async_vector_env_worker():
+    """An ``AsyncVectorEnv`` worker is a daemonic process, and multiprocessing refuses it children: the
+    killable child lifts the flag for its start (this failed as 'daemonic processes are not allowed to
+    have children', a 0 for every turn)."""
+    envs = gymnasium.vector.AsyncVectorEnv([_hangs_env, _hangs_env])
+    try:
+        envs.reset(seed=0)
+        _, rewards, terminated, _, infos = envs.step(("a", "loop"))
+        assert rewards.tolist() == [0.5, 0.0] and terminated.tolist() == [False, True]
+        assert infos["reply"][0] == "turn 1" and infos["error"][1].startswith("TimeoutError")
+    finally:
+        envs.close()
+
+
+def test_a_time_limited_check_that_starts_a_process_takes_it_down_at_its_limit():
+    """The killable child's process group is killed at the deadline: a check's own subprocess does not
+    outlive it (before, only the child itself was killed)."""
+    import subprocess
+    import time
+
+    from llmgym import as_verifier
+
+    marker = "314159.26535"  # a unique duration: this test's own sleep, not another run's
+
+    def spawns_and_hangs(task, completion):
+        subprocess.Popen(["sleep", marker])
+        time.sleep(60)
+        return 1.0
+
+    score = as_verifier(spawns_and_hangs, time_limit=2.0)(Task("x"), "y")
+    assert score.reward == 0.0 and score.info["error"].startswith("timeout")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the kernel reaps it at once; give a loaded machine a moment
+        alive = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.split()
+        if not alive:
+            break
+        time.sleep(0.2)
+    assert alive == []
+
+
 def test_the_guess_example_of_the_docs_trains_without_crashing(tokenizer):
     from llmgym.agents import GRPO
     from llmgym.models import TinyModelConfig, build_tiny_model

@@ -125,9 +125,9 @@ def _gsm8k_final(answer: str) -> str:
 
 
 def _last_boxed(text: str) -> str | None:
-    from llmgym.envs.math.verifier import _last_boxed
+    from llmgym.envs.math.verifier import last_boxed
 
-    return _last_boxed(text)
+    return last_boxed(text)
 
 
 def _field(record: Mapping[str, Any], keys: Iterable[str], what: str, where: str) -> Any:

@@ -94,7 +94,14 @@ def _region(text: str) -> str:
 _BRACE = re.compile(r"[{}]")
 
 
-def _last_boxed(text: str) -> str | None:
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` in ``text`` (braces balanced), or ``None``.
+
+    Example:
+        >>> from llmgym.envs.math.verifier import last_boxed
+        >>> print(last_boxed(r"so \\boxed{1} then \\boxed{\\frac{1}{2}}"), last_boxed("none"))
+        \\frac{1}{2} None
+    """
     starts = [match.end() for match in _BOXED.finditer(text)]
     if not starts:
         return None
@@ -212,7 +219,7 @@ def _after_marker(text: str) -> str | None:
 
 def _extract(text: str) -> tuple[str | None, str | None]:
     region = _region(text)
-    boxed = _last_boxed(region)
+    boxed = last_boxed(region)
     if boxed is not None:
         return _tidy(boxed), "boxed"
     marked = _after_marker(region)

@@ -18,15 +18,18 @@ Commands:
   takes a learner's weights (``train --engine vllm-server --server URL``).
 * ``llmgym list`` (:mod:`llmgym.cli.listing`) — registered envs and agents.
 
-What the commands share lives in :mod:`llmgym.cli.common` (the usage error, exit codes, env / agent /
-model checks) and :mod:`llmgym.cli.training` (the training loop :func:`train_run`). A new command is a
-module with an ``add_parser(subparsers, common)`` function that sets ``handler``, listed in
-``COMMANDS`` below.
+What the commands share, each in a module of public names: :mod:`llmgym.cli.common` (shared options:
+``--set``, ``--device``, scale options, ``--import``), :mod:`llmgym.cli.usage` (the usage error, exit
+codes), :mod:`llmgym.cli.console` (what they print), :mod:`llmgym.cli.resolve` (env, agent and model from
+their names), :mod:`llmgym.cli.run_files` (a run's directory), :mod:`llmgym.cli.engine_options`
+(``--engine``) and :mod:`llmgym.cli.training` (the training loop :func:`train_run`; checkpoints are the
+library's, :mod:`llmgym.agents.checkpoint`). A new command is a module with an
+``add_parser(subparsers, common)`` function that sets ``handler``, listed in ``COMMANDS`` below.
 
 ``train``, ``compare`` and ``bench`` take ``--engine hf|vllm`` (``train`` and ``compare`` also
 ``vllm-server --server URL ...``, a fleet of rollout servers; ``bench`` also ``openai --base-url URL``)
-and ``--engine-arg key=value``: who samples the rollouts (:func:`llmgym.cli.common.check_engine`,
-:func:`llmgym.cli.common.build_engine`).
+and ``--engine-arg key=value``: who samples the rollouts (:func:`llmgym.cli.engine_options.check_engine`,
+:func:`llmgym.cli.engine_options.build_engine`).
 
 Mistakes a user can make (unknown env or agent, missing model, missing optional package, bad or
 out-of-range ``--set``/``--seed``/sampling setting, an env that cannot be made, an engine that is not
@@ -46,18 +49,11 @@ import sys
 from collections.abc import Sequence
 
 from llmgym.cli import bench, compare, listing, quickstart, rm, serve, train
-from llmgym.cli.common import (
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    UsageError,
-    build_agent_config,
-    check_spaced_pairs,
-    import_user_modules,
-    parse_overrides,
-    plugin_options,
-)
+from llmgym.cli.common import check_spaced_pairs, import_user_modules, parse_overrides, plugin_options
+from llmgym.cli.resolve import build_agent_config
+from llmgym.cli.usage import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from llmgym.cli.quickstart import QUICKSTART_SETTINGS, quickstart_base_model
-from llmgym.cli.training import RunSpec, TrainResult, evaluate_held_out, train_run
+from llmgym.cli.training import RunSpec, TrainResult, train_run
 from llmgym.threads import passive_openmp
 
 __all__ = [
@@ -158,3 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def __getattr__(name: str):
+    # llmgym.cli.evaluate_held_out, as before it moved to llmgym.rollout; imported on use (torch)
+    if name == "evaluate_held_out":
+        from llmgym.rollout import evaluate_held_out
+
+        return evaluate_held_out
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,25 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmgym.cli.common import (
-    UsageError,
-    _apply_threads,
-    _console,
-    _fmt,
-    _load_model,
-    _make_env,
-    _require_env,
-    atomic_write_text,
-    bf16_on_slow_cpu,
-    build_engine,
-    check_device,
-    check_engine,
-    check_out_file,
-    engine_arguments,
-    engine_options,
-    parse_overrides,
-    resolve_model,
-)
+from llmgym.cli.common import check_device, parse_overrides
+from llmgym.cli.console import format_value
+from llmgym.cli.engine_options import bf16_on_slow_cpu, build_engine, check_engine, engine_arguments, engine_options
+from llmgym.cli.resolve import apply_threads, load_run_model, make_run_env, require_env, resolve_model
+from llmgym.cli.run_files import atomic_write_text, check_out_file
+from llmgym.cli.usage import UsageError
+from llmgym.display import make_console
 
 __all__ = ["CHUNK_ROWS", "PROCEDURAL_DEFAULT_TASKS", "add_parser", "check_earlier_results", "cmd_bench",
            "parse_task_count", "partial_path", "sample_records", "samples_path"]
@@ -144,7 +132,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     interval over distinct tasks, sampling speed; a summary JSON and per-sample JSONL."""
     from llmgym.engines import HFEngine, SamplingParams
 
-    console = _console()
+    console = make_console()
     counts = (("--samples", args.samples), ("--max-new-tokens", args.max_new_tokens))
     for flag, value in counts:
         if value < 1:
@@ -166,7 +154,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check_earlier_results(out, args.overwrite, args.resume)
     elif args.resume:
         raise UsageError("--resume continues the unfinished benchmark at --out FILE.json: give --out")
-    info = _require_env(args.env)
+    info = require_env(args.env)
     device = check_device(args.device)
     engine_args = engine_arguments(args)
     kind = check_engine(args.engine, engine_args, args.model, level=args.level, allowed=("hf", "vllm", "openai"))
@@ -176,11 +164,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         if args.base_url or args.served_model:
             raise UsageError("--base-url and --served-model are for --engine openai")
-        model, tokenizer = _load_model(args.model, device=device)
-        _apply_threads(args.threads, model)
+        model, tokenizer = load_run_model(args.model, device=device)
+        apply_threads(args.threads, model)
         engine = HFEngine(model, tokenizer) if kind == "hf" else None
     try:
-        env = _make_env(args.env, tokenizer, args.level, args.max_new_tokens, env_args)
+        env = make_run_env(args.env, tokenizer, args.level, args.max_new_tokens, env_args)
         if engine is None:  # vLLM starts after the cheap checks
             engine = build_engine(kind, engine_args, model, tokenizer)
             note = bf16_on_slow_cpu(device, None, engine_args)
@@ -455,7 +443,7 @@ def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env
                    f"{where}")
         if stopped.interrupted:
             console.print(f"[yellow]{message}[/]")
-            from llmgym.cli.common import EXIT_INTERRUPTED
+            from llmgym.cli.usage import EXIT_INTERRUPTED
 
             return EXIT_INTERRUPTED
         raise UsageError(message) from None
@@ -503,14 +491,14 @@ def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k in ks:
-        table.add_row(f"pass@{k} (reward ≥ {args.threshold:g})", _fmt(pass_k[str(k)]))
+        table.add_row(f"pass@{k} (reward ≥ {args.threshold:g})", format_value(pass_k[str(k)]))
     table.add_row(f"mean reward [95% CI over {len(tasks)} tasks, {method}]", f"{mean:.3f} [{low:.3f}, {high:.3f}]")
     timed = "" if not kept else f", the {len(todo) * n} sampled now"
-    table.add_row(f"tokens/s (sampling{timed})", _fmt(stats["tokens_per_s"], 0))
-    table.add_row("sampling s", _fmt(stats["generate_s"], 1))
-    table.add_row("engine warm-up s (first call, not in tokens/s)", _fmt(warmup_s, 1))
-    table.add_row("verification s", _fmt(stats["verify_s"], 1))
-    table.add_row("wall s", _fmt(wall, 1))
+    table.add_row(f"tokens/s (sampling{timed})", format_value(stats["tokens_per_s"], 0))
+    table.add_row("sampling s", format_value(stats["generate_s"], 1))
+    table.add_row("engine warm-up s (first call, not in tokens/s)", format_value(warmup_s, 1))
+    table.add_row("verification s", format_value(stats["verify_s"], 1))
+    table.add_row("wall s", format_value(wall, 1))
     console.print(table)
     if out is not None:
         atomic_write_text(out, json.dumps(report, indent=2) + "\n")

@@ -15,27 +15,13 @@ import math
 import shutil
 from typing import Any
 
-from llmgym.cli.common import (
-    UsageError,
-    _check_model,
-    _console,
-    _files_table,
-    _fmt,
-    _progress,
-    _require_agent,
-    _require_env,
-    apply_scale_options,
-    atomic_write_text,
-    build_agent_config,
-    check_device,
-    check_engine,
-    check_env_makes,
-    check_out_dir,
-    engine_arguments,
-    engine_options,
-    parse_overrides,
-    scale_options,
-)
+from llmgym.cli.common import apply_scale_options, check_device, parse_overrides, scale_options
+from llmgym.cli.console import files_table, format_value, reward_progress
+from llmgym.cli.engine_options import check_engine, engine_arguments, engine_options
+from llmgym.cli.resolve import build_agent_config, check_env_makes, check_model, require_agent, require_env
+from llmgym.cli.run_files import atomic_write_text, check_out_dir
+from llmgym.cli.usage import UsageError
+from llmgym.display import make_console
 from llmgym.cli.training import RunSpec, samples_per_step, train_run
 
 __all__ = ["add_parser", "cmd_compare", "compute_fair_settings"]
@@ -115,20 +101,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from llmgym.logging import plot_comparison, steps_to_threshold
 
-    console = _console()
+    console = make_console()
     names = [a.strip() for a in args.agents.split(",") if a.strip()]
     if not names:
         raise UsageError("--agents needs a comma-separated list, e.g. --agents grpo,rloo")
     if args.seeds < 1 or args.steps < 1:
         raise UsageError(f"--seeds and --steps must be >= 1, got {args.seeds} and {args.steps}")
     out = check_out_dir(args.out)
-    _require_env(args.env)
+    require_env(args.env)
     device = check_device(args.device)
     overrides = apply_scale_options(args, parse_overrides(args.set or []), args.steps, device)
     env_args = parse_overrides(args.env_arg or [], "--env-arg")
     plans = []
     for name in names:  # validate everything before training anything
-        cls = _require_agent(name)
+        cls = require_agent(name)
         build_agent_config(cls, {**overrides, "seed": 0})
         plans.append(cls)
     budget, per_agent, fairness = compute_fair_settings(plans, overrides, args.samples_per_step)
@@ -139,7 +125,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if earlier and not args.overwrite:
         raise UsageError(f"{str(out)!r} already holds a comparison ({earlier[0]}): choose another --out or add "
                          f"--overwrite")
-    _check_model(args.model)
+    check_model(args.model)
     check_env_makes(args.env, args.model, env_args, max_new_tokens=build_agent_config(plans[0], overrides).max_new_tokens)
     engine_args = engine_arguments(args)
     engine = check_engine(args.engine, engine_args, args.model, lora=int(overrides.get("lora_r") or 0) > 0)
@@ -153,7 +139,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     console.print(f"[bold]comparing[/] {', '.join(c.name for c in plans)} on {args.env}: {args.steps} steps × "
                   f"{args.seeds} seed(s) each → {out}")
     console.print(fairness)
-    progress = _progress(console)
+    progress = reward_progress(console)
     with progress:
         for cls in plans:
             runs, finals, reached, walls = [], [], [], []
@@ -212,10 +198,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
             hit = [x for x in s["steps_to_threshold"] if x is not None]
             cells.append(f"{s['steps_to_threshold_mean']:.0f} ({len(hit)}/{len(s['steps_to_threshold'])} seeds)"
                          if hit else f"not reached (0/{len(s['steps_to_threshold'])})")
-        cells.append(_fmt(s["wall_s"], 1))
+        cells.append(format_value(s["wall_s"], 1))
         table.add_row(*cells)
     console.print(table)
-    console.print(_files_table("files", {"plot": plot, "summary": out / "compare.json",
+    console.print(files_table("files", {"plot": plot, "summary": out / "compare.json",
                                          "runs": out / "<agent>/seed-<s>/metrics.jsonl"}))
     return 0
 

@@ -13,7 +13,9 @@ import importlib.util
 import os
 from collections.abc import Sequence
 
-from llmgym.cli.common import UsageError, _console, plugin_options
+from llmgym.cli.common import plugin_options
+from llmgym.cli.usage import UsageError
+from llmgym.display import make_console
 from llmgym.display import is_live
 
 __all__ = ["WIDE", "add_parser", "cmd_list", "adapter_rows"]
@@ -51,7 +53,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from llmgym.agents import AGENTS
     from llmgym.registry import registered_envs
 
-    console = _console()
+    console = make_console()
     infos = registered_envs(args.family)
     if args.family and not infos:
         families = sorted({i.family for i in registered_envs()})

@@ -21,27 +21,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmgym.cli.common import (
-    EXIT_INTERRUPTED,
-    RUN_FILES,
-    UsageError,
-    _apply_threads,
-    _console,
-    _files_table,
-    _fmt,
-    _load_model,
-    _make_env,
-    _quiet_hf,
-    atomic_write_text,
-    check_device,
-    check_out_dir,
-    existing_files,
-    keep_previous_run,
-)
-from llmgym.cli.training import RunSpec, evaluate_held_out, train_run
+from llmgym.cli.common import check_device
+from llmgym.cli.console import files_table, format_value
+from llmgym.cli.resolve import apply_threads, load_run_model, make_run_env
+from llmgym.cli.run_files import RUN_FILES, atomic_write_text, check_out_dir, existing_files, keep_previous_run
+from llmgym.cli.usage import EXIT_INTERRUPTED, UsageError
+from llmgym.display import make_console
+from llmgym.display import quiet_hf_progress
+from llmgym.cli.training import RunSpec, train_run
 from llmgym.threads import set_torch_threads
 
-__all__ = ["QUICKSTART_SETTINGS", "add_parser", "cmd_quickstart", "evaluate_held_out", "quickstart_base_model"]
+__all__ = ["QUICKSTART_SETTINGS", "add_parser", "cmd_quickstart", "quickstart_base_model"]
 
 
 QUICKSTART_SETTINGS: dict[str, dict[str, Any]] = {
@@ -83,8 +73,8 @@ def quickstart_base_model(console=None, threads: int | None = None) -> Path:
         return path
     from llmgym.envs.toy import sample_tasks
 
-    console = console or _console()
-    _quiet_hf()
+    console = console or make_console()
+    quiet_hf_progress()
     with console.status(f"building the base model: a tiny Llama, {QUICKSTART_WARMUP['steps']} steps of supervised "
                         f"warm-up on Copy (cached for next time)"):
         tokenizer = build_tokenizer()
@@ -113,8 +103,9 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from llmgym.envs.toy import sample_tasks
+    from llmgym.rollout import evaluate_held_out
 
-    console = _console()
+    console = make_console()
     mode = "quick" if args.quick else "default"
     settings = dict(QUICKSTART_SETTINGS[mode])
     if args.steps is not None:
@@ -132,10 +123,10 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     base_path = quickstart_base_model(console, threads=args.threads)
     console.print(f"base model (after warm-up): {base_path}")
-    model, tokenizer = _load_model(str(base_path), device=device)
-    threads = _apply_threads(args.threads, model)
+    model, tokenizer = load_run_model(str(base_path), device=device)
+    threads = apply_threads(args.threads, model)
     held_out = sample_tasks(QUICKSTART_HELD_OUT["task"], QUICKSTART_HELD_OUT["n"], seed=QUICKSTART_HELD_OUT["seed"])
-    eval_env = _make_env("llmgym/Copy-v0", tokenizer)
+    eval_env = make_run_env("llmgym/Copy-v0", tokenizer)
     samples = 4
 
     def evaluate(m) -> dict[str, dict[str, float]]:
@@ -169,13 +160,13 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     for (decode, metric), label in labels.items():
         b, a = before[decode][metric], after[decode][metric]
         colour = "green" if a > b else ("red" if a < b else "")
-        table.add_row(label, _fmt(b), _fmt(a), f"[{colour}]{a - b:+.3f}[/]" if colour else f"{a - b:+.3f}")
+        table.add_row(label, format_value(b), format_value(a), f"[{colour}]{a - b:+.3f}[/]" if colour else f"{a - b:+.3f}")
     console.print(table)
     report = {"before": before, "after": after, "held_out": QUICKSTART_HELD_OUT, "settings": settings,
               "base_model": str(base_path), "train_wall_s": result.wall_s, "wall_s": wall,
               "interrupted": result.interrupted, "steps_done": result.agent.step_count}
     atomic_write_text(out / "eval.json", json.dumps(report, indent=2) + "\n")
-    console.print(_files_table(f"run files ({wall:.0f} s in all)", {
+    console.print(files_table(f"run files ({wall:.0f} s in all)", {
         "metrics": out / "metrics.jsonl", "curves": result.curves, "before/after": out / "eval.json",
         "config": out / "config.json", "checkpoint": result.checkpoint, "tensorboard": result.tensorboard_dir,
         "earlier run": kept,

@@ -17,17 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from llmgym.cli.common import (
-    UsageError,
-    _console,
-    _files_table,
-    _fmt,
-    _quiet_hf,
-    atomic_write_text,
-    check_out_dir,
-    existing_files,
-    resolve_model,
-)
+from llmgym.cli.console import files_table, format_value
+from llmgym.cli.resolve import resolve_model
+from llmgym.cli.run_files import atomic_write_text, check_out_dir, existing_files
+from llmgym.cli.usage import UsageError
+from llmgym.display import make_console
+from llmgym.display import quiet_hf_progress
 from llmgym.threads import set_torch_threads
 
 __all__ = ["add_parser", "cmd_rm"]
@@ -96,7 +91,7 @@ def _set_threads(requested: int | None, model: str) -> int:
         return set_torch_threads()
 
 
-def _progress(console):
+def reward_progress(console):
     from llmgym.display import make_progress
 
     return make_progress(console, "loss {task.fields[loss]}", "batch acc {task.fields[acc]}",
@@ -109,7 +104,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
     from llmgym.reward_models import fit_reward_model
 
-    console = _console()
+    console = make_console()
     for flag, value, low in (("--steps", args.steps, 1), ("--batch-size", args.batch_size, 1),
                              ("--eval-every", args.eval_every, 0), ("--seed", args.seed, 0)):
         if value < low:
@@ -132,20 +127,20 @@ def cmd_rm(args: argparse.Namespace) -> int:
         raise UsageError(f"--pairs {args.pairs} holds {len(pairs)} pair: need at least 2 to hold some out, "
                          f"or give --eval-pairs")
     model = resolve_model(args.model)  # before any work: a missing model fails now
-    _quiet_hf()
+    quiet_hf_progress()
     threads = _set_threads(args.threads, model)
 
     console.print(f"[bold]training a reward model[/] on {len(pairs)} pairs (model {args.model}, {args.steps} steps, "
                   f"batch {args.batch_size}, seed {args.seed}, {threads} thread(s)) → {out}")
-    progress = _progress(console)
+    progress = reward_progress(console)
     job = progress.add_task("reward model", total=args.steps, loss="—", acc="—", eval="—")
     last_eval = "—"
 
     def on_step(row: dict[str, float]) -> None:
         nonlocal last_eval
         if row.get("eval_accuracy") is not None:
-            last_eval = _fmt(row["eval_accuracy"])
-        progress.update(job, completed=int(row["step"]), loss=_fmt(row.get("loss")), acc=_fmt(row.get("accuracy")),
+            last_eval = format_value(row["eval_accuracy"])
+        progress.update(job, completed=int(row["step"]), loss=format_value(row.get("loss")), acc=format_value(row.get("accuracy")),
                         eval=last_eval)
 
     try:
@@ -161,10 +156,10 @@ def cmd_rm(args: argparse.Namespace) -> int:
                   title_justify="left")
     for column in ("accuracy", "margin", "loss", "pairs"):
         table.add_column(column, justify="right")
-    table.add_row(_fmt(final["accuracy"]), _fmt(final["margin"]), _fmt(final["loss"]), str(int(final["pairs"])))
+    table.add_row(format_value(final["accuracy"]), format_value(final["margin"]), format_value(final["loss"]), str(int(final["pairs"])))
     console.print(table)
     atomic_write_text(out / "eval.json", json.dumps({**final, "train_pairs": report["train_pairs"]}, indent=2) + "\n")
-    console.print(_files_table("files", {"reward model": out, "metrics": out / "metrics.jsonl",
+    console.print(files_table("files", {"reward model": out, "metrics": out / "metrics.jsonl",
                                          "eval": out / "eval.json"}))
     console.print(f"use it as a reward: llmgym.reward_models.RewardModelVerifier({str(out)!r})")
     return 0

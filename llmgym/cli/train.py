@@ -21,31 +21,20 @@ import os
 from pathlib import Path
 
 from llmgym.cli.common import (
-    EXIT_INTERRUPTED,
-    RUN_FILES,
-    UsageError,
-    _console,
-    _files_table,
-    _fmt,
-    _read_config_file,
-    _require_agent,
-    _require_env,
-    _check_model,
-    _summary_window,
     apply_scale_options,
-    bf16_on_slow_cpu,
-    build_agent_config,
     check_device,
-    check_engine,
-    check_out_dir,
-    engine_arguments,
-    engine_options,
-    existing_files,
     import_user_modules,
     parse_overrides,
+    read_config_file,
     scale_options,
 )
-from llmgym.cli.training import RunSpec, checkpoint_step, train_run
+from llmgym.cli.console import files_table, format_value, summary_window
+from llmgym.cli.engine_options import bf16_on_slow_cpu, check_engine, engine_arguments, engine_options
+from llmgym.cli.resolve import build_agent_config, check_model, require_agent, require_env
+from llmgym.cli.run_files import RUN_FILES, check_out_dir, existing_files
+from llmgym.cli.usage import EXIT_INTERRUPTED, UsageError
+from llmgym.display import make_console
+from llmgym.cli.training import RunSpec, train_run
 from llmgym.logging import TRACKERS
 
 __all__ = ["add_parser", "check_async", "cmd_train"]
@@ -122,7 +111,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """``llmgym train``."""
     from rich.table import Table
 
-    console = _console()
+    console = make_console()
     if args.resume:
         clashing = [flag for flag, value in (("--env", args.env), ("--agent", args.agent), ("--model", args.model),
                                              ("--config", args.config), ("--set", args.set), ("--seed", args.seed),
@@ -172,6 +161,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             spec.log_to = list(args.log_to)
         check_engine(spec.engine, spec.engine_args, spec.model, level=spec.level,
                      lora=int(spec.agent_config.get("lora_r") or 0) > 0)  # the recorded engine must still work
+        from llmgym.agents.checkpoint import checkpoint_step
+
         done = checkpoint_step(out / "checkpoints" / "last")
         if done is None:
             raise UsageError(f"no checkpoint to resume in {str(out)!r} (no checkpoints/last/step.txt): was the run "
@@ -186,9 +177,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         if missing:
             raise UsageError(f"train needs {', '.join(missing)} (or --resume DIR to continue a run)")
         out = check_out_dir(args.out)  # before any work: a file or an unwritable place fails now
-        _require_env(args.env)
-        agent_cls = _require_agent(args.agent)
-        fields = _read_config_file(args.config) if args.config else {}
+        require_env(args.env)
+        agent_cls = require_agent(args.agent)
+        fields = read_config_file(args.config) if args.config else {}
         fields.update(parse_overrides(args.set or []))
         if args.seed is not None:
             fields["seed"] = args.seed
@@ -200,7 +191,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if earlier and not args.overwrite:
             raise UsageError(f"{str(out)!r} already holds a run ({earlier[0].name}): continue it with --resume {out}, "
                              f"choose another --out, or add --overwrite")
-        _check_model(args.model or "tiny")
+        check_model(args.model or "tiny")
         engine_args = engine_arguments(args)
         engine = check_engine(args.engine, engine_args, args.model or "tiny", level=args.level or "sequence",
                               lora=config.lora_r > 0)
@@ -247,7 +238,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                        replace=bool(args.overwrite) and not args.resume)
     rows = result.rows
     if rows:
-        window = _summary_window(rows)
+        window = summary_window(rows)
         first = sum(r["reward_mean"] for r in rows[:window]) / window
         last = sum(r["reward_mean"] for r in rows[-window:]) / window
         table = Table(title="training summary", title_justify="left")
@@ -260,13 +251,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         table.add_column("last KL", justify="right")
         table.add_column("tokens/s", justify="right")
         table.add_column("wall s", justify="right")
-        cells = [str(rows[-1]["step"]), _fmt(first), _fmt(last)]
+        cells = [str(rows[-1]["step"]), format_value(first), format_value(last)]
         if evals:
-            cells.append(f"{_fmt(evals[0]['eval_reward'])} → {_fmt(evals[-1]['eval_reward'])}")
-        table.add_row(*cells, _fmt(rows[-1].get("kl"), 4),
-                      _fmt(sum(r["tokens_per_s"] for r in rows) / len(rows), 0), _fmt(result.wall_s, 1))
+            cells.append(f"{format_value(evals[0]['eval_reward'])} → {format_value(evals[-1]['eval_reward'])}")
+        table.add_row(*cells, format_value(rows[-1].get("kl"), 4),
+                      format_value(sum(r["tokens_per_s"] for r in rows) / len(rows), 0), format_value(result.wall_s, 1))
         console.print(table)
-    console.print(_files_table("files", {
+    console.print(files_table("files", {
         "metrics": out / "metrics.jsonl", "curves": result.curves, "config": out / "config.json",
         "checkpoint": result.checkpoint, "tensorboard": result.tensorboard_dir,
     }))

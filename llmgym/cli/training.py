@@ -18,27 +18,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmgym.cli.common import (
-    RUN_FILES,
-    UsageError,
-    _apply_threads,
-    _console,
-    _construct_agent,
-    _fmt,
-    _load_model,
-    _make_env,
-    _progress,
-    _quiet_hf,
-    _require_agent,
-    _require_env,
-    atomic_write_text,
+from llmgym.cli.console import format_value, reward_progress
+from llmgym.cli.engine_options import build_engine
+from llmgym.cli.resolve import (
+    apply_threads,
     build_agent_config,
-    build_engine,
-    existing_files,
+    construct_agent,
+    load_run_model,
+    make_run_env,
+    require_agent,
+    require_env,
 )
+from llmgym.cli.run_files import RUN_FILES, atomic_write_text, existing_files
+from llmgym.cli.usage import UsageError
+from llmgym.display import make_console
 
-__all__ = ["EVAL_SEED", "PIPELINE_STATE", "RunSpec", "TrainResult", "evaluate_held_out", "load_checkpoint",
-           "load_pipeline_state", "samples_per_step", "train_run"]
+__all__ = ["EVAL_SEED", "RunSpec", "TrainResult", "samples_per_step", "train_run"]
 
 
 @dataclasses.dataclass
@@ -126,138 +121,6 @@ class _StopOnCtrlC:
             signal.signal(signal.SIGINT, self._previous)
 
 
-CHECKPOINT_FORMAT = 2
-"""``agent.pt`` format: 2 = the agent's state without the model weights (they are ``model.safetensors``)."""
-
-
-def _merged_lora_model(peft_model):
-    """A plain ``transformers`` model with the LoRA adapters folded into the weights (W + s·BA), built
-    on a copy: the training model keeps its adapters, and its weights are not rounded by merge/unmerge."""
-    import copy
-
-    return copy.deepcopy(peft_model).merge_and_unload()
-
-
-PIPELINE_STATE = "pipeline.pt"
-"""A checkpoint's file for a pipelined run stopped between drain points: the batches sampled ahead
-(:class:`llmgym.agents.pipeline.PipelineState`), so ``--resume`` continues exactly."""
-
-
-def _save_checkpoint(agent, tokenizer, directory: Path, pipeline_state: Any = None) -> Path:
-    """Model + tokenizer via ``save_pretrained``, and ``agent.pt``: the rest of the agent's state
-    (optimiser, counters, RNG, config, extras) without a second copy of the weights; atomically.
-
-    With LoRA (``lora_r > 0``) the directory holds the merged model (base + adapters, loadable as a
-    plain model by ``--model``), the adapters alone in ``adapter/`` (``peft``'s ``save_pretrained``:
-    ``PeftModel.from_pretrained(base, DIR/adapter)``), and ``agent.pt`` keeps the adapter weights, so
-    ``--resume`` rebuilds the base model, injects the adapters and continues exactly."""
-    import torch
-
-    from llmgym.models import save_pretrained
-
-    _quiet_hf()
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    peft_model = getattr(getattr(agent, "learner", None), "peft_model", None)
-    state = agent.state_dict()
-    if peft_model is not None:
-        save_pretrained(_merged_lora_model(peft_model), tokenizer, tmp)
-        peft_model.save_pretrained(tmp / "adapter")
-        trainable = {name for name, p in agent.model.named_parameters() if p.requires_grad}
-        state["model"] = {k: v for k, v in state["model"].items() if k in trainable}  # the adapters only
-        state["model_part"] = "lora-adapters"
-    else:
-        save_pretrained(agent.model, tokenizer, tmp)
-        state.pop("model")  # model.safetensors holds the weights
-    torch.save({**state, "format": CHECKPOINT_FORMAT}, tmp / "agent.pt")
-    if pipeline_state is not None:
-        torch.save(pipeline_state.state_dict(), tmp / PIPELINE_STATE)
-    (tmp / "step.txt").write_text(f"{agent.step_count}\n")
-    old = directory.with_name(directory.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if directory.exists():
-        directory.rename(old)
-    tmp.rename(directory)
-    shutil.rmtree(old, ignore_errors=True)
-    return directory
-
-
-def load_checkpoint(agent, directory: Path) -> None:
-    """Restore ``agent`` from a checkpoint written by :func:`_save_checkpoint` (``weights_only=True``:
-    loading a checkpoint runs no pickled code). The weights come from the checkpoint's
-    ``model.safetensors`` (read through ``from_pretrained``), the rest from ``agent.pt``."""
-    import pickle
-
-    import torch
-
-    from llmgym.models import load_model
-
-    path = Path(directory) / "agent.pt"
-    try:
-        state = torch.load(path, map_location=agent.device, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise UsageError(f"cannot read the checkpoint {path} ({first}): resume from another run or start afresh "
-                         f"with --overwrite") from None
-    if state.pop("model_part", None) == "lora-adapters":  # the frozen base weights are the run's base model's
-        full = agent.model.state_dict()
-        full.update(state["model"])
-        state["model"] = full
-    elif "model" not in state:
-        _quiet_hf()
-        weights, _ = load_model(directory)
-        state["model"] = weights.state_dict()
-    state.pop("format", None)
-    agent.load_state_dict(state)
-
-
-def load_pipeline_state(directory: Path):
-    """The :class:`~llmgym.agents.pipeline.PipelineState` saved in a checkpoint, or ``None`` (``weights_only``)."""
-    import pickle
-
-    import torch
-
-    path = Path(directory) / PIPELINE_STATE
-    if not path.is_file():
-        return None
-    from llmgym.agents.pipeline import PipelineState
-
-    try:
-        return PipelineState.from_state_dict(torch.load(path, weights_only=True))
-    except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, TypeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise UsageError(f"cannot read {path} ({first}): resume from another run or start afresh with --overwrite"
-                         ) from None
-
-
-def checkpoint_step(directory: Path) -> int | None:
-    """The step a checkpoint holds (its ``step.txt``), or ``None`` if there is none."""
-    try:
-        return int((Path(directory) / "step.txt").read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def evaluate_held_out(model, tokenizer, env, tasks, *, temperature: float, samples: int = 1,
-                      max_new_tokens: int = 6, seed: int = 0) -> dict[str, float]:
-    """Mean reward and exact-match accuracy (reward 1) of ``model`` on fixed ``tasks``.
-
-    ``temperature=0`` is greedy decoding; otherwise ``samples`` completions per task are sampled
-    with a fixed ``seed``. Uses its own engine and seeds: the agent's RNG state is not touched.
-    """
-    from llmgym.engines import HFEngine, SamplingParams
-    from llmgym.rollout import collect_episodes
-
-    engine = HFEngine(model, tokenizer)
-    episodes, _ = collect_episodes(
-        env, engine, num_tasks=len(tasks), tasks=list(tasks), group_size=samples if temperature > 0 else 1,
-        sampling=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens), seed=seed)
-    rewards = [e.total_reward for e in episodes]
-    return {"reward_mean": sum(rewards) / len(rewards),
-            "exact_match": sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards),
-            "episodes": float(len(rewards))}
-
-
 EVAL_SEED = 1_000_003
 """Seed of the evaluation tasks of ``--eval-every`` (a stream apart from the training draws' seeds)."""
 
@@ -316,32 +179,33 @@ def train_run(
 def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume: bool, console, progress,
                description: str | None, checkpoints: bool, base_model: tuple[Any, Any] | None, banner: str | None,
                replace: bool) -> TrainResult:
+    from llmgym.agents.checkpoint import CheckpointError, load_checkpoint, load_pipeline_state, save_checkpoint
     from llmgym.logging import MetricsLogger, moving_average, plot_curves, truncate_metrics
-    from llmgym.rollout import distinct_tasks
+    from llmgym.rollout import distinct_tasks, evaluate_held_out
 
-    console = console or _console()
+    console = console or make_console()
     out = Path(out_dir)
-    agent_cls = _require_agent(spec.agent)
+    agent_cls = require_agent(spec.agent)
     config = build_agent_config(agent_cls, spec.agent_config)
-    _require_env(spec.env)
+    require_env(spec.env)
     ckpt_root = out / "checkpoints"
     if base_model is not None:
         model, tokenizer = base_model
     else:
         try:
-            model, tokenizer = _load_model(spec.model, device=spec.device)
+            model, tokenizer = load_run_model(spec.model, device=spec.device)
         except UsageError:
             if not (resume and (ckpt_root / "last" / "config.json").is_file()) or config.lora_r > 0:
                 raise  # a LoRA run resumes on its base model: the checkpoint's model has the adapters merged in
             console.print(f"[yellow]the run's model {spec.model!r} is gone; resuming on {ckpt_root / 'last'} "
                           f"(a KL reference model, if the agent uses one, becomes that checkpoint)[/]")
-            model, tokenizer = _load_model(str(ckpt_root / "last"), device=spec.device)
+            model, tokenizer = load_run_model(str(ckpt_root / "last"), device=spec.device)
     # CPU threads change float rounding: a resumed run uses the count the run started with
-    spec.threads = _apply_threads(spec.threads, model)
-    env = _make_env(spec.env, tokenizer, spec.level, config.max_new_tokens, spec.env_args)
+    spec.threads = apply_threads(spec.threads, model)
+    env = make_run_env(spec.env, tokenizer, spec.level, config.max_new_tokens, spec.env_args)
     eval_env = eval_tasks = None
     if spec.eval_every > 0:  # its own env: the training env's task stream is not touched
-        eval_env = _make_env(spec.env, tokenizer, spec.level, config.max_new_tokens, spec.env_args)
+        eval_env = make_run_env(spec.env, tokenizer, spec.level, config.max_new_tokens, spec.env_args)
         try:
             eval_tasks, _ = distinct_tasks(eval_env, spec.eval_tasks, seed=EVAL_SEED)
         except ValueError as exc:
@@ -349,15 +213,18 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
     engine = build_engine(spec.engine, spec.engine_args, model, tokenizer)  # after the cheap checks: vLLM starts
     if engine is not None:
         engines.append(engine)
-    agent = _construct_agent(agent_cls, model, tokenizer, config, engine=engine)
+    agent = construct_agent(agent_cls, model, tokenizer, config, engine=engine)
     rows: list[dict[str, Any]] = []
     pipeline_state = None
     if resume:
         if not (ckpt_root / "last" / "agent.pt").is_file():
             raise UsageError(f"no checkpoint to resume at {ckpt_root / 'last'}: was the run started with checkpoints?")
-        load_checkpoint(agent, ckpt_root / "last")
-        if spec.max_staleness is not None:  # batches a stopped pipelined run had sampled ahead
-            pipeline_state = load_pipeline_state(ckpt_root / "last")
+        try:
+            load_checkpoint(agent, ckpt_root / "last")
+            if spec.max_staleness is not None:  # batches a stopped pipelined run had sampled ahead
+                pipeline_state = load_pipeline_state(ckpt_root / "last")
+        except CheckpointError as exc:
+            raise UsageError(f"{exc}: resume from another run or start afresh with --overwrite") from None
         rows = truncate_metrics(out / "metrics.jsonl", agent.step_count)
     elif replace:
         for path in existing_files(out, RUN_FILES):
@@ -372,7 +239,7 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
     tensorboard_dir = logger.tensorboard_dir
     remaining = max(0, spec.steps - agent.step_count)
     own_progress = progress is None
-    progress = progress if progress is not None else _progress(console)
+    progress = progress if progress is not None else reward_progress(console)
     job = progress.add_task(description or f"{spec.agent} on {spec.env}", total=spec.steps,
                             completed=agent.step_count, reward="—", avg="—", kl="—")
     started = time.perf_counter()
@@ -410,11 +277,11 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
             completed_step = step
             at_step_boundary = True
             recent = moving_average([r["reward_mean"] for r in rows[-10:]], 10)[-1]
-            progress.update(job, advance=1, reward=_fmt(row["reward_mean"]), avg=_fmt(recent),
-                            kl=_fmt(row.get("kl"), 4))
+            progress.update(job, advance=1, reward=format_value(row["reward_mean"]), avg=format_value(recent),
+                            kl=format_value(row.get("kl"), 4))
             if checkpoints and spec.checkpoint_every > 0 and step % spec.checkpoint_every == 0 and step < spec.steps:
-                _save_checkpoint(agent, tokenizer, ckpt_root / f"step-{step:06d}")
-                last_checkpoint = _save_checkpoint(agent, tokenizer, ckpt_root / "last")
+                save_checkpoint(agent, tokenizer, ckpt_root / f"step-{step:06d}")
+                last_checkpoint = save_checkpoint(agent, tokenizer, ckpt_root / "last")
                 checkpoint_step = step
             if stop.requested:
                 return False  # the agent stops here: its state stays the completed step's
@@ -444,7 +311,7 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
                 progress.stop()
             logger.close()
         if checkpoints and consistent:  # a pipelined run stopped between drain points keeps its batches ahead
-            last_checkpoint = _save_checkpoint(agent, tokenizer, ckpt_root / "last",
+            last_checkpoint = save_checkpoint(agent, tokenizer, ckpt_root / "last",
                                                getattr(agent, "pipeline_state", None) if stop.requested else None)
             checkpoint_step = agent.step_count
         elif checkpoints:

@@ -45,10 +45,11 @@ from typing import Any
 
 import llmgym.interop.in_sandbox as in_sandbox
 from llmgym.sandbox import SandboxError
+from llmgym.sandbox.killable import in_killable_child
 from llmgym.sandbox.mounts import world_readable
 from llmgym.sandbox.pool import DEFAULT_POOL_SIZE, WorkerPool, WorkerPools
 from llmgym.sandbox.worker import WORKER_LIMITS, SandboxWorker, site_packages
-from llmgym.verifiers import VerifierUnavailableError, in_time_limited_child
+from llmgym.verifiers import VerifierUnavailableError
 
 __all__ = ["INTEROP_LIMITS", "EpisodeError", "Payload", "check_available", "close_workers", "failure", "make_payload",
            "reference_check", "run"]
@@ -226,7 +227,7 @@ def _pool(payload: Payload) -> WorkerPool:
     with _keys_lock:  # a worker that binds every directory the payload needs will do (each start costs seconds)
         key = next((k for k in _keys if k[0] == payload.kind and set(payload.paths) <= set(k[1])), key)
         _keys.add(key)
-    if in_time_limited_child() and key not in _pools:
+    if in_killable_child() and key not in _pools:
         # the worker's start-up (seconds) would be counted in the wrapper's time limit: every check would time
         # out, a silent 0 -- refuse, saying how to set the limit instead
         raise VerifierUnavailableError(

@@ -42,7 +42,7 @@ from .policy import (
 from .probe import probe
 from .uids import UidPool, default_lock_dir, kill_uid
 
-__all__ = ["Sandbox"]
+__all__ = ["Sandbox", "ProcessTreeKiller", "memfd_with"]
 
 log = logging.getLogger("llmgym.sandbox")
 
@@ -61,7 +61,15 @@ def _validate_name(name: str) -> str:
     return norm
 
 
-def _memfd(data: bytes, name: str) -> int:
+def memfd_with(data: bytes, name: str) -> int:
+    """An anonymous in-memory file holding ``data``, read from its start: a descriptor to pass a child.
+
+    Example:
+        >>> import os
+        >>> from llmgym.sandbox.runner import memfd_with
+        >>> fd = memfd_with(b"cfg", "example"); os.read(fd, 10), os.close(fd)
+        (b'cfg', None)
+    """
     fd = os.memfd_create(name, 0)  # inheritable; only passed through pass_fds
     view = memoryview(data)
     while view:
@@ -71,7 +79,7 @@ def _memfd(data: bytes, name: str) -> int:
     return fd
 
 
-class _Killer:
+class ProcessTreeKiller:
     """Kills a running sandbox and everything in it.
 
     With bwrap, SIGKILL goes to the init of the sandbox's pid namespace (the bootstrap, started
@@ -415,7 +423,7 @@ class Sandbox:
                 },
             }
             # marshal: the bootstrap reads it without importing anything (format 4: Python >= 3.4)
-            cfg_fd = _memfd(marshal.dumps(cfg, 4), "llmgym-sandbox-cfg")
+            cfg_fd = memfd_with(marshal.dumps(cfg, 4), "llmgym-sandbox-cfg")
             fds_to_close.append(cfg_fd)
             status_r, status_w = os.pipe()
             fds_to_close.append(status_w)
@@ -428,7 +436,7 @@ class Sandbox:
                 tmp_bytes = int(lim.tmp_size_mb * (1 << 20))
                 cmd += tmpfs_args(tmp_bytes) + ["--chdir", WORKDIR_IN_SANDBOX]
                 if self._use_seccomp and self._bpf:
-                    bpf_fd = _memfd(self._bpf, "llmgym-sandbox-bpf")
+                    bpf_fd = memfd_with(self._bpf, "llmgym-sandbox-bpf")
                     fds_to_close.append(bpf_fd)
                     pass_fds.append(bpf_fd)
                     cmd += ["--seccomp", str(bpf_fd)]
@@ -467,7 +475,7 @@ class Sandbox:
             for fd in fds_to_close:
                 os.close(fd)
             fds_to_close = []
-            killer = _Killer(proc, info_r)
+            killer = ProcessTreeKiller(proc, info_r)
             deadline = t0 + lim.wall_seconds
             try:
                 out, err, out_trunc, err_trunc, timed_out, flooded = self._communicate(
@@ -522,7 +530,7 @@ class Sandbox:
         )
 
     def _communicate(
-        self, proc, killer: _Killer, stdin: bytes, deadline: float, cap: int
+        self, proc, killer: ProcessTreeKiller, stdin: bytes, deadline: float, cap: int
     ):
         bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
         trunc = {proc.stdout: False, proc.stderr: False}

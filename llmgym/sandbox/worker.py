@@ -65,7 +65,7 @@ from .limits import SandboxLimits, rlimits
 from .mounts import bwrap_base_args, minimal_env, ro_bind_args, tmpfs_args, world_readable
 from .policy import DEFAULT_PYTHON, SandboxError
 from .probe import probe
-from .runner import Sandbox, _Killer, _memfd
+from .runner import Sandbox, ProcessTreeKiller, memfd_with
 from .uids import kill_uid
 
 __all__ = ["WORKER_LIMITS", "SandboxWorker", "interpreter_for", "site_packages"]
@@ -482,7 +482,7 @@ class SandboxWorker:
 
     def _reset(self) -> None:
         self._proc: subprocess.Popen | None = None
-        self._killer: _Killer | None = None
+        self._killer: ProcessTreeKiller | None = None
         self._slot: contextlib.ExitStack | None = None
         self._stderr: Any = None
         self._uid: int | None = None
@@ -529,7 +529,7 @@ class SandboxWorker:
                 fds += unit
                 pass_fds += unit
                 cfg["call_unit"] = list(unit)
-            cfg_fd = _memfd(marshal.dumps(cfg, 4), "llmgym-worker-cfg")
+            cfg_fd = memfd_with(marshal.dumps(cfg, 4), "llmgym-worker-cfg")
             fds.append(cfg_fd)
             pass_fds.append(cfg_fd)
             env = dict(sb.env, HOME="/tmp", TMPDIR="/tmp", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
@@ -546,7 +546,7 @@ class SandboxWorker:
                 for k, v in env.items():
                     cmd += ["--setenv", k, v]
                 if sb._use_seccomp and sb._bpf:
-                    bpf_fd = _memfd(sb._bpf, "llmgym-worker-bpf")
+                    bpf_fd = memfd_with(sb._bpf, "llmgym-worker-bpf")
                     fds.append(bpf_fd)
                     pass_fds.append(bpf_fd)
                     cmd += ["--seccomp", str(bpf_fd)]
@@ -569,7 +569,7 @@ class SandboxWorker:
                 )
             except OSError as e:
                 raise SandboxError(f"could not start the sandboxed worker: {e}") from e
-            self._proc, self._killer = proc, _Killer(proc, info_r)
+            self._proc, self._killer = proc, ProcessTreeKiller(proc, info_r)
             for fd in fds:
                 os.close(fd)
             fds = []

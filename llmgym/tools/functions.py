@@ -214,10 +214,10 @@ class Tool:
     @staticmethod
     def _run_here(function: Callable[..., Any], arguments: dict[str, Any], max_chars: int) -> ToolResult:
         from llmgym.sandbox import SandboxError
-        from llmgym.tools._worker import _as_text
+        from llmgym.tools.tool_helper import as_text
 
         try:
-            text = _as_text(function(**arguments))
+            text = as_text(function(**arguments))
         except SandboxError:
             raise
         except Exception as exc:

@@ -5,7 +5,7 @@ OpenMP pool, tokenizers' Rust threads, a CUDA context): a forked copy inherits w
 threads held at that instant, and its first touch of one deadlocks; forking a process of many GB also
 costs time per call. And ``multiprocessing``'s spawn/forkserver re-import the user's ``__main__`` in the
 child (a script without a main guard runs again). So the tools go to **one helper per trainer process**,
-started with ``subprocess`` as ``python <llmgym/tools/_worker.py>`` — a fresh interpreter that imports
+started with ``subprocess`` as ``python <llmgym/tools/tool_helper.py>`` — a fresh interpreter that imports
 neither ``llmgym`` nor ``__main__`` — and the helper, single-threaded, forks one child per call. Past the
 time limit the child's process group is SIGKILLed; a helper that does not answer in time is killed and
 started again. The helper gets the trainer's ``sys.path``, working directory and environment.
@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from llmgym.tools import _worker
+from llmgym.tools import tool_helper
 
 __all__ = ["ToolWorker", "tool_worker", "WORKER_GRACE_S", "LOAD_TIMEOUT_S", "HELPER_ENV"]
 
@@ -60,11 +60,11 @@ class ToolWorker:
 
     def _start(self) -> subprocess.Popen:
         proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(_worker.__file__)],
+            [sys.executable, os.path.abspath(tool_helper.__file__)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
             env={**os.environ, HELPER_ENV: "1"},
         )
-        _worker.write_message(proc.stdin, {"sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path]})
+        tool_helper.write_message(proc.stdin, {"sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path]})
         self._loaded = set()
         return proc
 
@@ -83,7 +83,7 @@ class ToolWorker:
         """The helper's next answer, or ``None`` when it does not come by ``deadline`` (or the helper died)."""
         fd = proc.stdout.fileno()
         buffer = b""
-        need = _worker._HEADER.size
+        need = tool_helper.HEADER.size
         size = None
         while True:
             while len(buffer) < need:
@@ -95,8 +95,8 @@ class ToolWorker:
                     return None
                 buffer += chunk
             if size is None:
-                (size,) = _worker._HEADER.unpack(buffer[: _worker._HEADER.size])
-                buffer = buffer[_worker._HEADER.size:]
+                (size,) = tool_helper.HEADER.unpack(buffer[: tool_helper.HEADER.size])
+                buffer = buffer[tool_helper.HEADER.size:]
                 need = size
                 continue
             return pickle.loads(buffer[:size])
@@ -114,7 +114,7 @@ class ToolWorker:
             proc = self._proc
             try:
                 if key not in self._loaded:  # the tool's own module import is no part of a call's time
-                    _worker.write_message(proc.stdin, ("load", key, blob))
+                    tool_helper.write_message(proc.stdin, ("load", key, blob))
                     answer = self._recv(proc, time.monotonic() + LOAD_TIMEOUT_S)
                     if answer is None:
                         self._stop(proc)
@@ -123,7 +123,7 @@ class ToolWorker:
                         return answer
                     self._loaded.add(key)
                 deadline = time.monotonic() + time_limit + WORKER_GRACE_S
-                _worker.write_message(proc.stdin, ("call", key, arguments, float(time_limit), int(max_chars)))
+                tool_helper.write_message(proc.stdin, ("call", key, arguments, float(time_limit), int(max_chars)))
                 answer = self._recv(proc, deadline)
                 if answer is None:
                     raise TimeoutError
