@@ -21,14 +21,14 @@ import torch
 from llmgym.agents import functional as F
 from llmgym.agents.corrections import TIS_LEVELS
 from llmgym.agents.learner import ForwardOutput, Learner, check_learner_config, micro_batches
-from llmgym import distributed
-from llmgym.batch import Batch
+from llmgym.runtime import distributed
+from llmgym.engines.batch import Batch
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.engines.base import sync_engine_weights
 from llmgym.engines.session import token_stepper
 from llmgym.engines.sampling import row_keys, sample_next_token
-from llmgym.models import flush_denormals
-from llmgym.rollout import collect_episodes, draw_tasks, is_token_level
+from llmgym.runtime.models import flush_denormals
+from llmgym.engines.rollout import collect_episodes, draw_tasks, is_token_level
 
 __all__ = ["AgentConfig", "Agent", "ForwardOutput"]
 
@@ -247,7 +247,7 @@ class Agent(abc.ABC):
         Tasks and tokens are seeded by ``(seed, step, draw)``; ``draw`` numbers extra draws within
         one step (DAPO's dynamic sampling). ``engine`` (default ``self.engine``) and ``step`` (default
         ``step_count``) are what the pipelined learner passes for a batch it rolls out ahead of the
-        update; ``rollout`` goes to :func:`~llmgym.rollout.collect_episodes` (``step_pool``,
+        update; ``rollout`` goes to :func:`~llmgym.engines.rollout.collect_episodes` (``step_pool``,
         ``observer``). Subclasses that override this pass all three on.
         """
         engine = self.engine if engine is None else engine
@@ -353,7 +353,7 @@ class Agent(abc.ABC):
     def update(self, batch: Batch) -> dict[str, float]:
         """Optimise on ``batch`` (``update_epochs`` passes over minibatches); return mean diagnostics.
 
-        Data parallel (inside a ``torchrun`` process group; see :mod:`llmgym.distributed`): ``batch``
+        Data parallel (inside a ``torchrun`` process group; see :mod:`llmgym.runtime.distributed`): ``batch``
         is this rank's share of the global batch. Each rank's loss is multiplied by
         ``local_count · world_size / global_count`` (tokens for ``"token-mean"``, sequences for the
         ``seq-mean-*`` modes; counts all-reduced), so after DDP/FSDP averages gradients over ranks the
@@ -476,7 +476,7 @@ class Agent(abc.ABC):
         history: list[dict[str, float]] = []
         bar = job = None
         if progress:
-            from llmgym.display import make_console, make_progress
+            from llmgym.runtime.display import make_console, make_progress
 
             bar = make_progress(make_console(), "reward {task.fields[reward]:.3f}")
             bar.start()

@@ -8,7 +8,7 @@ had sampled ahead (``pipeline.pt``). ``llmgym train --resume`` is built on these
 Example:
     >>> import tempfile
     >>> from pathlib import Path
-    >>> from llmgym.models import load_model
+    >>> from llmgym.runtime.models import load_model
     >>> from llmgym.agents import GRPO
     >>> from llmgym.agents.checkpoint import checkpoint_step, load_checkpoint, save_checkpoint
     >>> model, tok = load_model("tiny")
@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from llmgym.display import quiet_hf_progress
+from llmgym.runtime.display import quiet_hf_progress
 
 __all__ = ["CHECKPOINT_FORMAT", "PIPELINE_STATE", "CheckpointError", "checkpoint_step", "load_checkpoint",
            "load_pipeline_state", "save_checkpoint"]
@@ -61,7 +61,7 @@ def save_checkpoint(agent, tokenizer, directory: Path, pipeline_state: Any = Non
     ``--resume`` rebuilds the base model, injects the adapters and continues exactly."""
     import torch
 
-    from llmgym.models import save_pretrained
+    from llmgym.runtime.models import save_pretrained
 
     quiet_hf_progress()
     tmp = directory.with_name(directory.name + ".tmp")
@@ -98,7 +98,7 @@ def load_checkpoint(agent, directory: Path) -> None:
 
     import torch
 
-    from llmgym.models import load_model
+    from llmgym.runtime.models import load_model
 
     path = Path(directory) / "agent.pt"
     try:

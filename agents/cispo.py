@@ -15,7 +15,7 @@ import dataclasses
 from llmgym.agents import functional as F
 from llmgym.agents.base import ForwardOutput
 from llmgym.agents.grpo import GRPO, GRPOConfig
-from llmgym.batch import Batch
+from llmgym.engines.batch import Batch
 
 __all__ = ["CISPOConfig", "CISPO"]
 
@@ -35,7 +35,7 @@ class CISPO(GRPO):
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import CISPO
         >>> model, tok = load_model("tiny")
         >>> agent = CISPO(model, tok, tasks_per_step=2, group_size=4, max_new_tokens=4)

@@ -18,8 +18,8 @@ import torch
 
 from llmgym.agents import functional as F
 from llmgym.agents.grpo import GRPO, GRPOConfig
-from llmgym import distributed
-from llmgym.batch import Batch
+from llmgym.runtime import distributed
+from llmgym.engines.batch import Batch
 
 __all__ = ["DAPOConfig", "DAPO"]
 
@@ -52,7 +52,7 @@ class DAPO(GRPO):
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import DAPO
         >>> model, tok = load_model("tiny")
         >>> agent = DAPO(model, tok, tasks_per_step=2, group_size=4, max_new_tokens=4)

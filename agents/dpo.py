@@ -34,13 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from llmgym import distributed
+from llmgym.runtime import distributed
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.batch import Batch
-from llmgym.preferences import PreferencePair, encode_pair, load_preferences
-from llmgym.rollout import Episode
-from llmgym.types import Task
+from llmgym.engines.batch import Batch
+from llmgym.rlhf.preferences import PreferencePair, encode_pair, load_preferences
+from llmgym.engines.rollout import Episode
+from llmgym.env.types import Task
 
 __all__ = ["DPOConfig", "DPO", "pair_batch"]
 
@@ -112,8 +112,8 @@ def pair_batch(pairs: list[PreferencePair], tokenizer: Any) -> Batch:
     """Rows ``2i`` (chosen) and ``2i+1`` (rejected) of pair ``i``, tokenised as an env would.
 
     Example:
-        >>> from llmgym.models import build_tokenizer
-        >>> from llmgym.preferences import PreferencePair
+        >>> from llmgym.runtime.models import build_tokenizer
+        >>> from llmgym.rlhf.preferences import PreferencePair
         >>> from llmgym.agents.dpo import pair_batch
         >>> b = pair_batch([PreferencePair("2+2=", "4", "five")], build_tokenizer())
         >>> len(b), b.lengths.tolist()  # completion tokens + EOS
@@ -144,7 +144,7 @@ class DPO(Agent):
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import DPO
         >>> model, tok = load_model("tiny")
         >>> pairs = [{"prompt": "copy:12=", "chosen": "12", "rejected": "ab"}] * 4

@@ -6,7 +6,7 @@ GDPO normalises each component within its group separately, sums them with their
 normalises the sum over the whole batch (:func:`llmgym.agents.functional.gdpo_advantages`); the
 loss is GRPO's.
 
-Where the components come from: a multi-part verifier such as :class:`llmgym.verifiers.WeightedSum`
+Where the components come from: a multi-part verifier such as :class:`llmgym.env.verifiers.WeightedSum`
 puts each part's score in ``Score.info[name] = {"reward": r_k, "weight": w_k, ...}``, which the env
 returns as ``info["score"]`` of the final step and each episode keeps in ``Episode.info``. GDPO
 reads every entry with a numeric ``"reward"`` (or the names in ``reward_components``), weighting
@@ -33,7 +33,7 @@ import torch
 from llmgym.agents import functional as F
 from llmgym.agents.base import ForwardOutput
 from llmgym.agents.grpo import GRPO, GRPOConfig
-from llmgym.batch import Batch
+from llmgym.engines.batch import Batch
 
 __all__ = ["GDPOConfig", "GDPO", "reward_components"]
 
@@ -90,7 +90,7 @@ def reward_components(infos: list[Mapping[str, Any]], names: tuple[str, ...] | N
 
     Example:
         >>> from llmgym import Task
-        >>> from llmgym.verifiers import WeightedSum, RegexFormat, exact_match
+        >>> from llmgym.env.verifiers import WeightedSum, RegexFormat, exact_match
         >>> from llmgym.agents.gdpo import reward_components
         >>> v = WeightedSum({"format": (0.2, RegexFormat(r"\\d+")), "correct": (0.8, exact_match)})
         >>> infos = [{"score": dict(v(Task("1+1=", answer=2), text).info)} for text in ("2", "3", "x")]
@@ -128,9 +128,9 @@ class GDPO(GRPO):
     Example:
         >>> import gymnasium, llmgym
         >>> from llmgym import SequenceEnv, Task
-        >>> from llmgym.verifiers import WeightedSum, exact_match
+        >>> from llmgym.env.verifiers import WeightedSum, exact_match
         >>> from llmgym.envs.toy import positional_match
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import GDPO
         >>> model, tok = load_model("tiny")
         >>> env = SequenceEnv([Task("copy:12=", answer="12")],

@@ -14,7 +14,7 @@ import dataclasses
 
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.batch import Batch
+from llmgym.engines.batch import Batch
 
 __all__ = ["GRPOConfig", "GRPO", "DrGRPO", "GSPO"]
 
@@ -52,7 +52,7 @@ class GRPO(Agent):
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import GRPO
         >>> model, tok = load_model("tiny")
         >>> agent = GRPO(model, tok, tasks_per_step=2, group_size=4, max_new_tokens=4, kl_coef=0.0)

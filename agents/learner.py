@@ -29,7 +29,7 @@ module owns everything else about a step:
 
 Example:
     >>> import torch
-    >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+    >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
     >>> from llmgym.agents.learner import token_logprobs_and_entropy
     >>> tok = build_tokenizer()
     >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
@@ -53,12 +53,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from llmgym import distributed
+from llmgym.runtime import distributed
 from llmgym.agents import functional as F
 from llmgym.agents.corrections import ImportanceWeightStats, stale_token_mask, truncated_importance_weights
 from llmgym.agents.fused_head import TILE_ELEMENTS, head_logprobs_and_entropy, logit_transform
 from llmgym.agents.shared_prefix import shared_prefix_hidden, shared_prefixes, supports_shared_prefixes
-from llmgym.batch import Batch
+from llmgym.engines.batch import Batch
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmgym.agents.base import Agent
@@ -240,7 +240,7 @@ def token_logprobs_and_entropy(
 
     Example:
         >>> import torch
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> tok = build_tokenizer()
         >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
         >>> ids = torch.tensor([tok.encode("ab"), tok.encode("cd")])
@@ -318,8 +318,8 @@ def micro_batches(batch: Batch, size: int | None, rows_per_example: int = 1) -> 
 
     Example:
         >>> import torch
-        >>> from llmgym.batch import Batch
-        >>> from llmgym.rollout import Episode
+        >>> from llmgym.engines.batch import Batch
+        >>> from llmgym.engines.rollout import Episode
         >>> from llmgym import Task
         >>> ep = Episode(Task("p"), 0, [1, 5, 6, 2], [0, 0, 1, 1], [0, 0, -0.5, -0.1], [0, 0, 0, 1.0], 2)
         >>> [len(b) for b in micro_batches(Batch.from_episodes([ep] * 5), 2)]
@@ -368,7 +368,7 @@ class Learner:
         ref_model: a frozen copy for the KL reference, only when ``kl_coef > 0`` and no LoRA.
 
     Example:
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import GRPO
         >>> model, tok = load_model("tiny")
         >>> agent = GRPO(model, tok, lora_r=4, kl_coef=0.04)

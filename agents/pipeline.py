@@ -49,7 +49,7 @@ resumed run is the uninterrupted one, exactly. The command line saves the state 
 
 Example:
     >>> import gymnasium, llmgym
-    >>> from llmgym.models import load_model
+    >>> from llmgym.runtime.models import load_model
     >>> from llmgym.agents import GRPO
     >>> from llmgym.agents.pipeline import Pipeline, behaviour_version
     >>> [behaviour_version(b, max_staleness=2) for b in range(5)]
@@ -74,7 +74,7 @@ from typing import Any, Callable, Iterable
 import gymnasium as gym
 import torch
 
-from llmgym import distributed
+from llmgym.runtime import distributed
 from llmgym.engines import HFEngine
 from llmgym.engines.base import sync_engine_weights
 
@@ -146,7 +146,7 @@ class StageMeter:
 
 
 class _Stages:
-    """The observer :func:`~llmgym.rollout.collect_episodes` reports its spans to, plus the learner's."""
+    """The observer :func:`~llmgym.engines.rollout.collect_episodes` reports its spans to, plus the learner's."""
 
     def __init__(self) -> None:
         self.meters = {name: StageMeter() for name in STAGES}
@@ -180,7 +180,7 @@ def _snapshot(model: torch.nn.Module) -> _StateDict:
 
 def _batch_state(batch) -> dict[str, Any]:
     """``batch`` as tensors and plain data (``torch.load(..., weights_only=True)`` reads it back)."""
-    from llmgym.logging import json_safe
+    from llmgym.runtime.logging import json_safe
 
     tensors = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch) if f.name not in ("stats", "episodes")}
     episodes = []
@@ -194,9 +194,9 @@ def _batch_state(batch) -> dict[str, Any]:
 
 
 def _batch_from_state(state: dict[str, Any]):
-    from llmgym.batch import Batch
-    from llmgym.rollout import Episode
-    from llmgym.types import Task
+    from llmgym.engines.batch import Batch
+    from llmgym.engines.rollout import Episode
+    from llmgym.env.types import Task
 
     episodes = []
     for row in state["episodes"]:
@@ -250,7 +250,7 @@ class WeightChannel:
     Example:
         >>> import torch
         >>> from llmgym.engines import HFEngine
-        >>> from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+        >>> from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
         >>> from llmgym.agents.pipeline import WeightChannel
         >>> tok = build_tokenizer()
         >>> learner = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1))
@@ -439,7 +439,7 @@ class Pipeline:
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import REINFORCE
         >>> from llmgym.agents.pipeline import Pipeline
         >>> model, tok = load_model("tiny")

@@ -14,7 +14,7 @@ import torch
 
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.batch import Batch
+from llmgym.engines.batch import Batch
 
 __all__ = ["PPOConfig", "PPO"]
 
@@ -51,7 +51,7 @@ class PPO(Agent):
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import PPO
         >>> model, tok = load_model("tiny")
         >>> agent = PPO(model, tok, tasks_per_step=4, minibatch_size=2, max_new_tokens=4)

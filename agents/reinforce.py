@@ -12,8 +12,8 @@ import torch
 
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.batch import Batch
-from llmgym.rollout import collect_episodes
+from llmgym.engines.batch import Batch
+from llmgym.engines.rollout import collect_episodes
 
 __all__ = ["REINFORCEConfig", "REINFORCE", "ReMaxConfig", "ReMax"]
 
@@ -46,7 +46,7 @@ class REINFORCE(Agent):
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import REINFORCE
         >>> model, tok = load_model("tiny")
         >>> agent = REINFORCE(model, tok, tasks_per_step=2, max_new_tokens=4)
@@ -104,7 +104,7 @@ class ReMax(REINFORCE):
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import ReMax
         >>> model, tok = load_model("tiny")
         >>> agent = ReMax(model, tok, tasks_per_step=2, max_new_tokens=4)

@@ -20,7 +20,7 @@ import torch
 
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.batch import Batch
+from llmgym.engines.batch import Batch
 
 __all__ = ["RejectionSamplingConfig", "RejectionSampling"]
 
@@ -53,7 +53,7 @@ class RejectionSampling(Agent):
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import RejectionSampling
         >>> model, tok = load_model("tiny")
         >>> agent = RejectionSampling(model, tok, tasks_per_step=2, group_size=4, max_new_tokens=4, threshold=2.0)

@@ -12,7 +12,7 @@ import dataclasses
 
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.batch import Batch
+from llmgym.engines.batch import Batch
 
 __all__ = ["RLOOConfig", "RLOO"]
 
@@ -38,7 +38,7 @@ class RLOO(Agent):
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import RLOO
         >>> model, tok = load_model("tiny")
         >>> agent = RLOO(model, tok, tasks_per_step=2, group_size=2, max_new_tokens=4)

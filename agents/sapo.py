@@ -13,7 +13,7 @@ import dataclasses
 from llmgym.agents import functional as F
 from llmgym.agents.base import ForwardOutput
 from llmgym.agents.grpo import GRPO, GRPOConfig
-from llmgym.batch import Batch
+from llmgym.engines.batch import Batch
 
 __all__ = ["SAPOConfig", "SAPO"]
 
@@ -41,7 +41,7 @@ class SAPO(GRPO):
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.agents import SAPO
         >>> model, tok = load_model("tiny")
         >>> agent = SAPO(model, tok, tasks_per_step=2, group_size=4, max_new_tokens=4)

@@ -54,7 +54,7 @@ def supports_shared_prefixes(model: torch.nn.Module) -> bool:
     checkpointing (its layers drop a KV cache in training).
 
     Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> from llmgym.agents.shared_prefix import supports_shared_prefixes
         >>> model = build_tiny_model(build_tokenizer(), TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
         >>> supports_shared_prefixes(model)
@@ -146,7 +146,7 @@ def shared_prefix_hidden(backbone: torch.nn.Module, split: SharedPrefixes, selec
 
     Example:
         >>> import torch
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> from llmgym.agents.shared_prefix import shared_prefixes, shared_prefix_hidden
         >>> model = build_tiny_model(build_tokenizer(), TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
         >>> ids = torch.tensor([[1, 5, 6, 7, 0], [1, 5, 6, 8, 9]]); attn = (ids > 0).long()

@@ -134,7 +134,7 @@ def curves(args, tokenizer) -> dict:
 
     import test_learning as recipe
     from llmgym.agents import GRPO
-    from llmgym.models import TinyModelConfig
+    from llmgym.runtime.models import TinyModelConfig
 
     shape = TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=256)  # the learning tests' tiny_config
     base = recipe.warm_model(tokenizer, shape)
@@ -219,14 +219,14 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(args.threads)
     import test_learning as recipe
-    from llmgym.models import build_tiny_model, build_tokenizer
+    from llmgym.runtime.models import build_tiny_model, build_tokenizer
 
     args.curve_steps = args.curve_steps or recipe.STEPS
     envs = [e for e in args.envs.split(",") if e]
     unknown = set(envs) - set(ENVS)
     if unknown:
         p.error(f"unknown env(s) {sorted(unknown)}; choose from {ENVS}")
-    from llmgym.models import TinyModelConfig
+    from llmgym.runtime.models import TinyModelConfig
 
     tokenizer = build_tokenizer()
     # tests/test_vllm.py's VLLM_SHAPE (head size 32, which vLLM's CPU attention has): one model, both engines

@@ -84,7 +84,7 @@ def build_model(device: str, qwen2: bool = False, dtype=None, shape: str | None 
 
         model = LlamaForCausalLM(LlamaConfig(**LLAMA_10M, bos_token_id=1, eos_token_id=2, pad_token_id=0)).to(device)
     else:
-        from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+        from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
 
         model = build_tiny_model(build_tokenizer(), TinyModelConfig()).to(device)
         model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = 1, 2, 0

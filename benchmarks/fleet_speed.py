@@ -51,7 +51,7 @@ def _model(shape: str):
     import torch
 
     if shape == "tiny":
-        from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+        from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
 
         tok = build_tokenizer()
         model = build_tiny_model(tok, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256))
@@ -88,7 +88,7 @@ def run_shape(shape: str, *, batch: int, new_tokens: int, repeats: int, syncs: i
 
     from llmgym.engines.fleet import FleetEngine
     from llmgym.engines.vllm import VLLMEngine
-    from llmgym.models import save_pretrained
+    from llmgym.runtime.models import save_pretrained
 
     torch.set_num_threads(threads)
     model, tok = _model(shape)

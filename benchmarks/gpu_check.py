@@ -235,7 +235,7 @@ def hf_generation(batches, new_tokens: int) -> dict:
     import torch
 
     from llmgym.engines import HFEngine
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     model = build_qwen2()
     tok = BigVocabTokenizer(build_tokenizer(), QWEN2_05B["vocab_size"])
@@ -255,7 +255,7 @@ def vllm_generation(batches, new_tokens: int) -> dict:
     import torch
 
     from llmgym.engines.vllm import VLLMEngine
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     model = build_qwen2()
     tok = build_tokenizer()
@@ -287,7 +287,7 @@ def grpo_step(engine_kind: str, tasks: int, group: int, new_tokens: int) -> dict
 
     import llmgym  # noqa: F401
     from llmgym.agents import GRPO
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     base = build_tokenizer()
     tok = BigVocabTokenizer(base, QWEN2_05B["vocab_size"])
@@ -345,9 +345,9 @@ def update_memory(rows: int = 32, prompt: int = 32, completion: int = 128) -> di
 
     from llmgym import Task
     from llmgym.agents import GRPO
-    from llmgym.batch import Batch
-    from llmgym.models import build_tokenizer
-    from llmgym.rollout import Episode
+    from llmgym.engines.batch import Batch
+    from llmgym.runtime.models import build_tokenizer
+    from llmgym.engines.rollout import Episode
 
     vocab = QWEN2_05B["vocab_size"]
     g = torch.Generator().manual_seed(1)

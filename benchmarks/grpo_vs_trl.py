@@ -126,7 +126,7 @@ def make_llmgym(a):
     """``(agent, env)`` of llmgym's side (model loaded from ``a.model_dir``)."""
     from llmgym import SequenceEnv, Task
     from llmgym.agents import GRPO
-    from llmgym.models import load_model
+    from llmgym.runtime.models import load_model
 
     model, tok = load_model(a.model_dir, device=a.device)
     if model.config.vocab_size > len(tok):  # the byte tokenizer in front of a bigger vocabulary
@@ -293,9 +293,9 @@ def side_update_memory(a) -> dict:
 
     from llmgym import Task
     from llmgym.agents import GRPO
-    from llmgym.batch import Batch
-    from llmgym.models import build_tokenizer
-    from llmgym.rollout import Episode
+    from llmgym.engines.batch import Batch
+    from llmgym.runtime.models import build_tokenizer
+    from llmgym.engines.rollout import Episode
 
     s = {**MEMORY_SHAPE, "rows": a.rows}
     if a.device == "cpu" and a.mem_cap_gib:  # fail with MemoryError rather than starve a shared machine
@@ -385,7 +385,7 @@ def build_model_dir(name: str, root: Path) -> Path:
     """Save model ``name`` (random weights, seed 0) under ``root``; with ``LLMGYM_BENCH_MODEL_CACHE``
     set, under that directory instead, reusing a model saved there before (the GPU preset's sections
     share one 2 GB Qwen2-0.5B directory instead of writing it three times)."""
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
 
     import torch
 

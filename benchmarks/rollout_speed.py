@@ -30,8 +30,8 @@ from rich.table import Table
 
 import llmgym  # noqa: F401
 from llmgym.engines import HFEngine, SamplingParams, TokenStepper, pad_left
-from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
-from llmgym.rollout import collect_episodes
+from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
+from llmgym.engines.rollout import collect_episodes
 
 
 def median_time(fn, repeats: int) -> float:

@@ -8,7 +8,7 @@ Partial credit is paid for answers that hold no solution too: the question's own
 0.2 on Reverse (the middle digit of an odd-length string is always in place) and some on Addition
 (``12+7=`` answered ``12`` shares the leading ``1`` of ``19``). That is this family's purpose (a tiny
 model climbs it from nothing), so it is the default; ``scoring="binary"`` pays exact answers only
-(:func:`llmgym.verifiers.exact_match`). Copy's answer *is* the prompt's digits echoed.
+(:func:`llmgym.env.verifiers.exact_match`). Copy's answer *is* the prompt's digits echoed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from llmgym import MultiTurnEnv, SequenceEnv, Task
-from llmgym.verifiers import exact_match
+from llmgym.env.verifiers import exact_match
 
 __all__ = [
     "positional_match",

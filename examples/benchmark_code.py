@@ -4,7 +4,7 @@
     python examples/benchmark_code.py --model path/to/ckpt --problems 164 --samples 20 --k 1 10
 
 The tiny random-init model scores 0 (it has never seen code); the point is the pipeline:
-engine.generate -> llmgym.envs.code.evaluate_pass_at_k (CodeVerifier + Sandbox.run_many + llmgym.metrics.pass_at_k).
+engine.generate -> llmgym.envs.code.evaluate_pass_at_k (CodeVerifier + Sandbox.run_many + llmgym.runtime.metrics.pass_at_k).
 """
 
 import argparse
@@ -14,8 +14,8 @@ from rich.table import Table
 
 from llmgym.envs.code import HUMANEVAL_STOP_SEQUENCES, evaluate_pass_at_k, load_humaneval
 from llmgym.engines import HFEngine, SamplingParams
-from llmgym.models import load_model
-from llmgym.threads import set_torch_threads
+from llmgym.runtime.models import load_model
+from llmgym.runtime.threads import set_torch_threads
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--model", default="tiny", help="'tiny' (built locally) or a checkpoint directory")

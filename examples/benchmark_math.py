@@ -11,10 +11,10 @@ import gymnasium as gym
 
 import llmgym  # noqa: F401
 from llmgym.engines import HFEngine, SamplingParams
-from llmgym.metrics import pass_at_k, reward_interval
-from llmgym.models import load_model
-from llmgym.rollout import collect_episodes
-from llmgym.threads import set_torch_threads
+from llmgym.runtime.metrics import pass_at_k, reward_interval
+from llmgym.runtime.models import load_model
+from llmgym.engines.rollout import collect_episodes
+from llmgym.runtime.threads import set_torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--env", default="llmgym/Arithmetic-v0")

@@ -4,8 +4,8 @@ import gymnasium as gym
 
 import llmgym  # noqa: F401  (registers the llmgym/... ids)
 from llmgym.engines import HFEngine, SamplingParams, TokenStepper
-from llmgym.models import load_model
-from llmgym.threads import set_torch_threads
+from llmgym.runtime.models import load_model
+from llmgym.runtime.threads import set_torch_threads
 
 model, tokenizer = load_model("tiny")  # a tiny random-init model built locally; or a path to a checkpoint
 set_torch_threads(model)  # 1 CPU thread for a tiny model (OMP_NUM_THREADS=N in the environment picks N)

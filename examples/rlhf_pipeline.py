@@ -27,13 +27,13 @@ import torch
 from llmgym import SequenceEnv, Task
 from llmgym.agents import DPO, PPO, RejectionSampling
 from llmgym.engines import HFEngine, SamplingParams
-from llmgym.judges import JudgeVerifier
-from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained, supervised_warmup
-from llmgym.preferences import PreferencePair, save_preferences, split_preferences
-from llmgym.reward_models import RewardModelVerifier, reward_model_from_causal_lm, train_reward_model
-from llmgym.rollout import collect_episodes
-from llmgym.threads import set_torch_threads
-from llmgym.verifiers import AllOf, RegexFormat
+from llmgym.rlhf.llm_judges import JudgeVerifier
+from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained, supervised_warmup
+from llmgym.rlhf.preferences import PreferencePair, save_preferences, split_preferences
+from llmgym.rlhf.reward_models import RewardModelVerifier, reward_model_from_causal_lm, train_reward_model
+from llmgym.engines.rollout import collect_episodes
+from llmgym.runtime.threads import set_torch_threads
+from llmgym.env.verifiers import AllOf, RegexFormat
 
 LETTERS, DIGITS = "abcdef", "0123456789"
 PROMPTS = [Task(f"say{i}:", id=f"say-{i}") for i in range(16)]

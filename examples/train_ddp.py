@@ -35,8 +35,8 @@ import torch
 
 import llmgym  # noqa: F401  (registers the envs)
 from llmgym.agents import AGENTS
-from llmgym import distributed
-from llmgym.models import load_model
+from llmgym.runtime import distributed
+from llmgym.runtime.models import load_model
 
 
 def main(argv=None) -> None:

@@ -8,9 +8,9 @@ import llmgym  # noqa: F401
 from llmgym.agents import RLOO
 from llmgym.envs.toy import sample_tasks
 from llmgym.engines import HFEngine, SamplingParams
-from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, supervised_warmup
-from llmgym.rollout import evaluate
-from llmgym.threads import set_torch_threads
+from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer, supervised_warmup
+from llmgym.engines.rollout import evaluate
+from llmgym.runtime.threads import set_torch_threads
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("steps", nargs="?", type=int, help="RL steps (default 40; 2 with --quick)")

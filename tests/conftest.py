@@ -153,14 +153,14 @@ def vllm_missing_reason() -> str | None:
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     return build_tokenizer()
 
 
 def tiny_shape():
     """The learning tests' model shape (``tiny_config``), for code that runs their recipes outside pytest."""
-    from llmgym.models import TinyModelConfig
+    from llmgym.runtime.models import TinyModelConfig
 
     return TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=256)
 
@@ -172,7 +172,7 @@ def tiny_config():
 
 @pytest.fixture()
 def tiny_model(tokenizer, tiny_config):
-    from llmgym.models import build_tiny_model
+    from llmgym.runtime.models import build_tiny_model
 
     return build_tiny_model(tokenizer, tiny_config)
 
@@ -180,7 +180,7 @@ def tiny_model(tokenizer, tiny_config):
 @pytest.fixture(scope="session")
 def saved_tiny_model_dir(tmp_path_factory) -> str:
     """A 1-layer random-init model saved with ``save_pretrained``: what ``--model PATH`` takes."""
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
 
     tok = build_tokenizer()
     torch.manual_seed(0)
@@ -208,8 +208,8 @@ def no_bwrap(monkeypatch):
     """This machine as if bubblewrap were not installed (and no opt-out set); sandbox workers restarted around it."""
     import shutil
 
-    from llmgym.envs.math.sandboxed import close_workers as close_math_workers
-    from llmgym.interop.sandboxed import close_workers as close_interop_workers
+    from llmgym.envs.math.scorer_pools import close_workers as close_math_workers
+    from llmgym.interop.adapter_pools import close_workers as close_interop_workers
     from llmgym.sandbox import check_sandbox
 
     def close():

@@ -145,7 +145,7 @@ def test_dapo_masks_truncated_completions(tiny_model, tokenizer):
 
 
 def test_state_dict_round_trip_resumes_exactly(tokenizer, tiny_config):
-    from llmgym.models import build_tiny_model
+    from llmgym.runtime.models import build_tiny_model
 
     env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
     straight = small(PPO, build_tiny_model(tokenizer, tiny_config), tokenizer).learn(env, steps=3)
@@ -185,7 +185,7 @@ def test_kl_in_the_reward_changes_the_advantages(cls, tiny_model, tokenizer):
 def test_dense_token_rewards_are_kept_at_token_level(tiny_model, tokenizer):
     from llmgym import TokenLevel
     from llmgym.engines import HFEngine, SamplingParams
-    from llmgym.rollout import collect_episodes
+    from llmgym.engines.rollout import collect_episodes
 
     class Dense(TokenLevel):
         def step(self, action):
@@ -246,7 +246,7 @@ def test_new_loss_presets_are_registered():
 
 def _two_part_env(tokenizer):
     from llmgym.envs.toy import positional_match, sample_tasks
-    from llmgym.verifiers import WeightedSum, exact_match
+    from llmgym.env.verifiers import WeightedSum, exact_match
 
     verifier = WeightedSum({"match": (0.5, positional_match), "exact": (2.0, exact_match)})
     return SequenceEnv(sample_tasks("copy", 16, seed=5), verifier, tokenizer)

@@ -34,7 +34,7 @@ class FakeServer:
     answering (the connection is dropped, the port closed), as a server whose process died."""
 
     def __init__(self, die_after: int | None = None):
-        from llmgym.models import build_tokenizer
+        from llmgym.runtime.models import build_tokenizer
 
         tok = build_tokenizer()  # the served model's (the tiny model's) ids of the digits
         digits = [tok.encode(str(d), add_special_tokens=False)[0] for d in range(10)]
@@ -184,8 +184,8 @@ def test_bench_in_parts_samples_what_one_rollout_would_and_times_the_warm_up_apa
     import torch
 
     from llmgym.engines import HFEngine, SamplingParams
-    from llmgym.models import load_model
-    from llmgym.rollout import collect_episodes, distinct_tasks
+    from llmgym.runtime.models import load_model
+    from llmgym.engines.rollout import collect_episodes, distinct_tasks
 
     import time
 

@@ -8,7 +8,7 @@ import pytest
 from transformers import GenerationConfig
 
 from llmgym import MultiTurnEnv, Task, TokenLevel
-from llmgym.core import ChatTurns, end_of_turn_ids
+from llmgym.env.core import ChatTurns, end_of_turn_ids
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -21,7 +21,7 @@ RETRY = "Incorrect, try again."
 
 @pytest.fixture(scope="module")
 def chatml():
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     tok = build_tokenizer()  # EOS stays </s>; the template's end of turn is <|im_end|>, as in many chat models
     tok.add_tokens(["<|im_start|>", "<|im_end|>", "<|endoftext|>"], special_tokens=True)
@@ -149,7 +149,7 @@ def test_same_tokens_same_chat_episode_at_both_levels(chatml):
 
 def test_hf_engine_stops_on_the_template_end_of_turn(chatml, tiny_config):
     from llmgym.engines import HFEngine
-    from llmgym.models import build_tiny_model
+    from llmgym.runtime.models import build_tiny_model
 
     engine = HFEngine(build_tiny_model(chatml, tiny_config), chatml)
     assert _id(chatml, "<|im_end|>") in engine.eos_ids and chatml.eos_token_id in engine.eos_ids

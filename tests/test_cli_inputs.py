@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmgym.cli import main
-from llmgym.logging import TIMING_FIELDS, read_metrics
+from llmgym.runtime.logging import TIMING_FIELDS, read_metrics
 
 ENV = "llmgym/Copy-v0"
 SMALL = ["--set", "tasks_per_step=2", "--set", "group_size=2", "--set", "max_new_tokens=4"]
@@ -30,7 +30,7 @@ def isolated_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
 
     tok = build_tokenizer()
     model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
@@ -239,7 +239,7 @@ def test_bench_takes_n_distinct_tasks_without_replacement(model_dir, tmp_path):
 
 def test_distinct_tasks_of_a_list_are_a_seeded_subset(tmp_path):
     from llmgym import SequenceEnv, Task
-    from llmgym.rollout import distinct_tasks
+    from llmgym.engines.rollout import distinct_tasks
 
     env = SequenceEnv([Task(str(i), id=f"t{i}") for i in range(10)], lambda t, c: 0.0)
     subset, how = distinct_tasks(env, 4, seed=1)
@@ -252,7 +252,7 @@ def test_distinct_tasks_of_a_list_are_a_seeded_subset(tmp_path):
 
 def test_distinct_tasks_of_a_small_procedural_space_stop_and_say_how_many():
     from llmgym import SequenceEnv, Task
-    from llmgym.rollout import distinct_tasks
+    from llmgym.engines.rollout import distinct_tasks
 
     env = SequenceEnv(lambda rng: Task(str(int(rng.integers(3))), id=str(int(rng.integers(3)))), lambda t, c: 0.0)
     with pytest.raises(ValueError, match=r"found only \d+ distinct tasks in \d+ draws"):
@@ -343,12 +343,12 @@ def test_log_to_a_tracker_mirrors_every_row(model_dir, tmp_path, monkeypatch):
 
 
 def test_a_second_ctrl_c_after_training_prints_the_resume_hint(model_dir, tmp_path, monkeypatch, capsys):
-    import llmgym.logging
+    import llmgym.runtime.logging
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt  # a second Ctrl-C while the curves are drawn, after the last save
 
-    monkeypatch.setattr(llmgym.logging, "plot_curves", interrupted)
+    monkeypatch.setattr(llmgym.runtime.logging, "plot_curves", interrupted)
     out = tmp_path / "run"
     code = main(["train", "--env", ENV, "--agent", "grpo", "--model", model_dir, "--steps", "1", "--out", str(out),
                  *SMALL])
@@ -360,7 +360,7 @@ def test_a_second_ctrl_c_after_training_prints_the_resume_hint(model_dir, tmp_pa
 
 
 def test_list_in_80_columns_prints_every_description_whole(monkeypatch, capsys):
-    from llmgym.registry import registered_envs
+    from llmgym.env.registry import registered_envs
 
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["list", "--family", "toy"]) == 0

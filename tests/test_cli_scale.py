@@ -17,7 +17,7 @@ import torch
 
 import llmgym.cli.train as train_module
 from llmgym.cli import main
-from llmgym.logging import TIMING_FIELDS, read_metrics
+from llmgym.runtime.logging import TIMING_FIELDS, read_metrics
 
 ENV = "llmgym/Copy-v0"
 SMALL = ["--set", "tasks_per_step=2", "--set", "group_size=2", "--set", "max_new_tokens=4"]
@@ -33,7 +33,7 @@ def isolated_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
 
     tok = build_tokenizer()
     torch.manual_seed(0)
@@ -126,7 +126,7 @@ def test_lora_run_resumes_exactly_and_its_checkpoint_benches_as_a_model(model_di
     last = split / "checkpoints" / "last"
     assert (last / "adapter" / "adapter_config.json").is_file()  # peft's format, for PeftModel.from_pretrained
     # the checkpoint's model.safetensors is the merged model: the same function as base + adapters
-    from llmgym.models import load_model
+    from llmgym.runtime.models import load_model
 
     merged, tok = load_model(last)
     assert not any("lora" in k for k in merged.state_dict())
@@ -242,7 +242,7 @@ def write_pairs(path: Path, n: int, seed: int = 0) -> Path:
 
 def test_rm_trains_a_reward_model_that_the_verifier_loads(tmp_path, capsys):
     from llmgym import Task
-    from llmgym.reward_models import RewardModelVerifier
+    from llmgym.rlhf.reward_models import RewardModelVerifier
 
     pairs = write_pairs(tmp_path / "pairs.jsonl", 24)
     held_out = write_pairs(tmp_path / "eval.jsonl", 8, seed=1)

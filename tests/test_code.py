@@ -39,7 +39,7 @@ from llmgym.envs.code import (
 )
 from llmgym import SequenceEnv, Task
 from llmgym.envs.code.retry import HIDDEN_FAILURE
-from llmgym.metrics import pass_at_k
+from llmgym.runtime.metrics import pass_at_k
 from llmgym.sandbox import (
     Sandbox,
     SandboxError,

@@ -22,7 +22,7 @@ import pytest
 import llmgym
 from llmgym import Task
 from llmgym.envs.code import CodeVerifier, strip_terminal_escapes
-from llmgym.envs.code.judge import decode_plain, encode_plain
+from llmgym.envs.code.code_judge import decode_plain, encode_plain
 from llmgym.sandbox import Sandbox, SandboxLimits, check_sandbox
 
 INFO = check_sandbox()
@@ -471,7 +471,7 @@ def test_completion_parsing_is_linear_and_dedent_matches_textwrap():
     import textwrap
 
     from llmgym.envs.code import build_program
-    from llmgym.envs.code.verifier import _dedent
+    from llmgym.envs.code.code_verifier import _dedent
 
     rng = random.Random(0)
     for _ in range(5000):

@@ -30,7 +30,7 @@ def test_from_pretrained_dtype_keyword_follows_the_installed_transformers(monkey
     import torch
     import transformers
 
-    from llmgym import models
+    from llmgym.runtime import models
 
     monkeypatch.setattr(transformers, "__version__", version)
     assert models._dtype_kwarg(torch.float32) == {keyword: torch.float32}
@@ -39,7 +39,7 @@ def test_from_pretrained_dtype_keyword_follows_the_installed_transformers(monkey
 def test_tiny_model_cache_is_per_transformers_major(monkeypatch, tmp_path):
     import transformers
 
-    from llmgym import models
+    from llmgym.runtime import models
 
     monkeypatch.setenv("LLMGYM_CACHE", str(tmp_path))
     monkeypatch.setattr(models, "save_pretrained", lambda model, tok, path: Path(path).mkdir(parents=True))

@@ -14,7 +14,7 @@ import socket
 import pytest
 import torch
 
-from llmgym import distributed
+from llmgym.runtime import distributed
 
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 FSDP_MODES = ("token-mean", "seq-mean-token-mean")
@@ -31,7 +31,7 @@ WORLD = 2
 
 
 def _tiny():
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
 
     tok = build_tokenizer()
     return build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)), tok
@@ -40,8 +40,8 @@ def _tiny():
 def _global_batch(tok):
     """6 episodes, 3 groups of 2; completions of 1..7 tokens; rewards differ within each group."""
     from llmgym import Task
-    from llmgym.batch import Batch
-    from llmgym.rollout import Episode
+    from llmgym.engines.batch import Batch
+    from llmgym.engines.rollout import Episode
 
     episodes = []
     lengths = [1, 7, 2, 2, 6, 4]  # rank 0: 2 groups, 4 rows, 12 tokens; rank 1: 1 group, 2 rows, 10 tokens

@@ -26,7 +26,7 @@ NEEDS = {"llmgym.engines.vllm_plugin": "vllm", "llmgym.engines.serve": "vllm",
          "llmgym.interop.verifiers_in": "verifiers", "llmgym.interop.verifiers_out": "verifiers",
          "llmgym.interop.verifiers_taskset": "verifiers", "llmgym.interop.textarena_in": "textarena",
          "llmgym.interop.adapters": "textarena", "llmgym.interop.trl_out": "datasets",
-         "llmgym.interop.sandboxed": "textarena"}
+         "llmgym.interop.adapter_pools": "textarena"}
 # llmgym.agents and llmgym.envs live in other folders (package-dir), so each package is walked itself
 PACKAGES = (llmgym, llmgym.agents, llmgym.envs)
 MODULES = sorted(
@@ -37,7 +37,7 @@ MODULES = sorted(
 
 
 def test_the_walk_sees_agents_and_envs():
-    assert {"llmgym.agents.grpo", "llmgym.envs.math.verifier", "llmgym.envs.code.verifier"} <= set(MODULES)
+    assert {"llmgym.agents.grpo", "llmgym.envs.math.math_verifier", "llmgym.envs.code.code_verifier"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -62,7 +62,7 @@ def setup(request):
     reason = _skip_reason(request.param)
     if reason:
         pytest.skip(reason)
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
 
     tok = build_tokenizer()
     # head_dim 64: a size every vLLM attention backend supports

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from llmgym.cli import main
-from llmgym.logging import read_metrics
+from llmgym.runtime.logging import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "llmgym/Copy-v0"
@@ -72,7 +72,7 @@ def test_the_command_sets_a_passive_openmp_policy_before_torch_loads_unless_the_
 def test_torch_threads_follow_the_request_then_omp_num_threads_then_model_size(tiny_model, monkeypatch):
     import torch
 
-    from llmgym.threads import set_torch_threads
+    from llmgym.runtime.threads import set_torch_threads
 
     before = torch.get_num_threads()
     try:
@@ -88,7 +88,7 @@ def test_torch_threads_follow_the_request_then_omp_num_threads_then_model_size(t
 
 def test_flushing_denormals_leaves_numpy_without_subnormal_warnings():
     # the quickstart's output showed four of numpy's "smallest subnormal ... is zero" UserWarnings
-    code = ("from llmgym.models import flush_denormals; flush_denormals(); import numpy as np; "
+    code = ("from llmgym.runtime.models import flush_denormals; flush_denormals(); import numpy as np; "
             "[np.finfo(t).smallest_subnormal for t in (np.float16, np.float32, np.float64)]")
     out = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
@@ -160,7 +160,7 @@ def test_bench_interval_stays_inside_the_reward_range_and_says_how_it_was_made(s
 
 
 def test_the_issue_case_a_rare_pass_gets_an_interval_that_does_not_go_below_zero():
-    from llmgym.metrics import mean_confidence_interval, reward_interval
+    from llmgym.runtime.metrics import mean_confidence_interval, reward_interval
 
     values = [1.0, 1.0] + [0.0] * 126  # 2 of 128 pass: the normal interval dips below 0
     mean, half = mean_confidence_interval(values)
@@ -173,7 +173,7 @@ def test_the_issue_case_a_rare_pass_gets_an_interval_that_does_not_go_below_zero
 
 @pytest.mark.parametrize("p", [0.03, 0.5, 0.97])
 def test_wilson_and_bootstrap_intervals_cover_the_true_mean_about_95_percent(p):
-    from llmgym.metrics import bootstrap_interval, wilson_interval
+    from llmgym.runtime.metrics import bootstrap_interval, wilson_interval
 
     rng = np.random.default_rng(0)
     n, trials = 60, 400
@@ -208,7 +208,7 @@ def test_bench_refuses_to_replace_an_earlier_benchmark(saved_tiny_model_dir, tmp
 @pytest.mark.parametrize("level", ["sequence", "token"])
 def test_collect_episodes_reports_every_episode_once_and_the_hook_changes_nothing(tiny_model, tokenizer, level):
     from llmgym.engines import HFEngine, SamplingParams
-    from llmgym.rollout import collect_episodes
+    from llmgym.engines.rollout import collect_episodes
 
     env = gymnasium.make(ENV, tokenizer=tokenizer, level=level, max_new_tokens=4)
     engine = HFEngine(tiny_model, tokenizer, max_batch_size=4)  # 12 rows: three engine batches
@@ -305,7 +305,7 @@ def test_input_mistakes_are_the_only_output(argv, expected, saved_tiny_model_dir
 def test_loading_the_tiny_model_prints_no_progress_bar_and_a_real_model_keeps_its_own(saved_tiny_model_dir, capfd):
     from transformers.utils import logging as hf_logging
 
-    from llmgym.models import _transformers_version, load_model
+    from llmgym.runtime.models import _transformers_version, load_model
 
     load_model("tiny")  # built (and cached) on first use
     capfd.readouterr()

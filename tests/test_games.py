@@ -8,7 +8,7 @@ import pytest
 from llmgym.envs.games import WORDS, letter_feedback
 from llmgym.envs.games.guess_number import parse_guess
 from llmgym.envs.games.wordle import parse_word
-from llmgym.models import build_tokenizer
+from llmgym.runtime.models import build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 import llmgym
 from llmgym import SequenceEnv, Task, register_env
-from llmgym.spaces import DEFAULT_MAX_CHARS, DEFAULT_MAX_TOKENS, AnyText, TokenIds
+from llmgym.env.spaces import DEFAULT_MAX_CHARS, DEFAULT_MAX_TOKENS, AnyText, TokenIds
 from test_registry import DATA_KWARGS
 
 UNICODE = "naïve ∑ x² — 🙂\x00\n\t\ud800"  # non-ASCII, astral, NUL and a lone surrogate: all valid str
@@ -181,7 +181,7 @@ def test_register_env_stores_an_importable_callable_as_a_string():
     env_id = register_env("ConventionsEcho", make_echo, family="example")
     spec = gym.spec(env_id)
     assert spec.kwargs["factory"] == f"{__name__}:make_echo"
-    assert json.loads(spec.to_json())["entry_point"] == "llmgym.registry:make_env"
+    assert json.loads(spec.to_json())["entry_point"] == "llmgym.env.registry:make_env"
     assert pickle.loads(pickle.dumps(gym.make(env_id))).reset(seed=0)[0]["prompt"] == "say hi"
 
 
@@ -209,8 +209,8 @@ def test_a_rollout_runs_gymnasiums_passive_checks_once_not_once_per_row(level, m
     import gymnasium.wrappers.common as common
 
     from llmgym.engines import HFEngine, SamplingParams
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
-    from llmgym.rollout import collect_episodes
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
+    from llmgym.engines.rollout import collect_episodes
 
     calls = {"reset": 0, "step": 0}
     real_reset, real_step = common.env_reset_passive_checker, common.env_step_passive_checker

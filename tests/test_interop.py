@@ -14,7 +14,7 @@ import llmgym  # noqa: F401
 from llmgym import SequenceEnv, Task
 from llmgym.cli import main
 from llmgym.interop import trl_dataset, trl_reward_funcs
-from llmgym.verifiers import RegexFormat, WeightedSum, exact_match
+from llmgym.env.verifiers import RegexFormat, WeightedSum, exact_match
 
 
 def _weighted_env():

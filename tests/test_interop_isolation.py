@@ -23,7 +23,7 @@ import pytest
 from host_traces import host_is_clean  # noqa: E402  (tests/ is on sys.path)
 from llmgym.interop import from_textarena, from_verifiers
 from llmgym.sandbox import SandboxError, SandboxUnavailableError, SandboxWarning, check_sandbox
-from llmgym.verifiers import VerifierUnavailableError
+from llmgym.env.verifiers import VerifierUnavailableError
 
 vf = pytest.importorskip("verifiers.v1", reason="the verifiers adapter tests need verifiers >= 0.4 (llmgym[verifiers])")
 sympy = pytest.importorskip("sympy")

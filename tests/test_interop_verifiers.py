@@ -391,7 +391,7 @@ def test_trl_reward_functions_score_like_env_step(echo_env):
 
 def test_trl_grpo_trainer_trains_on_an_adapted_env_through_its_reward_function(tmp_path, tokenizer, tiny_config):
     trl = pytest.importorskip("trl", reason="TRL is not installed")
-    from llmgym.models import build_tiny_model
+    from llmgym.runtime.models import build_tiny_model
 
     env = from_verifiers("llmgym_test_vf")
     model = build_tiny_model(tokenizer, tiny_config)
@@ -438,7 +438,7 @@ def test_bad_verifiers_specs_are_one_line_before_any_work(spec, message, capsys,
 def test_an_adapted_env_is_a_plain_llmgym_env_and_is_not_registered():
     env = from_verifiers("llmgym_test_vf")
     assert isinstance(env, SequenceEnv) and isinstance(env.unwrapped.tasks.source[0], Task)
-    from llmgym.registry import registered_envs
+    from llmgym.env.registry import registered_envs
 
     assert not any(e.id.startswith(("verifiers", "textarena")) for e in registered_envs())
 

@@ -177,8 +177,8 @@ def test_works_and_times_out_off_the_main_thread():
 
 def test_numbers_decided_on_the_host_agree_with_math_verify():
     # Plain numbers never leave the host when the verdict is certain: it must be math-verify's own.
-    from llmgym.envs.math.sandboxed import MATH_VERIFY_WORKER
-    from llmgym.envs.math.verifier import _host_verdict
+    from llmgym.envs.math.scorer_pools import MATH_VERIFY_WORKER
+    from llmgym.envs.math.math_verifier import _host_verdict
     from llmgym.sandbox.worker import SandboxWorker, site_packages
 
     numbers = ["0", "-0", "18", "-18", "1000", "1,000", "1,000,000", "0.5", ".5", "1/2", r"\frac{1}{2}",
@@ -383,7 +383,7 @@ def test_reasoning_gym_static_list_matches_the_library():
         except Exception:  # needs a configuration (composite) or a download
             continue
         offline.append(name)
-    assert list(llmgym.registry.REASONING_GYM_DATASETS) == offline
+    assert list(llmgym.env.registry.REASONING_GYM_DATASETS) == offline
     ids = {e.id for e in llmgym.registered_envs("reasoning-gym")}
     assert ids == {f"llmgym/RG-{name}-v0" for name in offline}
     assert all(e.requires == ("reasoning_gym",) for e in llmgym.registered_envs("reasoning-gym"))
@@ -444,7 +444,7 @@ import llmgym
 warnings.simplefilter("ignore")
 out = {}
 with contextlib.redirect_stdout(sys.stderr):  # some generators print
-    for name in llmgym.registry.REASONING_GYM_DATASETS:
+    for name in llmgym.env.registry.REASONING_GYM_DATASETS:
         obs, info = gymnasium.make(f"llmgym/RG-{name}-v0").reset(seed=0)
         out[name] = [obs["prompt"], repr(info["task"].answer)]
 print(json.dumps(out))
@@ -471,7 +471,7 @@ def test_exactly_the_hash_seed_dependent_datasets_vary_across_processes():
         assert proc.returncode == 0, stderr[-2000:]
         outputs.append(json.loads(stdout))
     first, second = outputs
-    assert len(first) == len(llmgym.registry.REASONING_GYM_DATASETS) == 105
+    assert len(first) == len(llmgym.env.registry.REASONING_GYM_DATASETS) == 105
     differing = {name for name in first if first[name] != second[name]}
     assert differing == set(HASH_SEED_DEPENDENT)
 
@@ -540,7 +540,7 @@ def test_extraction_matches_the_old_regexes_and_is_linear():
     import random
     import re
 
-    from llmgym.envs.math.verifier import _BOXED, _math_spans, last_boxed as _last_boxed
+    from llmgym.envs.math.math_verifier import _BOXED, _math_spans, last_boxed as _last_boxed
 
     span = re.compile(r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 

@@ -31,7 +31,7 @@ def served(tmp_path_factory):
 
     from llmgym.engines import HFEngine
     from llmgym.engines.openai_api import OpenAIEngine
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, load_model, save_pretrained
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer, load_model, save_pretrained
 
     tok = build_tokenizer()
     model = build_tiny_model(tok, TinyModelConfig(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=256,
@@ -171,7 +171,7 @@ def test_a_judge_can_ask_the_served_model(served):
     """``JudgeVerifier`` over the server: P(yes) equals the same model's in process, and binary
     verdicts are the greedy answers the in-process judge gives."""
     from llmgym import Task
-    from llmgym.judges import JudgeVerifier
+    from llmgym.rlhf.llm_judges import JudgeVerifier
 
     tasks, answers = [Task("2+2="), Task("Name a colour.")], ["4", "blue"]
     served_prob = JudgeVerifier(served.engine, "Is the response correct?", mode="prob").verify_batch(tasks, answers)

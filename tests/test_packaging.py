@@ -25,7 +25,7 @@ def test_the_wheel_has_llmgym_as_its_only_top_level_package(tmp_path):
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"llmgym"}, top
     # agents/ and envs/ travel inside it, data files included
-    assert "llmgym/agents/grpo.py" in names and "llmgym/envs/code/verifier.py" in names
+    assert "llmgym/agents/grpo.py" in names and "llmgym/envs/code/code_verifier.py" in names
     assert "llmgym/agents/__init__.py" in names and "llmgym/envs/math/__init__.py" in names
 
 
@@ -160,3 +160,36 @@ def test_no_private_name_is_imported_across_modules(folder):
     crossing = {str(p.relative_to(ROOT)): hits for p in sorted((ROOT / folder).rglob("*.py"))
                 if (hits := _private_imports(p))}
     assert crossing == {}
+
+
+# the core's subpackages by concept, lowest first: a package imports only packages of a lower layer
+LAYERS = {"sandbox": 0, "runtime": 0, "env": 1, "engines": 2, "tools": 2, "rlhf": 3, "interop": 3, "cli": 9}
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Every absolute module imported anywhere in ``path`` (inside functions too)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_subpackages_import_only_lower_layers(package):
+    assert (ROOT / "llmgym" / package / "__init__.py").exists()
+    upward = set()
+    for path in (ROOT / "llmgym" / package).rglob("*.py"):
+        for module in _all_imports(path):
+            parts = module.split(".")
+            if parts[0] == "llmgym" and len(parts) > 1 and parts[1] in LAYERS and parts[1] != package:
+                if LAYERS[parts[1]] >= LAYERS[package]:
+                    upward.add(f"{path.relative_to(ROOT)} imports {module}")
+    assert upward == set()
+
+
+def test_the_core_has_at_most_four_loose_modules():
+    loose = sorted(p.name for p in (ROOT / "llmgym").glob("*.py"))
+    assert len(loose) <= 4, loose

@@ -20,12 +20,12 @@ import llmgym  # noqa: F401
 from llmgym import SequenceEnv, Task
 from llmgym.agents import DAPO, DPO, GRPO, PPO, REINFORCE
 from llmgym.agents.pipeline import Pipeline, behaviour_version
-from llmgym.batch import Batch
+from llmgym.engines.batch import Batch
 from llmgym.engines import HFEngine
-from llmgym.logging import TIMING_FIELDS
-from llmgym.models import build_tiny_model
-from llmgym.rollout import Episode
-from llmgym.verifiers import VerifierUnavailableError
+from llmgym.runtime.logging import TIMING_FIELDS
+from llmgym.runtime.models import build_tiny_model
+from llmgym.engines.rollout import Episode
+from llmgym.env.verifiers import VerifierUnavailableError
 
 SMALL = dict(tasks_per_step=2, group_size=4, max_new_tokens=5, seed=3)
 WAIT_S = 60  # how long an overlap test waits for the other stage: only a broken pipeline waits that long

@@ -23,7 +23,7 @@ DOC_BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
 
     tok = build_tokenizer()
     model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
@@ -33,7 +33,7 @@ def model_dir(tmp_path_factory) -> str:
 @pytest.fixture
 def forget_envs():
     """Unregister the env ids (and forget the modules) a test adds, so tests stay independent."""
-    from llmgym import registry
+    from llmgym.env import registry
 
     before_ids, before_modules = set(registry._INFO), set(sys.modules)
     yield
@@ -96,7 +96,7 @@ def _install_fake_distribution(root: Path, name: str, value: str) -> None:
 
 def test_an_installed_package_registers_envs_through_the_entry_point_group(tmp_path, monkeypatch, capsys,
                                                                           forget_envs):
-    from llmgym import registry
+    from llmgym.env import registry
 
     (tmp_path / "plugin_pkg_ok.py").write_text(WORDCOUNT.replace("{name}", "WordCountPlugin")
                                                .replace('register_env("WordCountPlugin", make, family="user", '
@@ -211,7 +211,7 @@ def test_a_time_limited_check_that_starts_a_process_takes_it_down_at_its_limit()
 
 def test_the_guess_example_of_the_docs_trains_without_crashing(tokenizer):
     from llmgym.agents import GRPO
-    from llmgym.models import TinyModelConfig, build_tiny_model
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model
 
     block = next(b for b in DOC_BLOCKS if "class Guess" in b)
     scope: dict = {"__name__": "__doc__"}
@@ -256,7 +256,7 @@ def test_tasks_from_a_dataset_follow_the_column_mapping():
 
 
 def test_a_trl_reward_function_is_one_batched_call_and_never_crashes():
-    from llmgym.verifiers import from_reward_function
+    from llmgym.env.verifiers import from_reward_function
 
     calls = []
 
@@ -288,7 +288,7 @@ def test_a_reward_function_with_a_time_limit_is_stopped_not_crashing():
     import time as _time
 
     from llmgym import SequenceEnv, Task
-    from llmgym.verifiers import from_reward_function
+    from llmgym.env.verifiers import from_reward_function
 
     def slow(prompts, completions, **kw):
         _time.sleep(300)

@@ -8,7 +8,7 @@
   :class:`~llmgym.sandbox.SandboxError` out of ``env.step``.
 * A judge model or a reward model that raises (out of memory, a dead server, a context too long for
   it) scored every completion 0.0 with the error in ``info``; now ``env.step`` raises
-  :class:`~llmgym.verifiers.VerifierUnavailableError` naming it.
+  :class:`~llmgym.env.verifiers.VerifierUnavailableError` naming it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 import llmgym  # noqa: F401  (registers the envs)
 from llmgym import SequenceEnv, Task
 from llmgym.sandbox import SandboxError, check_sandbox
-from llmgym.verifiers import VerifierUnavailableError
+from llmgym.env.verifiers import VerifierUnavailableError
 
 needs_sandbox = pytest.mark.skipif(bool(check_sandbox()["missing"]), reason="sandbox mechanisms missing")
 
@@ -103,8 +103,8 @@ class _BrokenEngine:
 
 
 def test_a_judge_model_that_fails_raises():
-    from llmgym.judges import JudgeVerifier
-    from llmgym.models import build_tokenizer
+    from llmgym.rlhf.llm_judges import JudgeVerifier
+    from llmgym.runtime.models import build_tokenizer
 
     judge = JudgeVerifier(_BrokenEngine(build_tokenizer()), "Is the response polite?")
     env = SequenceEnv([Task("say hi")], judge)
@@ -116,8 +116,8 @@ def test_a_judge_model_that_fails_raises():
 
 
 def test_a_reward_model_that_fails_raises():
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
-    from llmgym.reward_models import RewardModelVerifier, reward_model_from_causal_lm
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
+    from llmgym.rlhf.reward_models import RewardModelVerifier, reward_model_from_causal_lm
 
     tok = build_tokenizer()
     model = reward_model_from_causal_lm(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)))

@@ -15,7 +15,7 @@ import pytest
 
 import llmgym  # noqa: F401  (registers the envs)
 from llmgym import SequenceEnv, Task
-from llmgym.verifiers import exact_match
+from llmgym.env.verifiers import exact_match
 
 
 class AlwaysEqual(str):
@@ -71,7 +71,7 @@ def test_trl_reward_function_cuts_completions_as_env_step_does():
 
 
 def test_trl_reward_function_over_a_bare_verifier_cuts_at_the_default():
-    from llmgym.core import DEFAULT_MAX_COMPLETION_CHARS
+    from llmgym.env.core import DEFAULT_MAX_COMPLETION_CHARS
     from llmgym.interop import trl_reward_funcs
 
     lengths = []
@@ -105,7 +105,7 @@ class MeasuringTokenizer:
 
 @pytest.fixture()
 def measuring():
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     return MeasuringTokenizer(build_tokenizer())
 
@@ -152,7 +152,7 @@ def test_an_oversized_text_is_cut_before_it_is_tokenised(kind, measuring):
 
 
 def test_ids_past_the_bound_are_never_read():
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     env = SequenceEnv([Task("q")], lambda task, text: 0.0, build_tokenizer(), max_completion_chars=8)
     env.reset(seed=0)
@@ -161,7 +161,7 @@ def test_ids_past_the_bound_are_never_read():
 
 
 def test_a_token_level_env_refuses_a_whole_sequence_with_a_bounded_message(measuring):
-    from llmgym.token_level import TokenLevel
+    from llmgym.env.token_level import TokenLevel
 
     env = TokenLevel(SequenceEnv([Task("q")], lambda task, text: 0.0, measuring), measuring, max_new_tokens=4)
     env.reset(seed=0)
@@ -186,6 +186,6 @@ def test_trl_reward_function_reads_no_message_past_the_bound():
     (reward,) = trl_reward_funcs(lambda task, text: lengths.append(len(text)) or 0.0)
     chat = Messages([{"role": "assistant", "content": "y" * 1000}] * 1000)
     reward(prompts=["q"], completions=[chat])
-    from llmgym.core import DEFAULT_MAX_COMPLETION_CHARS
+    from llmgym.env.core import DEFAULT_MAX_COMPLETION_CHARS
 
     assert lengths == [DEFAULT_MAX_COMPLETION_CHARS] and len(read) <= DEFAULT_MAX_COMPLETION_CHARS // 1000 + 2

@@ -15,12 +15,12 @@ from llmgym.agents import AGENTS, DPO, RejectionSampling
 from llmgym.agents import functional as F
 from llmgym.agents.dpo import pair_batch
 from llmgym.engines.base import Completion
-from llmgym.judges import JudgeVerifier
-from llmgym.models import save_pretrained
-from llmgym.preferences import PreferencePair, load_preferences, save_preferences
-from llmgym.reward_models import (RewardModelVerifier, bradley_terry_loss, load_reward_model, pairwise_accuracy,
+from llmgym.rlhf.llm_judges import JudgeVerifier
+from llmgym.runtime.models import save_pretrained
+from llmgym.rlhf.preferences import PreferencePair, load_preferences, save_preferences
+from llmgym.rlhf.reward_models import (RewardModelVerifier, bradley_terry_loss, load_reward_model, pairwise_accuracy,
                                   reward_model_from_causal_lm, reward_scores, train_reward_model)
-from llmgym.verifiers import AllOf, WeightedSum
+from llmgym.env.verifiers import AllOf, WeightedSum
 
 PAIRS = [("copy:12=", "12", "ab"), ("copy:345=", "345", "x"), ("copy:7=", "7", "zz"), ("copy:90=", "90", "q")]
 
@@ -127,8 +127,8 @@ def test_a_saved_reward_model_scores_the_same_through_transformers(pad, tiny_mod
     verifier read the same score — also for a tokenizer whose pad token is its EOS."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from llmgym.models import build_tokenizer
-    from llmgym.preferences import encode_pair
+    from llmgym.runtime.models import build_tokenizer
+    from llmgym.rlhf.preferences import encode_pair
 
     tok = build_tokenizer()
     if pad == "eos":  # what the loader does for a tokenizer without a pad token
@@ -474,7 +474,7 @@ def test_rlhf_pipeline_example_runs_quick(tmp_path):
 
 
 def test_fit_reward_model_writes_a_loadable_model_and_metrics_and_continues(tmp_path, tiny_model, tokenizer):
-    from llmgym.reward_models import fit_reward_model
+    from llmgym.rlhf.reward_models import fit_reward_model
 
     save_pretrained(tiny_model, tokenizer, tmp_path / "base")
     first = fit_reward_model(tmp_path / "base", PAIRS * 3, tmp_path / "rm", held_out=0.25, steps=6, batch_size=4)
@@ -491,8 +491,8 @@ def test_fit_reward_model_writes_a_loadable_model_and_metrics_and_continues(tmp_
 def test_a_rollout_scores_a_turn_with_one_batched_reward_model_call(tiny_model, tokenizer):
     # env.step scores one completion; the rollout hands the reward model the whole turn first
     from llmgym.engines import HFEngine, SamplingParams
-    from llmgym.reward_models import reward_model_from_causal_lm
-    from llmgym.rollout import collect_episodes
+    from llmgym.rlhf.reward_models import reward_model_from_causal_lm
+    from llmgym.engines.rollout import collect_episodes
 
     torch.manual_seed(0)
     rm = reward_model_from_causal_lm(tiny_model)

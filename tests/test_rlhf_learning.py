@@ -27,10 +27,10 @@ import torch
 from llmgym import SequenceEnv, Task
 from llmgym.agents import DPO, GRPO, RejectionSampling
 from llmgym.engines import HFEngine, SamplingParams
-from llmgym.models import build_tiny_model, supervised_warmup
-from llmgym.preferences import PreferencePair, split_preferences
-from llmgym.reward_models import RewardModelVerifier, pairwise_accuracy, reward_model_from_causal_lm, train_reward_model
-from llmgym.rollout import collect_episodes
+from llmgym.runtime.models import build_tiny_model, supervised_warmup
+from llmgym.rlhf.preferences import PreferencePair, split_preferences
+from llmgym.rlhf.reward_models import RewardModelVerifier, pairwise_accuracy, reward_model_from_causal_lm, train_reward_model
+from llmgym.engines.rollout import collect_episodes
 
 LETTERS, DIGITS = "abcdef", "0123456789"
 PROMPTS = [Task(f"say{i}:", id=f"say-{i}") for i in range(16)]
@@ -174,7 +174,7 @@ def spread(seed: int):
     ``benchmarks/learning_spread.py``: each row's ``value`` is what a test compares with its ``bound``."""
     from conftest import tiny_shape
 
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     tokenizer = build_tokenizer()
     policy = make_warm_policy(tokenizer, tiny_shape(), seed=seed)

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated and will be remo
 
 from llmgym.agents import DPO  # noqa: E402
 from llmgym.agents.dpo import pair_batch  # noqa: E402
-from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer  # noqa: E402
-from llmgym.preferences import PreferencePair, encode_pair  # noqa: E402
-from llmgym.reward_models import bradley_terry_loss, reward_model_from_causal_lm, reward_scores  # noqa: E402
+from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer  # noqa: E402
+from llmgym.rlhf.preferences import PreferencePair, encode_pair  # noqa: E402
+from llmgym.rlhf.reward_models import bradley_terry_loss, reward_model_from_causal_lm, reward_scores  # noqa: E402
 
 # unequal lengths on both sides, so IPO's per-token averaging matters
 PAIRS = [PreferencePair("copy:12=", "12", "abcdef"), PreferencePair("copy:3456=", "3456", "x"),

@@ -206,7 +206,7 @@ def test_the_compiled_decoder_compiles_no_integer_hashing(monkeypatch):
     as on a GPU (only the compile mode differs there) — has no integer constant outside int32 and
     none of the sampler's code; and the tokens are the eager engine's."""
     from llmgym.engines import HFEngine, SamplingParams
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
 
     backend = _RecordingBackend()
     compiled_functions = []

@@ -25,7 +25,7 @@ from llmgym import Task
 from llmgym.envs.math import MathVerifier, ReasoningGymVerifier, reasoning_gym_task
 from llmgym.envs.math.answer_grammar import GUARDED_DATASETS, check_answer
 from llmgym.envs.math.reasoning import upstream_score
-from llmgym.envs.math.sandboxed import close_workers, reasoning_gym_score
+from llmgym.envs.math.scorer_pools import close_workers, reasoning_gym_score
 from llmgym.sandbox import SandboxUnavailableError, check_sandbox
 from host_traces import host_is_clean  # noqa: E402  (tests/ is on sys.path)
 
@@ -294,7 +294,7 @@ def test_a_script_without_a_main_guard_runs_once_and_gets_right_answers(tmp_path
 
 
 def test_a_verifier_that_cannot_run_raises_and_a_bad_completion_scores_zero():
-    from llmgym.verifiers import FunctionVerifier, VerifierUnavailableError
+    from llmgym.env.verifiers import FunctionVerifier, VerifierUnavailableError
 
     def needs_a_missing_package(task, completion):
         import llmgym_no_such_package  # noqa: F401
@@ -312,7 +312,7 @@ def test_a_verifier_that_cannot_run_raises_and_a_bad_completion_scores_zero():
 
 @needs_sandbox
 def test_a_sandboxed_scorer_inside_a_time_limited_wrapper_is_refused_not_zeroed():
-    from llmgym.verifiers import VerifierUnavailableError, WeightedSum
+    from llmgym.env.verifiers import VerifierUnavailableError, WeightedSum
 
     close_workers()
     wrapped = WeightedSum({"correct": (1.0, MathVerifier())}, time_limit=10)

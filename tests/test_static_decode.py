@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from llmgym.engines import HFEngine, SamplingParams
-from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 
 from llmgym import SequenceEnv, Task
 from llmgym.agents import GRPO
-from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)

@@ -14,7 +14,7 @@ import pytest
 
 import llmgym
 from llmgym import Task, TokenLevel
-from llmgym.models import build_tokenizer
+from llmgym.runtime.models import build_tokenizer
 from llmgym.tools import (
     CALL_FORMATS, Tool, ToolCall, ToolEnv, ToolSetupError, detect_call_format, parse_tool_calls, write_tool_calls,
 )
@@ -190,7 +190,7 @@ def _expert_completion(tok, calls):
     before = tok.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
     after = tok.apply_chat_template(history + [assistant], tokenize=False)
     text = after[len(before):]
-    from llmgym.core import ChatTurns
+    from llmgym.env.core import ChatTurns
 
     turns = ChatTurns.of(tok)
     text = text[: len(text) - len(turns.closing)]
@@ -239,7 +239,7 @@ def test_same_tokens_same_tool_episode_at_both_levels(kind):
 
 
 def _end_of_turn(tok):
-    from llmgym.core import ChatTurns
+    from llmgym.env.core import ChatTurns
 
     end = ChatTurns.of(tok).end_of_turn_id
     return tok.eos_token_id if end is None else end
@@ -398,7 +398,7 @@ class Counter:
 
 
 def test_trl_environment_factory_classes_get_one_instance_per_episode():
-    from llmgym.vector import clone_env
+    from llmgym.env.vector import clone_env
 
     env = ToolEnv([Task("Count to 5.", answer="5")], exact, environment_factory=Counter)
     assert list(env.tools) == ["increment"]

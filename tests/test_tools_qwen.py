@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from llmgym import Task, TokenLevel
-from llmgym.core import ChatTurns
+from llmgym.env.core import ChatTurns
 from llmgym.tools import ToolCall, ToolEnv, detect_call_format, parse_tool_calls, write_tool_calls
 from tool_fixtures import add, official_template_tokenizer
 
@@ -115,7 +115,7 @@ def _echo(text: str) -> str:
 
 
 def test_a_template_whose_calls_no_parser_reads_back_is_refused():
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     tok = build_tokenizer()
     tok.chat_template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% for c in m.tool_calls or [] %}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from llmgym.models import TinyModelConfig, build_tiny_model, supervised_warmup
+from llmgym.runtime.models import TinyModelConfig, build_tiny_model, supervised_warmup
 from warm_cache import cached_warmup  # tests/ is on sys.path
 
 SHAPE = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)

@@ -14,7 +14,7 @@ the tools, writes an assistant's calls and shows a tool's result.
 
 from __future__ import annotations
 
-from llmgym.models import build_tokenizer
+from llmgym.runtime.models import build_tokenizer
 
 HERMES = (
     "{%- if tools %}<|im_start|>system\n# Tools\n<tools>"

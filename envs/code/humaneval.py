@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmgym.envs.code.verifier import CodeVerifier
+from llmgym.envs.code.code_verifier import CodeVerifier
 from llmgym import SequenceEnv, Task
 from llmgym.sandbox import Sandbox, SandboxLimits
 

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from llmgym.envs.code.mbpp import builtin_code_tasks, load_mbpp_jsonl
-from llmgym.envs.code.verifier import CodeVerifier
+from llmgym.envs.code.code_verifier import CodeVerifier
 from llmgym import MultiTurnEnv, Task, Turn
-from llmgym.core import TaskSourceLike
+from llmgym.env.core import TaskSourceLike
 from llmgym.sandbox import Sandbox, SandboxLimits
 
 __all__ = ["FEEDBACK_TEMPLATE", "HIDDEN_FAILURE", "CodeRetryEnv", "code_retry_env"]

@@ -1,7 +1,7 @@
 """Math tasks: a math-verify answer checker, procedural arithmetic, GSM8K/MATH files, reasoning-gym.
 
 * :class:`MathVerifier` — answer equivalence with math-verify (extraction rules and gold
-  normalisation in :mod:`llmgym.envs.math.verifier`), batchable in worker processes with a time limit;
+  normalisation in :mod:`llmgym.envs.math.math_verifier`), batchable in worker processes with a time limit;
   :class:`ThinkAnswerFormat` and :func:`math_reward` for ``<think>…</think><answer>…</answer>``.
 * ``llmgym/Arithmetic-v0`` (:func:`arithmetic_env`), ``llmgym/GSM8K-v0`` / ``llmgym/MATH-v0``
   (:func:`gsm8k_env`, :func:`math_env` over :func:`load_gsm8k`, :func:`load_math`), and one
@@ -20,7 +20,7 @@ from llmgym.envs.math.arithmetic import arithmetic_env, arithmetic_task
 from llmgym.envs.math.loaders import gsm8k_env, load_gsm8k, load_math, math_env
 from llmgym.envs.math.reasoning import ReasoningGymVerifier, reasoning_gym_task
 from llmgym.envs.math.reasoning import make_env as reasoning_gym_env
-from llmgym.envs.math.verifier import (
+from llmgym.envs.math.math_verifier import (
     MathVerifier,
     ThinkAnswerFormat,
     extract_answer,

@@ -4,7 +4,7 @@ Nine reasoning-gym 0.1.25 scorers hand the model's answer to Python's ``eval`` (
 spiral_matrix, string_insertion, n_queens) or to ``sympy.parse_expr``, itself an ``eval`` of the
 transformed text (polynomial_multiplication, simple_integration, intermediate_integration, countdown,
 puzzle24). An answer that reached them as text would run as Python. Scoring runs in the sandbox
-(:mod:`llmgym.envs.math.sandboxed`), but a payload that ran code *there* could still write its own
+(:mod:`llmgym.envs.math.scorer_pools`), but a payload that ran code *there* could still write its own
 score; so these answers are checked here first, on the host, and only an answer that cannot run
 code reaches the scorer:
 

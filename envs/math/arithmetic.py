@@ -117,7 +117,7 @@ def arithmetic_env(
         >>> reward, terminated
         (1.0, True)
     """
-    from llmgym.envs.math.verifier import MathVerifier
+    from llmgym.envs.math.math_verifier import MathVerifier
 
     if tasks is None:
         arithmetic_expression(np.random.default_rng(0), min_ops, max_ops, max_value, ops)  # fail fast on bad config

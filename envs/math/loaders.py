@@ -125,7 +125,7 @@ def _gsm8k_final(answer: str) -> str:
 
 
 def _last_boxed(text: str) -> str | None:
-    from llmgym.envs.math.verifier import last_boxed
+    from llmgym.envs.math.math_verifier import last_boxed
 
     return last_boxed(text)
 
@@ -210,7 +210,7 @@ def load_math(
 
 
 def _dataset_env(loader, name, tokenizer, render_mode, path, verifier, time_limit, **load_kwargs) -> SequenceEnv:
-    from llmgym.envs.math.verifier import MathVerifier
+    from llmgym.envs.math.math_verifier import MathVerifier
 
     if verifier is None:  # first: without math-verify the env fails here, naming the install
         verifier = MathVerifier(time_limit=time_limit)

@@ -1,6 +1,6 @@
 """math-verify's parse and comparison, as the sandboxed worker that runs them (in the sandbox only).
 
-:mod:`llmgym.envs.math.sandboxed` hands this file's text to a :class:`~llmgym.sandbox.worker.SandboxWorker`:
+:mod:`llmgym.envs.math.scorer_pools` hands this file's text to a :class:`~llmgym.sandbox.worker.SandboxWorker`:
 the sandbox's zygote runs it once (``setup`` imports math-verify and warms SymPy), parses each gold answer
 in ``prepare`` (trusted data) and forks a child per check for ``handle`` (model text). math-verify's own
 signal-based time-out is off: the sandbox kills the check. Importing it on the host runs nothing but

@@ -43,7 +43,7 @@ import numpy as np
 from llmgym import Score, SequenceEnv, Task, Verifier
 from llmgym.envs.math import rg_guards
 from llmgym.envs.math.answer_grammar import check_answer
-from llmgym.envs.math.sandboxed import reasoning_gym_score
+from llmgym.envs.math.scorer_pools import reasoning_gym_score
 
 __all__ = [
     "ANSWER_INSTRUCTION",
@@ -273,7 +273,7 @@ def upstream_score(
     grammar where the scorer would ``eval`` or ``sympy.parse_expr`` it
     (:func:`llmgym.envs.math.answer_grammar.check_answer`; outside it, the answer is never read: it
     scores what the dataset gives an empty answer -- its floor, 0.0 or 0.01 -- and the error says
-    why), then scored in the sandbox (:func:`llmgym.envs.math.sandboxed.reasoning_gym_score`), killed after
+    why), then scored in the sandbox (:func:`llmgym.envs.math.scorer_pools.reasoning_gym_score`), killed after
     ``time_limit`` seconds (``None``: the sandbox worker's limit). A score that is not a finite
     number in [0, 1], an exception or a time-out is 0.0 with the error. An answer over
     :data:`MAX_ANSWER_CHARS` characters is not read either (the floor, with the error).

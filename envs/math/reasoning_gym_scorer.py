@@ -1,6 +1,6 @@
 """A reasoning-gym dataset's own ``score_answer(answer, entry)``, as the sandboxed worker that runs it.
 
-:mod:`llmgym.envs.math.sandboxed` hands this file's text to a :class:`~llmgym.sandbox.worker.SandboxWorker`.
+:mod:`llmgym.envs.math.scorer_pools` hands this file's text to a :class:`~llmgym.sandbox.worker.SandboxWorker`.
 The dataset object is built in the zygote (``prepare``) from trusted data -- name, configuration, seed --
 and kept: scorers read only its configuration and loaded data, never its seed. ``handle`` runs in each
 check's child, on model text. Importing it on the host runs nothing but these definitions.

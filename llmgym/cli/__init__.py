@@ -54,7 +54,7 @@ from llmgym.cli.resolve import build_agent_config
 from llmgym.cli.usage import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from llmgym.cli.quickstart import QUICKSTART_SETTINGS, quickstart_base_model
 from llmgym.cli.training import RunSpec, TrainResult, train_run
-from llmgym.threads import passive_openmp
+from llmgym.runtime.threads import passive_openmp
 
 __all__ = [
     "COMMANDS",
@@ -157,9 +157,9 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 def __getattr__(name: str):
-    # llmgym.cli.evaluate_held_out, as before it moved to llmgym.rollout; imported on use (torch)
+    # llmgym.cli.evaluate_held_out, as before it moved to llmgym.engines.rollout; imported on use (torch)
     if name == "evaluate_held_out":
-        from llmgym.rollout import evaluate_held_out
+        from llmgym.engines.rollout import evaluate_held_out
 
         return evaluate_held_out
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

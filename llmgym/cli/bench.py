@@ -1,7 +1,7 @@
 """``llmgym bench``: pass@1, pass@k, mean reward with a 95% interval, sampling speed; per-sample records.
 
 The interval respects the reward's range: the Wilson score interval when every reward is 0 or 1,
-a percentile bootstrap over tasks otherwise (:func:`llmgym.metrics.reward_interval`).
+a percentile bootstrap over tasks otherwise (:func:`llmgym.runtime.metrics.reward_interval`).
 
 ``--engine hf`` (default) samples with ``transformers`` in process, ``--engine vllm`` with vLLM in
 process, ``--engine openai --base-url URL`` from an OpenAI-compatible server (``--model`` then names the
@@ -27,7 +27,7 @@ from llmgym.cli.engine_options import bf16_on_slow_cpu, build_engine, check_engi
 from llmgym.cli.resolve import apply_threads, load_run_model, make_run_env, require_env, resolve_model
 from llmgym.cli.run_files import atomic_write_text, check_out_file
 from llmgym.cli.usage import UsageError
-from llmgym.display import make_console
+from llmgym.runtime.display import make_console
 
 __all__ = ["CHUNK_ROWS", "PROCEDURAL_DEFAULT_TASKS", "add_parser", "check_earlier_results", "cmd_bench",
            "parse_task_count", "partial_path", "sample_records", "samples_path"]
@@ -109,7 +109,7 @@ def sample_records(episodes, tasks, n: int, threshold: float, tokenizer, multi_t
     """One JSON-safe record per sampled episode: task id and index (``first_task`` + its place in ``tasks``),
     sample index, completion text, reward, pass/fail, turns, finish reasons, completion tokens, and what the
     verifier said (``info``)."""
-    from llmgym.logging import json_safe
+    from llmgym.runtime.logging import json_safe
 
     records = []
     for index, episode in enumerate(episodes):
@@ -185,7 +185,7 @@ def _served_engine(args, engine_args):
     """``(OpenAIEngine, tokenizer, what to report)`` for ``--engine openai``; a dead server or a model it does
     not serve is a :class:`UsageError` (the engine asks the server at once)."""
     from llmgym.engines.openai_api import ModelNotServedError, OpenAIEngine, ServerError
-    from llmgym.models import load_tokenizer, tiny_model_path
+    from llmgym.runtime.models import load_tokenizer, tiny_model_path
 
     if not args.base_url:
         raise UsageError("--engine openai needs --base-url (the server's API root, e.g. http://127.0.0.1:8000/v1)")
@@ -304,7 +304,7 @@ def _warm_up(env, engine, task, sampling) -> float:
     carries its own start-up (vLLM's is many seconds on a CPU), which is not sampling speed."""
     import dataclasses as dc
 
-    from llmgym.vector import clone_env
+    from llmgym.env.vector import clone_env
 
     probe = clone_env(env)
     obs, _ = probe.reset(options={"task": task})
@@ -324,8 +324,8 @@ class _Stopped(Exception):
 def _sample_all(args, console, env, engine, tasks, todo, sampling, tokenizer, multi_turn, sink, stop_errors):
     """Sample every task index in ``todo`` in parts of about :data:`CHUNK_ROWS` completions; each part's records go
     to ``sink`` as soon as it is done. Returns the summed timing stats."""
-    from llmgym.display import make_progress
-    from llmgym.rollout import collect_episodes
+    from llmgym.runtime.display import make_progress
+    from llmgym.engines.rollout import collect_episodes
 
     n = args.samples
     per_part = max(1, CHUNK_ROWS // n)
@@ -365,9 +365,9 @@ def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env
 
     from rich.table import Table
 
-    from llmgym.core import MultiTurnEnv
-    from llmgym.metrics import pass_at_k, reward_interval
-    from llmgym.rollout import distinct_tasks
+    from llmgym.env.core import MultiTurnEnv
+    from llmgym.runtime.metrics import pass_at_k, reward_interval
+    from llmgym.engines.rollout import distinct_tasks
 
     try:
         tasks, how = distinct_tasks(env, requested, seed=args.seed)

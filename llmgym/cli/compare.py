@@ -21,7 +21,7 @@ from llmgym.cli.engine_options import check_engine, engine_arguments, engine_opt
 from llmgym.cli.resolve import build_agent_config, check_env_makes, check_model, require_agent, require_env
 from llmgym.cli.run_files import atomic_write_text, check_out_dir
 from llmgym.cli.usage import UsageError
-from llmgym.display import make_console
+from llmgym.runtime.display import make_console
 from llmgym.cli.training import RunSpec, samples_per_step, train_run
 
 __all__ = ["add_parser", "cmd_compare", "compute_fair_settings"]
@@ -99,7 +99,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """``llmgym compare``: each agent on each seed; final reward, steps to threshold, one plot."""
     from rich.table import Table
 
-    from llmgym.logging import plot_comparison, steps_to_threshold
+    from llmgym.runtime.logging import plot_comparison, steps_to_threshold
 
     console = make_console()
     names = [a.strip() for a in args.agents.split(",") if a.strip()]

@@ -23,7 +23,7 @@ def format_value(value: Any, digits: int = 3) -> str:
 
 
 def reward_progress(console):
-    from llmgym.display import make_progress
+    from llmgym.runtime.display import make_progress
 
     return make_progress(console, "reward {task.fields[reward]}", "avg {task.fields[avg]}", "kl {task.fields[kl]}")
 

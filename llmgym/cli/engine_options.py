@@ -166,7 +166,7 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
         from transformers import AutoConfig
 
         from llmgym.engines.vllm import UnsupportedModelError, check_model
-        from llmgym.models import tiny_model_path
+        from llmgym.runtime.models import tiny_model_path
 
         path = str(tiny_model_path()) if model_spec == "tiny" else resolve_model(model_spec)
         try:
@@ -195,7 +195,7 @@ def _check_servers(servers, lora: bool) -> None:
 def bf16_on_slow_cpu(device: str | None, precision: str | None, engine_args: dict[str, Any] | None = None) -> str | None:
     """A one-line note when bf16 is asked for (``--dtype bf16[-mixed]``, ``--engine-arg dtype=bfloat16``) on a
     CPU without bf16 instructions, where it is 3–5× slower than float32; ``None`` otherwise."""
-    from llmgym.threads import cpu_has_fast_bf16
+    from llmgym.runtime.threads import cpu_has_fast_bf16
 
     engine_dtype = str((engine_args or {}).get("dtype", "")).lower()
     asked = [what for what, on in (("--dtype " + str(precision), str(precision).startswith("bf16")),

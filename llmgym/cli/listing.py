@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from llmgym.cli.common import plugin_options
 from llmgym.cli.usage import UsageError
-from llmgym.display import make_console
-from llmgym.display import is_live
+from llmgym.runtime.display import make_console
+from llmgym.runtime.display import is_live
 
 __all__ = ["WIDE", "add_parser", "cmd_list", "adapter_rows"]
 
@@ -51,7 +51,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from llmgym.agents import AGENTS
-    from llmgym.registry import registered_envs
+    from llmgym.env.registry import registered_envs
 
     console = make_console()
     infos = registered_envs(args.family)

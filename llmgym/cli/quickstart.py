@@ -26,10 +26,10 @@ from llmgym.cli.console import files_table, format_value
 from llmgym.cli.resolve import apply_threads, load_run_model, make_run_env
 from llmgym.cli.run_files import RUN_FILES, atomic_write_text, check_out_dir, existing_files, keep_previous_run
 from llmgym.cli.usage import EXIT_INTERRUPTED, UsageError
-from llmgym.display import make_console
-from llmgym.display import quiet_hf_progress
+from llmgym.runtime.display import make_console
+from llmgym.runtime.display import quiet_hf_progress
 from llmgym.cli.training import RunSpec, train_run
-from llmgym.threads import set_torch_threads
+from llmgym.runtime.threads import set_torch_threads
 
 __all__ = ["QUICKSTART_SETTINGS", "add_parser", "cmd_quickstart", "quickstart_base_model"]
 
@@ -51,11 +51,11 @@ QUICKSTART_HELD_OUT = {"task": "copy", "n": 64, "seed": 12345}
 def quickstart_base_model(console=None, threads: int | None = None) -> Path:
     """The quickstart's base model: a tiny model after a short supervised warm-up on Copy, cached.
 
-    Built once under :func:`llmgym.models.cache_dir` (keyed by the recipe) and reused afterwards;
-    the warm-up runs on the threads :func:`llmgym.threads.set_torch_threads` picks (``threads``
+    Built once under :func:`llmgym.runtime.models.cache_dir` (keyed by the recipe) and reused afterwards;
+    the warm-up runs on the threads :func:`llmgym.runtime.threads.set_torch_threads` picks (``threads``
     wins), one for this model unless the user says otherwise.
     """
-    from llmgym.models import (
+    from llmgym.runtime.models import (
         TinyModelConfig,
         build_tiny_model,
         build_tokenizer,
@@ -103,7 +103,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from llmgym.envs.toy import sample_tasks
-    from llmgym.rollout import evaluate_held_out
+    from llmgym.engines.rollout import evaluate_held_out
 
     console = make_console()
     mode = "quick" if args.quick else "default"

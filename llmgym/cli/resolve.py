@@ -19,19 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from llmgym.cli.usage import LIST_HINT, UsageError
-from llmgym.display import quiet_hf_progress
-from llmgym.threads import set_torch_threads
+from llmgym.runtime.display import quiet_hf_progress
+from llmgym.runtime.threads import set_torch_threads
 
 __all__ = ["require_env", "ENV_ARG_RESERVED", "make_run_env", "require_agent", "MODEL_HINT", "resolve_model", "load_run_model", "apply_threads", "check_model", "build_agent_config", "construct_agent", "check_env_makes"]
 
 def require_env(env_id: str):
-    """The :class:`~llmgym.registry.EnvInfo` of ``env_id``; a :class:`UsageError` if unknown or unusable.
+    """The :class:`~llmgym.env.registry.EnvInfo` of ``env_id``; a :class:`UsageError` if unknown or unusable.
 
     An adapter spec (``verifiers:<module>``, ``textarena:<game id>``) is checked instead (package
     installed, module or game known) and gives ``None``.
     """
     from llmgym.interop.adapters import check_env_spec, parse_env_spec
-    from llmgym.registry import env_info
+    from llmgym.env.registry import env_info
 
     if parse_env_spec(env_id) is not None:
         try:
@@ -144,7 +144,7 @@ def resolve_model(spec: str) -> str:
         raise UsageError(f"{spec!r} holds no model (no config.json in it): {MODEL_HINT}")
     if path.exists():
         raise UsageError(f"--model {spec!r} is a file, not a model directory: {MODEL_HINT}")
-    from llmgym.models import looks_like_hub_id
+    from llmgym.runtime.models import looks_like_hub_id
 
     if not looks_like_hub_id(spec) or spec.startswith(("/", ".", "~")):
         raise UsageError(f"no model at {spec!r}: {MODEL_HINT}")
@@ -169,7 +169,7 @@ def resolve_model(spec: str) -> str:
 def load_run_model(spec: str, device: str | None = None):
     """``(model, tokenizer)`` from ``'tiny'``, a saved directory or a hub id, on ``device`` (``None``: CPU);
     a :class:`UsageError` if absent."""
-    from llmgym.models import load_model
+    from llmgym.runtime.models import load_model
 
     target = resolve_model(spec)
     quiet_hf_progress()
@@ -183,7 +183,7 @@ def load_run_model(spec: str, device: str | None = None):
 
 
 def apply_threads(requested: int | None, model) -> int:
-    """Set torch's CPU threads for ``model`` (:func:`llmgym.threads.set_torch_threads`: ``--threads``,
+    """Set torch's CPU threads for ``model`` (:func:`llmgym.runtime.threads.set_torch_threads`: ``--threads``,
     else ``OMP_NUM_THREADS`` when set, else 1 for a small model on CPU); return the count in use."""
     return set_torch_threads(model, requested=requested)
 
@@ -291,7 +291,7 @@ def check_env_makes(env_id: str, model: str, env_args: dict[str, Any] | None = N
     """Make ``env_id`` once with ``model``'s tokenizer (its weights are not loaded) and ``env_args``:
     a missing ``--env-arg path=`` or an unknown keyword is a :class:`UsageError` before a command
     prints anything."""
-    from llmgym.models import load_tokenizer, tiny_model_path
+    from llmgym.runtime.models import load_tokenizer, tiny_model_path
 
     target = resolve_model(model)
     quiet_hf_progress()

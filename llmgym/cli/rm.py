@@ -2,8 +2,8 @@
 
 Reads ``{"prompt", "chosen", "rejected"}`` JSONL, puts a scalar head on a causal LM's backbone (or
 continues a reward model saved earlier), trains it with
-:func:`llmgym.reward_models.fit_reward_model`, evaluates pairwise accuracy on held-out pairs, and
-saves a directory that :class:`llmgym.reward_models.RewardModelVerifier` loads
+:func:`llmgym.rlhf.reward_models.fit_reward_model`, evaluates pairwise accuracy on held-out pairs, and
+saves a directory that :class:`llmgym.rlhf.reward_models.RewardModelVerifier` loads
 (``RewardModelVerifier("DIR")``) — a reward for ``train`` through any env built on it.
 
 Example:
@@ -21,9 +21,9 @@ from llmgym.cli.console import files_table, format_value
 from llmgym.cli.resolve import resolve_model
 from llmgym.cli.run_files import atomic_write_text, check_out_dir, existing_files
 from llmgym.cli.usage import UsageError
-from llmgym.display import make_console
-from llmgym.display import quiet_hf_progress
-from llmgym.threads import set_torch_threads
+from llmgym.runtime.display import make_console
+from llmgym.runtime.display import quiet_hf_progress
+from llmgym.runtime.threads import set_torch_threads
 
 __all__ = ["add_parser", "cmd_rm"]
 
@@ -60,7 +60,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
 
 def _load_pairs(path: str, flag: str):
     """The pairs in ``path``; a missing, empty or malformed file is a one-line :class:`UsageError`."""
-    from llmgym.preferences import load_preferences
+    from llmgym.rlhf.preferences import load_preferences
 
     try:
         return load_preferences(path)
@@ -73,7 +73,7 @@ def _load_pairs(path: str, flag: str):
 
 def _set_threads(requested: int | None, model: str) -> int:
     """Torch's CPU threads for the run, by the rule of the other commands
-    (:func:`llmgym.threads.set_torch_threads`), the size counted on a weightless ``meta``-device copy."""
+    (:func:`llmgym.runtime.threads.set_torch_threads`), the size counted on a weightless ``meta``-device copy."""
     import torch
 
     if requested is not None:
@@ -81,7 +81,7 @@ def _set_threads(requested: int | None, model: str) -> int:
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from llmgym.models import tiny_model_path
+        from llmgym.runtime.models import tiny_model_path
 
         config = AutoConfig.from_pretrained(str(tiny_model_path() if model == "tiny" else model))
         with torch.device("meta"):
@@ -92,7 +92,7 @@ def _set_threads(requested: int | None, model: str) -> int:
 
 
 def reward_progress(console):
-    from llmgym.display import make_progress
+    from llmgym.runtime.display import make_progress
 
     return make_progress(console, "loss {task.fields[loss]}", "batch acc {task.fields[acc]}",
                          "held-out acc {task.fields[eval]}")
@@ -102,7 +102,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     """``llmgym rm``."""
     from rich.table import Table
 
-    from llmgym.reward_models import fit_reward_model
+    from llmgym.rlhf.reward_models import fit_reward_model
 
     console = make_console()
     for flag, value, low in (("--steps", args.steps, 1), ("--batch-size", args.batch_size, 1),
@@ -161,5 +161,5 @@ def cmd_rm(args: argparse.Namespace) -> int:
     atomic_write_text(out / "eval.json", json.dumps({**final, "train_pairs": report["train_pairs"]}, indent=2) + "\n")
     console.print(files_table("files", {"reward model": out, "metrics": out / "metrics.jsonl",
                                          "eval": out / "eval.json"}))
-    console.print(f"use it as a reward: llmgym.reward_models.RewardModelVerifier({str(out)!r})")
+    console.print(f"use it as a reward: llmgym.rlhf.reward_models.RewardModelVerifier({str(out)!r})")
     return 0

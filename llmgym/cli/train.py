@@ -33,9 +33,9 @@ from llmgym.cli.engine_options import bf16_on_slow_cpu, check_engine, engine_arg
 from llmgym.cli.resolve import build_agent_config, check_model, require_agent, require_env
 from llmgym.cli.run_files import RUN_FILES, check_out_dir, existing_files
 from llmgym.cli.usage import EXIT_INTERRUPTED, UsageError
-from llmgym.display import make_console
+from llmgym.runtime.display import make_console
 from llmgym.cli.training import RunSpec, train_run
-from llmgym.logging import TRACKERS
+from llmgym.runtime.logging import TRACKERS
 
 __all__ = ["add_parser", "check_async", "cmd_train"]
 
@@ -100,7 +100,7 @@ def check_async(args: argparse.Namespace, agent_cls) -> tuple[int | None, int | 
     if not agent_cls.pipelined:
         raise UsageError(f"--async: {agent_cls.name} cannot learn from stale samples (no policy-gradient correction); "
                          f"drop --async")
-    from llmgym import distributed
+    from llmgym.runtime import distributed
 
     if distributed.is_distributed():
         raise UsageError("--async runs in one process; under torchrun drop --async (data parallel is synchronous)")

@@ -31,7 +31,7 @@ from llmgym.cli.resolve import (
 )
 from llmgym.cli.run_files import RUN_FILES, atomic_write_text, existing_files
 from llmgym.cli.usage import UsageError
-from llmgym.display import make_console
+from llmgym.runtime.display import make_console
 
 __all__ = ["EVAL_SEED", "RunSpec", "TrainResult", "samples_per_step", "train_run"]
 
@@ -180,8 +180,8 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
                description: str | None, checkpoints: bool, base_model: tuple[Any, Any] | None, banner: str | None,
                replace: bool) -> TrainResult:
     from llmgym.agents.checkpoint import CheckpointError, load_checkpoint, load_pipeline_state, save_checkpoint
-    from llmgym.logging import MetricsLogger, moving_average, plot_curves, truncate_metrics
-    from llmgym.rollout import distinct_tasks, evaluate_held_out
+    from llmgym.runtime.logging import MetricsLogger, moving_average, plot_curves, truncate_metrics
+    from llmgym.engines.rollout import distinct_tasks, evaluate_held_out
 
     console = console or make_console()
     out = Path(out_dir)

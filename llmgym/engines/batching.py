@@ -64,7 +64,7 @@ def cache_argument(model) -> str:
     ``"past_key_values"``; a ``peft`` model is looked through to its base model.
 
     Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> from llmgym.engines.batching import cache_argument
         >>> model = build_tiny_model(build_tokenizer(), TinyModelConfig(hidden_size=32, num_layers=1))
         >>> cache_argument(model) in ("cache", "past_key_values")

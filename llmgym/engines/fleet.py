@@ -59,7 +59,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from llmgym import distributed
+from llmgym.runtime import distributed
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 from llmgym.engines.weight_transfer import DEFAULT_BUCKET_BYTES, GlooSender, TransferError, local_address_towards
 

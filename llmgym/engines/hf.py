@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from llmgym.core import end_of_turn_ids
+from llmgym.env.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 from llmgym.engines.batching import cache_argument, cache_of, pad_left, position_ids
 from llmgym.engines.sampling import keyed_uniforms, sample_next_token
@@ -28,7 +28,7 @@ def sequence_logprobs(
 
     Example:
         >>> import torch
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> from llmgym.engines.hf import sequence_logprobs
         >>> tok = build_tokenizer()
         >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
@@ -67,7 +67,7 @@ class HFEngine:
             autocast makes keys and values differ); load bf16 weights for bf16 decoding there.
 
     Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> from llmgym.engines import HFEngine, SamplingParams
         >>> tok = build_tokenizer()
         >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
@@ -228,7 +228,7 @@ class HFEngine:
         for the contract); token-level rollouts and :class:`~llmgym.engines.TokenStepper` use it.
 
         Example:
-            >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+            >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
             >>> from llmgym.engines import HFEngine
             >>> tok = build_tokenizer()
             >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
@@ -252,7 +252,7 @@ class HFEngine:
         """Teacher-forced log-probs of ``completion_ids`` after ``prompt_ids`` (same distribution as sampling).
 
         Example:
-            >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+            >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
             >>> from llmgym.engines import HFEngine, SamplingParams
             >>> tok = build_tokenizer()
             >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)

@@ -466,7 +466,7 @@ class OpenAIEngine:
         self.prompts_sent_as: str | None = None if prompt_format == "auto" else prompt_format
         self.token_ids_from: str | None = None
         if tokenizer is not None:
-            from llmgym.core import end_of_turn_ids
+            from llmgym.env.core import end_of_turn_ids
 
             eos = tokenizer.eos_token_id
             self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
@@ -668,7 +668,7 @@ class OpenAIEngine:
     def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
         """Log-probs of ``completion_ids`` after ``prompt_ids`` as the server scores its prompt
         (``echo=True``; vLLM's prompt log-probs are of the raw logits, so ``temperature`` must be 1).
-        :class:`~llmgym.judges.JudgeVerifier`'s ``mode="prob"`` uses it."""
+        :class:`~llmgym.rlhf.llm_judges.JudgeVerifier`'s ``mode="prob"`` uses it."""
         if temperature != 1.0:
             raise ValueError("OpenAIEngine.logprobs scores at temperature 1 only (the server's prompt log-probs)")
         ids = [int(t) for t in prompt_ids] + [int(t) for t in completion_ids]

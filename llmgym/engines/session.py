@@ -117,7 +117,7 @@ class HFDecodeSession:
 
     Example:
         >>> import torch
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> from llmgym.engines import HFEngine
         >>> tok = build_tokenizer()
         >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
@@ -307,7 +307,7 @@ class RecomputeSession:
     sessions existed, kept for engines that cannot hold a cache between calls.
 
     Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> from llmgym.engines import HFEngine
         >>> from llmgym.engines.session import RecomputeSession
         >>> tok = build_tokenizer()
@@ -414,7 +414,7 @@ class TokenStepper:
 
     Example:
         >>> import torch
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> from llmgym.engines import HFEngine, TokenStepper
         >>> tok = build_tokenizer()
         >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
@@ -485,7 +485,7 @@ def open_decode_session(engine, contexts: Sequence[Sequence[int]] = ()) -> Decod
     cannot step one token at a time: ``TypeError``.
 
     Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> from llmgym.engines import HFEngine, open_decode_session
         >>> tok = build_tokenizer()
         >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)

@@ -15,7 +15,7 @@ model's step is handed to ``torch.compile``.
 
 Example:
     >>> import torch
-    >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+    >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
     >>> from llmgym.engines import HFEngine, SamplingParams
     >>> tok = build_tokenizer()
     >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1))
@@ -59,7 +59,7 @@ def last_logits_only(model) -> dict:
     151,936-token vocabulary is ~0.5 GB for 32 prompts of 25 tokens), else ``{}``.
 
     Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> last_logits_only(build_tiny_model(build_tokenizer(), TinyModelConfig(hidden_size=32, num_layers=1)))
         {'logits_to_keep': 1}
     """
@@ -85,7 +85,7 @@ class StaticCacheDecoder:
 
     Example:
         >>> import torch
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> tok = build_tokenizer()
         >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)).eval()
         >>> ids = torch.tensor([tok.encode("hello")])

@@ -119,7 +119,7 @@ except ImportError as err:  # pragma: no cover - exercised where vLLM is absent
         "docs/scale.md#vllmengine). Without vLLM use llmgym.engines.HFEngine."
     ) from err
 
-from llmgym.core import end_of_turn_ids
+from llmgym.env.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
 __all__ = ["CPU_KV_CACHE_BYTES", "EngineArgumentError", "MIN_VLLM_VERSION", "UnsupportedModelError", "VLLMEngine",
@@ -465,7 +465,7 @@ class VLLMEngine:
         if self.sleep_enabled:
             llm_kwargs["enable_sleep_mode"] = True
 
-        from llmgym import distributed
+        from llmgym.runtime import distributed
 
         self.external_launcher = distributed.is_distributed()
         if self.external_launcher:

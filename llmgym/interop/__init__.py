@@ -7,7 +7,7 @@ multi-turn, token level through :class:`llmgym.TokenLevel`, trainable by every a
 (:func:`trl_dataset` gives it the prompts); :func:`to_verifiers` makes an llmgym env a verifiers
 ``Env``. The third-party packages are imported when an adapter is used, never by ``import llmgym``;
 ``llmgym list`` shows which adapters are installed. Their code that reads model text (reward functions, a
-verifiers ``run()``, a game and its opponent) runs in llmgym's sandbox (:mod:`llmgym.interop.sandboxed`). On the command line, ``--env
+verifiers ``run()``, a game and its opponent) runs in llmgym's sandbox (:mod:`llmgym.interop.adapter_pools`). On the command line, ``--env
 verifiers:<module>`` and ``--env textarena:<game id>`` (see :mod:`llmgym.interop.adapters`).
 
 See ``docs/interop.md`` for worked examples and what does not map.

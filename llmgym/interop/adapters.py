@@ -168,7 +168,7 @@ def make_adapted_env(spec: str, tokenizer: Any = None, *, level: str = "sequence
 
     adapter, target = check_env_spec(spec)
     env_spec = gymnasium.envs.registration.EnvSpec(
-        id=spec, entry_point="llmgym.registry:make_env",
+        id=spec, entry_point="llmgym.env.registry:make_env",
         kwargs={"factory": adapter.factory, adapter_argument(adapter): target}, disable_env_checker=False)
     return gymnasium.make(env_spec, tokenizer=tokenizer, level=level, max_new_tokens=max_new_tokens, **kwargs)
 

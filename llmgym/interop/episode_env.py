@@ -2,7 +2,7 @@
 
 The adapters' multi-turn envs (a verifiers ``Env.run()``, a TextArena game) hand each completion to code
 llmgym does not control, so that code runs in the sandbox, one fresh process per call
-(:mod:`llmgym.interop.sandboxed`). A process that lives for one call cannot hold a game between turns:
+(:mod:`llmgym.interop.adapter_pools`). A process that lives for one call cannot hold a game between turns:
 the episode's state is its task, its seed and the completions so far, and each turn *replays* the episode
 from its start with them, up to the next event -- the env's reply, or the end with its reward. Each
 replay also checks that the replies it shows again are the ones already shown (an env that does not
@@ -39,10 +39,10 @@ import math
 import warnings
 from typing import Any
 
-from llmgym.core import MultiTurnEnv, Turn
-from llmgym.interop import sandboxed
-from llmgym.interop.sandboxed import EpisodeError
-from llmgym.types import Task
+from llmgym.env.core import MultiTurnEnv, Turn
+from llmgym.interop import adapter_pools
+from llmgym.interop.adapter_pools import EpisodeError
+from llmgym.env.types import Task
 
 __all__ = ["EpisodeError", "ReplayEpisodeEnv"]
 
@@ -77,15 +77,15 @@ class ReplayEpisodeEnv(MultiTurnEnv):
         """What runs the episode, for error messages."""
         return type(self).__name__
 
-    def run_sandboxed(self, payload: sandboxed.Payload, request: dict[str, Any]) -> dict[str, Any]:
+    def run_sandboxed(self, payload: adapter_pools.Payload, request: dict[str, Any]) -> dict[str, Any]:
         """:meth:`play` through the sandbox: the replay ``request`` for ``payload``, its answer checked here."""
-        status, answer = sandboxed.run(payload, request, self.time_limit)
-        failed = sandboxed.failure(status, answer, self.time_limit)
+        status, answer = adapter_pools.run(payload, request, self.time_limit)
+        failed = adapter_pools.failure(status, answer, self.time_limit)
         if failed is not None:
             if failed["import_error"]:  # trusted moves instead of the policy's: does the import fail anyway?
                 reference = {**request, "completions": [""] * len(request["completions"]),
                              "replies": request["replies"][:1]}
-                sandboxed.reference_check(payload, reference, self.time_limit, failed, self.describe())
+                adapter_pools.reference_check(payload, reference, self.time_limit, failed, self.describe())
             if failed["not_reproducible"]:
                 warnings.warn(f"{self.describe()}: {failed['error']}", RuntimeWarning, stacklevel=3)
             raise EpisodeError(failed["error"])

@@ -3,7 +3,7 @@
 A verifiers reward function may hand a completion to math-verify or SymPy (``parse_expr`` is an
 ``eval``), a verifiers ``run()`` and a TextArena game parse every move: code llmgym does not control,
 fed hostile text. This file is the *source* of the adapters' :class:`~llmgym.sandbox.worker.SandboxWorker`
-(:mod:`llmgym.interop.sandboxed` reads it as text and starts it in the sandbox). Inside, it imports the
+(:mod:`llmgym.interop.adapter_pools` reads it as text and starts it in the sandbox). Inside, it imports the
 standard library, ``cloudpickle`` (to load what the host pickled by value) and verifiers or TextArena --
 never llmgym, which the sandbox does not see. Keep it so.
 

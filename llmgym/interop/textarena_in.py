@@ -24,7 +24,7 @@ any: a legal random player in games that list their moves (TicTacToe, KuhnPoker,
 examples...), a weak or invalid one where they do not (Nim lists only an example). Pass your own
 for anything serious.
 
-The game runs in the sandbox (:mod:`llmgym.interop.sandboxed`): every turn replays it from its seed
+The game runs in the sandbox (:mod:`llmgym.interop.adapter_pools`): every turn replays it from its seed
 with the policy's moves so far, in a fresh sandboxed process killed after ``time_limit`` seconds, so
 model text never reaches TextArena's parsers -- nor the opponent, which sees the policy's moves -- in
 the trainer's process, and only plain data comes back. (TextArena's parsers are regular expressions
@@ -55,11 +55,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from llmgym.interop import sandboxed
+from llmgym.interop import adapter_pools
 from llmgym.interop.adapters import import_package
 from llmgym.interop.episode_env import ReplayEpisodeEnv
 from llmgym.interop.in_sandbox import Game, random_move_opponent
-from llmgym.types import Task
+from llmgym.env.types import Task
 
 __all__ = ["REWARD_MODES", "from_textarena", "random_move_opponent", "TextArenaEnv"]
 
@@ -122,10 +122,10 @@ class TextArenaEnv(ReplayEpisodeEnv):
         self._lock = threading.Lock()
         super().__init__(self._draw, None, tokenizer, max_turns=max_turns, **kwargs)
         # the game and its opponent, for the sandbox (the default opponent is the sandbox's own copy)
-        self.payload = sandboxed.make_payload("textarena", {
+        self.payload = adapter_pools.make_payload("textarena", {
             "op": "textarena", "env_id": env_id, "num_players": self.num_players, "player_id": player_id,
             "opponent": None if self.opponent is random_move_opponent else self.opponent})
-        sandboxed.check_available(self.payload)  # no sandbox here: said now, not at the first step
+        adapter_pools.check_available(self.payload)  # no sandbox here: said now, not at the first step
 
     # -- tasks: the game's first observation for the policy, computed from the seed (no model text involved)
     def task_for_seed(self, seed: int) -> Task:

@@ -6,12 +6,12 @@ plus ``trainer_state``, ``log_extra``, ``log_metric``). The functions here score
 own verifier — its time limits, sandbox and error handling included — so a completion gets the
 reward it would get from ``env.step``: cut, like there, to the env's ``max_completion_chars`` (64k
 characters for a bare verifier), so host-side parsing never reads more than ``env.step`` lets it. This is the other direction of
-:func:`llmgym.verifiers.from_reward_function` (a TRL reward function as an llmgym verifier).
+:func:`llmgym.env.verifiers.from_reward_function` (a TRL reward function as an llmgym verifier).
 
 Which task a completion answers: with an env, the row's ``task_id`` column names it in a finite
 task list (else its prompt is looked up there), and ``task_seed`` reproduces it from a procedural
 source (:func:`trl_dataset` writes both); with a bare verifier, the
-task is rebuilt from the row as :func:`llmgym.sources.tasks_from_dataset` would (``answer`` column
+task is rebuilt from the row as :func:`llmgym.env.sources.tasks_from_dataset` would (``answer`` column
 as the answer, every column in ``metadata``). A completion whose task cannot be found raises: a
 silent 0 would train on a lie. A multi-turn env does not map (its reward depends on the env's
 replies, which a reward function of one completion never sees): use :func:`llmgym.interop.to_verifiers`
@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from llmgym.types import Score, Task
-from llmgym.verifiers import Verifier, as_verifier
+from llmgym.env.types import Score, Task
+from llmgym.env.verifiers import Verifier, as_verifier
 
 __all__ = ["trl_reward_funcs", "trl_dataset"]
 
@@ -92,7 +92,7 @@ def trl_dataset(env: Any, num_tasks: int | None = None, seed: int = 0) -> Any:
     """
     from datasets import Dataset
 
-    from llmgym.rollout import distinct_tasks
+    from llmgym.engines.rollout import distinct_tasks
 
     seeds: list[int] = []
     try:
@@ -109,7 +109,7 @@ class _EnvTasks:
     """The env's tasks: a finite list by id and by prompt; a procedural source's by the seed that makes them."""
 
     def __init__(self, env: Any) -> None:
-        from llmgym.vector import clone_env
+        from llmgym.env.vector import clone_env
 
         self.env, self._probe = env, None
         self.by_id: dict[str, Task] = {}
@@ -149,10 +149,10 @@ def trl_reward_funcs(env_or_verifier: Any, *, name: str = "llmgym_reward", max_w
         name: the function's ``__name__`` (TRL logs rewards under it).
         max_workers: threads for :meth:`~llmgym.Verifier.verify_batch` (verifiers that wait on processes).
 
-    Components a verifier reports as ``info[name] = {"reward": ...}`` (:class:`~llmgym.verifiers.WeightedSum`,
+    Components a verifier reports as ``info[name] = {"reward": ...}`` (:class:`~llmgym.env.verifiers.WeightedSum`,
     verifiers rubrics) are logged as their batch means through TRL's ``log_metric`` when it is given.
     """
-    from llmgym.core import DEFAULT_MAX_COMPLETION_CHARS, MultiTurnEnv, SequenceEnv
+    from llmgym.env.core import DEFAULT_MAX_COMPLETION_CHARS, MultiTurnEnv, SequenceEnv
 
     inner = getattr(env_or_verifier, "unwrapped", None)
     # the bound env.step puts on what host-side parsing reads: TRL hands over completions of any length

@@ -23,7 +23,7 @@ multi-turn exchange through ``agents.<role>.interaction(task)`` and ``await inte
 
 Model text meets code llmgym does not control here (a taskset's rewards may hand it to
 math-verify, SymPy's ``parse_expr`` -- an ``eval`` --, a regex...), so that code runs in the sandbox
-(:mod:`llmgym.interop.sandboxed`): each completion is scored, and each turn of a multi-turn episode is
+(:mod:`llmgym.interop.adapter_pools`): each completion is scored, and each turn of a multi-turn episode is
 replayed from the episode's start, in a fresh sandboxed process killed after ``time_limit`` seconds;
 only plain data (JSON) comes back, checked here. The taskset's module is loaded there from its own
 directory, bound read-only (a class defined in ``__main__`` or a notebook travels by value). No sandbox
@@ -57,8 +57,8 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
-from llmgym.core import SequenceEnv
-from llmgym.interop import sandboxed
+from llmgym.env.core import SequenceEnv
+from llmgym.interop import adapter_pools
 from llmgym.interop.adapters import import_package
 from llmgym.interop.episode_env import EpisodeError, ReplayEpisodeEnv
 from llmgym.interop.in_sandbox import (  # noqa: F401  (append_message, new_trace, run_coroutine, scored: re-exported)
@@ -73,8 +73,8 @@ from llmgym.interop.in_sandbox import (  # noqa: F401  (append_message, new_trac
     stop_parameters,
 )
 from llmgym.sandbox.pool import DEFAULT_POOL_SIZE
-from llmgym.types import Score, Task
-from llmgym.verifiers import Verifier
+from llmgym.env.types import Score, Task
+from llmgym.env.verifiers import Verifier
 
 __all__ = ["from_verifiers", "VerifiersScorer", "VerifiersEpisodeEnv", "checked_parts", "verifiers_tasks"]
 
@@ -233,15 +233,15 @@ def checked_parts(parts: Any) -> tuple[float, dict[str, Any]]:
 
 
 class VerifiersScorer(Verifier):
-    """Score a completion with the verifiers task's own rewards: ``Task.score(trace)`` on a one-reply trace, sandboxed.
+    """Score a completion with the verifiers task's own rewards: ``Task.score(trace)`` on a one-reply trace, adapter_pools.
 
     The llmgym task must come from :func:`verifiers_tasks` (the verifiers task in its metadata). The
     reward is ``trace.reward`` (the weighted sum, recomputed here from the parts); ``info`` holds each
     component (``{"reward", "weight"}``) and ``metrics``. Each completion is scored in its own sandboxed
-    process (:mod:`llmgym.interop.sandboxed`), killed after ``time_limit`` seconds (``None``: the
+    process (:mod:`llmgym.interop.adapter_pools`), killed after ``time_limit`` seconds (``None``: the
     worker's 60 s); a reward function that raises, hangs or crashes scores 0 with the error. One that
     cannot import a module -- on the completion and again on the task's own answer -- raises
-    (:class:`~llmgym.verifiers.VerifierUnavailableError`), as does a missing sandbox.
+    (:class:`~llmgym.env.verifiers.VerifierUnavailableError`), as does a missing sandbox.
 
     Example:
         >>> from llmgym.interop.verifiers_in import VerifiersScorer, verifiers_tasks
@@ -254,19 +254,19 @@ class VerifiersScorer(Verifier):
     def __init__(self, time_limit: float | None = 30.0) -> None:
         super().__init__(time_limit)
         self._prefetched: dict[tuple[int, str], list[Score]] = {}
-        self._payloads: dict[int, tuple[Any, sandboxed.Payload]] = {}
+        self._payloads: dict[int, tuple[Any, adapter_pools.Payload]] = {}
         self._lock = threading.Lock()
 
     def _safe(self, task: Task, completion: str) -> Score:
         return self._guarded(task, completion)  # the sandbox enforces time_limit: no fork of this process
 
-    def payload(self, vf_task: Any) -> sandboxed.Payload:
+    def payload(self, vf_task: Any) -> adapter_pools.Payload:
         """The sandbox's copy of ``vf_task`` (made once per task)."""
         with self._lock:
             held = self._payloads.get(id(vf_task))
         if held is not None and held[0] is vf_task:
             return held[1]
-        payload = sandboxed.make_payload("verifiers", {"op": "score", "task": vf_task})
+        payload = adapter_pools.make_payload("verifiers", {"op": "score", "task": vf_task})
         with self._lock:
             if len(self._payloads) >= 4096:
                 self._payloads.clear()
@@ -277,7 +277,7 @@ class VerifiersScorer(Verifier):
         """Raise now what scoring ``task`` would raise first (a module the sandbox cannot read, no sandbox)."""
         vf_task = _vf_task(task)
         if not _llmgym_own(vf_task):
-            sandboxed.check_available(self.payload(vf_task))
+            adapter_pools.check_available(self.payload(vf_task))
 
     def prefetch(self, tasks: Sequence[Task], completions: Sequence[str]) -> None:
         """Score a rollout turn's completions ahead of the envs' calls, each in its own sandboxed child, on
@@ -311,11 +311,11 @@ class VerifiersScorer(Verifier):
             reward, parts = checked_parts(score_reply(import_verifiers(), vf_task, completion))
             return Score(reward, parts)
         payload = self.payload(vf_task)
-        status, answer = sandboxed.run(payload, completion, self.time_limit)
-        failed = sandboxed.failure(status, answer, self.time_limit)
+        status, answer = adapter_pools.run(payload, completion, self.time_limit)
+        failed = adapter_pools.failure(status, answer, self.time_limit)
         if failed is not None:
             if failed["import_error"]:
-                sandboxed.reference_check(payload, _reference_answer(vf_task), self.time_limit, failed,
+                adapter_pools.reference_check(payload, _reference_answer(vf_task), self.time_limit, failed,
                                           f"the reward functions of {type(vf_task).__name__}")
             return Score(0.0, {"error": failed["error"]})
         try:
@@ -354,14 +354,14 @@ class VerifiersEpisodeEnv(ReplayEpisodeEnv):
                  time_limit: float | None = 30.0, **kwargs: Any) -> None:
         super().__init__(tasks, None, tokenizer, max_turns=max_turns, **kwargs)
         self.vf_env, self.role, self.time_limit = vf_env, role, time_limit
-        self._payloads: dict[int, tuple[Any, sandboxed.Payload]] = {}
+        self._payloads: dict[int, tuple[Any, adapter_pools.Payload]] = {}
 
-    def payload(self, vf_task: Any) -> sandboxed.Payload:
+    def payload(self, vf_task: Any) -> adapter_pools.Payload:
         """The sandbox's copy of the env and ``vf_task`` (made once per task)."""
         held = self._payloads.get(id(vf_task))
         if held is not None and held[0] is vf_task:
             return held[1]
-        payload = sandboxed.make_payload("verifiers", {
+        payload = adapter_pools.make_payload("verifiers", {
             "op": "vf_episode", "env": self.vf_env, "task": vf_task, "role": self.role,
             "stop_params": stop_parameters(import_verifiers(), vf_task)})
         if len(self._payloads) >= 1024:
@@ -454,7 +454,7 @@ def from_verifiers(source: Any, tokenizer: Any = None, *, taskset: dict[str, Any
     env = VerifiersEpisodeEnv(tasks, vf_env, role, tokenizer, max_turns=max_turns, time_limit=time_limit,
                               **env_kwargs)
     if not _llmgym_own(vf_env):
-        sandboxed.check_available(env.payload(tasks[0].metadata[TASK_KEY]))
+        adapter_pools.check_available(env.payload(tasks[0].metadata[TASK_KEY]))
     return env
 
 

@@ -38,7 +38,7 @@ def to_verifiers(env: Any, *, num_tasks: int | None = None, seed: int = 0, env_a
     from llmgym.interop.verifiers_in import import_verifiers
 
     vf = import_verifiers()
-    from llmgym.core import MultiTurnEnv, TaskSource
+    from llmgym.env.core import MultiTurnEnv, TaskSource
     from llmgym.interop import verifiers_taskset as plugin
 
     if isinstance(env, str):

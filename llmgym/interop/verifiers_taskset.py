@@ -35,7 +35,7 @@ except ModuleNotFoundError as exc:  # a plugin module: without verifiers there i
     raise ModuleNotFoundError(f"llmgym's verifiers taskset needs the verifiers package ({exc.name} is missing): "
                               f"pip install 'llmgym[verifiers]'", name=exc.name) from exc
 
-from llmgym.types import Task
+from llmgym.env.types import Task
 
 # verifiers picks a taskset module's Env from its __all__ too: LlmgymEnv stays out of it, so a single-turn
 # llmgym env loads as verifiers' own SingleAgentEnv (to_verifiers builds LlmgymEnv itself for multi-turn ones)
@@ -107,7 +107,7 @@ class LlmgymTask(vf.Task[LlmgymTaskData, vf.State, vf.TaskConfig]):
     @vf.reward
     async def llmgym(self, trace: vf.Trace) -> Any:
         env = self.llmgym_env.unwrapped
-        from llmgym.core import MultiTurnEnv
+        from llmgym.env.core import MultiTurnEnv
 
         if isinstance(env, MultiTurnEnv):
             return {}  # the episode's return is recorded by LlmgymEnv.run
@@ -127,7 +127,7 @@ class LlmgymTaskset(vf.Taskset[LlmgymTask, LlmgymTasksetConfig]):
     """The tasks of an llmgym env (see :class:`LlmgymTasksetConfig`)."""
 
     def load(self) -> list[LlmgymTask]:
-        from llmgym.rollout import distinct_tasks
+        from llmgym.engines.rollout import distinct_tasks
 
         env = _llmgym_env(self.config)
         tasks, _ = distinct_tasks(env, self.config.num_tasks, seed=self.config.seed)
@@ -154,7 +154,7 @@ class LlmgymEnv(vf.Env[LlmgymEnvConfig]):
     """A multi-turn llmgym env as a verifiers env: each reply steps it; the env's replies are the user's turns."""
 
     async def run(self, task: LlmgymTask, agents: Any) -> None:
-        from llmgym.vector import clone_env
+        from llmgym.env.vector import clone_env
 
         env = clone_env(task.llmgym_env.unwrapped)
         await asyncio.to_thread(env.reset, options={"task": task.llmgym_task})

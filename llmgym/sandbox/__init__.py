@@ -55,7 +55,7 @@ interpreter -- keep it so):
   and how a signal maps to the limit that sent it;
 * :mod:`~llmgym.sandbox.bootstrap` -- the first program inside the sandbox (uid drop, limits, seccomp,
   the supervisor that reports the status): the boundary between privileges and untrusted code;
-* :mod:`~llmgym.sandbox.judge` -- the judge protocol of judged runs (two uids, pipes, a private report);
+* :mod:`~llmgym.sandbox.judge_protocol` -- the judge protocol of judged runs (two uids, pipes, a private report);
 * :mod:`~llmgym.sandbox.mounts` -- what the sandbox sees (bubblewrap's namespaces and mounts);
 * :mod:`~llmgym.sandbox.probe` -- which mechanisms work here (:func:`check_sandbox`);
 * :mod:`~llmgym.sandbox.uids` and :mod:`~llmgym.sandbox.cgroups` -- the uid pool and the per-tree caps;

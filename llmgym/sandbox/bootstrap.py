@@ -5,7 +5,7 @@ CAP_SETUID/CAP_SETGID), forks, and the child drops to the sandbox uid, writes th
 limits (:func:`llmgym.sandbox.limits.rlimits`) and runs the program in a fresh ``__main__`` module.
 The parent stays behind as a tiny supervisor that reports the child's wait status and rusage on a
 private pipe (so a program that exits 137 is not mistaken for one killed by SIGKILL). A judged run's
-supervisor is :data:`llmgym.sandbox.judge.JUDGED_SUPERVISOR`. Run with ``--export-bpf`` it prints
+supervisor is :data:`llmgym.sandbox.judge_protocol.JUDGED_SUPERVISOR`. Run with ``--export-bpf`` it prints
 the compiled seccomp filter (once per host process).
 
 The configuration arrives as a ``marshal``-ed dict on a memfd (no imports beyond built-ins), the
@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-from .judge import JUDGED_SUPERVISOR
+from .judge_protocol import JUDGED_SUPERVISOR
 
 __all__ = ["BOOTSTRAP", "BOOTSTRAP_HELPERS"]
 

@@ -2,7 +2,7 @@
 
 * :class:`ToolEnv` — tasks + a verifier + tools; calls in the chat template's format, results as tool turns.
 * :class:`Tool` — a callable with its JSON schema (``transformers.utils.get_json_schema``), argument
-  validation (``jsonschema``) and a time limit enforced by killing its process (:mod:`llmgym.tools.runner`).
+  validation (``jsonschema``) and a time limit enforced by killing its process (:mod:`llmgym.tools.helper_process`).
 * :func:`python_tool` — ``python(code) -> stdout`` in :mod:`llmgym.sandbox`.
 * :func:`parse_tool_calls` / :func:`write_tool_calls` / :func:`detect_call_format` — the Hermes/Qwen,
   Llama 3.1 and Mistral wire formats.

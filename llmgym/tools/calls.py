@@ -403,7 +403,7 @@ def detect_call_format(tokenizer: Any) -> str:
     ``call_format=`` explicitly.
 
     Example:
-        >>> from llmgym.models import build_tokenizer
+        >>> from llmgym.runtime.models import build_tokenizer
         >>> from llmgym.tools import detect_call_format
         >>> detect_call_format(build_tokenizer())
         'hermes'
@@ -446,7 +446,7 @@ def _probe_turn(tokenizer: Any, probe: list[dict[str, Any]], rendered: str) -> s
     rendering does not split that way."""
     try:
         opening = tokenizer.apply_chat_template(probe[:1], add_generation_prompt=True, tokenize=False)
-        from llmgym.core import ChatTurns
+        from llmgym.env.core import ChatTurns
 
         closing = ChatTurns.of(tokenizer).closing
     except Exception:

@@ -16,9 +16,9 @@ import math
 import re
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from llmgym.core import MultiTurnEnv, TaskSourceLike, Turn
-from llmgym.types import Task
-from llmgym.verifiers import VerifierLike
+from llmgym.env.core import MultiTurnEnv, TaskSourceLike, Turn
+from llmgym.env.types import Task
+from llmgym.env.verifiers import VerifierLike
 from llmgym.tools.calls import (
     CALL_FORMATS, DEFAULT_MAX_CALL_CHARS, ParsedTurn, ToolCall, detect_call_format, parse_tool_calls, write_tool_calls,
 )
@@ -40,20 +40,20 @@ def tool_turn_text(tokenizer: Any, assistant_message: Mapping[str, Any], tool_me
 
     Rendered the standard way that never re-tokenises history: the template renders a short conversation
     (a user turn, the assistant's calls) with and without the tool messages, and the difference is the
-    text to append (:meth:`llmgym.core.ChatTurns.appended`). A template that re-renders the assistant's
+    text to append (:meth:`llmgym.env.core.ChatTurns.appended`). A template that re-renders the assistant's
     turn once tool turns follow — Qwen 3's drops its ``<think>`` block — gets the text after that turn's
     closing: the model's own tokens stay as they were, the new turns are the template's. Any other rewrite
     of earlier turns raises a ``ValueError``.
 
     Example:
-        >>> from llmgym.models import build_tokenizer
+        >>> from llmgym.runtime.models import build_tokenizer
         >>> from llmgym.tools import tool_turn_text
         >>> call = {"id": "c00010001", "type": "function", "function": {"name": "add", "arguments": {"a": 1}}}
         >>> tool_turn_text(build_tokenizer(), {"role": "assistant", "content": "", "tool_calls": [call]},
         ...                [{"role": "tool", "tool_call_id": "c00010001", "name": "add", "content": "1"}])
         '<|tool|>1\\n<|assistant|>'
     """
-    from llmgym.core import ChatTurns
+    from llmgym.env.core import ChatTurns
 
     history = [{"role": "user", "content": "?"}, dict(assistant_message)]
     kwargs = {"tools": list(tools)} if tools else {}

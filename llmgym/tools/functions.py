@@ -75,7 +75,7 @@ class Tool:
         function: the callable; called with keyword arguments that passed validation.
         schema: the OpenAI-style schema; default ``transformers.utils.get_json_schema(function)``.
         time_limit: seconds one call may take. Calls run in a child of a clean helper process
-            (:mod:`llmgym.tools.runner`) that is killed at the limit.
+            (:mod:`llmgym.tools.helper_process`) that is killed at the limit.
         isolated: ``False`` runs the function in the env's own process, without a time limit: for a
             function that bounds its own time (the sandboxed :func:`~llmgym.tools.python_tool`) or
             must keep state between calls. Its exceptions still become tool errors, except
@@ -192,7 +192,7 @@ class Tool:
             raise ValueError(f"tool {self.name!r} runs isolated; a per-call function needs Tool(..., isolated=False)")
         if not self.isolated:
             return self._run_here(function or self.function, arguments, max_chars)
-        from llmgym.tools.runner import HELPER_ENV, tool_worker
+        from llmgym.tools.helper_process import HELPER_ENV, tool_worker
 
         if os.environ.get(HELPER_ENV):
             raise ToolSetupError(

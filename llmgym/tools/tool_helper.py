@@ -1,6 +1,6 @@
 """The tool worker: a clean, single-threaded helper process that runs each tool call in a killable child.
 
-Started by :mod:`llmgym.tools.runner` as ``python <this file>`` (a script, not ``-m``: nothing of ``llmgym``
+Started by :mod:`llmgym.tools.helper_process` as ``python <this file>`` (a script, not ``-m``: nothing of ``llmgym``
 or of the user's ``__main__`` is imported here). It reads length-prefixed pickles on its standard input and
 answers on its standard output; the tools' own prints go to standard error. Each call runs in a killable
 child (:mod:`llmgym.sandbox.killable`, loaded from its file; forking is safe: this process has one thread):

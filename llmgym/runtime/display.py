@@ -14,7 +14,7 @@ end. So when the output is not a terminal:
 Example:
     >>> import io
     >>> from rich.console import Console
-    >>> from llmgym.display import make_progress
+    >>> from llmgym.runtime.display import make_progress
     >>> out = io.StringIO()
     >>> progress = make_progress(Console(file=out, width=300), "reward {task.fields[reward]}")
     >>> with progress:
@@ -48,7 +48,7 @@ def make_console(stderr: bool = False):
     """A ``rich`` console; in a pipe or a file it does not wrap lines (see the module docstring).
 
     Example:
-        >>> from llmgym.display import make_console
+        >>> from llmgym.runtime.display import make_console
         >>> make_console().soft_wrap  # the doctest's output is not a terminal
         True
     """
@@ -119,7 +119,7 @@ def quiet_hf_progress() -> None:
     (a command's own progress display is enough).
 
     Example:
-        >>> from llmgym.display import quiet_hf_progress
+        >>> from llmgym.runtime.display import quiet_hf_progress
         >>> quiet_hf_progress()
     """
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -1,6 +1,6 @@
 """Run records: metrics as JSONL (and TensorBoard where installed), training-curve plots, and the
 curve statistics the command line reports (moving averages, threshold crossings). pass@k and
-confidence intervals live in :mod:`llmgym.metrics`.
+confidence intervals live in :mod:`llmgym.runtime.metrics`.
 
 Everything here is plain Python, ``numpy`` and ``matplotlib`` (Agg backend, imported only when a
 plot is drawn), so ``import llmgym`` stays light.
@@ -8,7 +8,7 @@ plot is drawn), so ``import llmgym`` stays light.
 Example:
     >>> import json, tempfile
     >>> from pathlib import Path
-    >>> from llmgym.logging import MetricsLogger, read_metrics
+    >>> from llmgym.runtime.logging import MetricsLogger, read_metrics
     >>> with tempfile.TemporaryDirectory() as d:
     ...     with MetricsLogger(d, tensorboard=False) as log:
     ...         log.log({"step": 1, "reward_mean": 0.5})
@@ -69,7 +69,7 @@ def json_safe(value: Any) -> Any:
 
     Example:
         >>> import math
-        >>> from llmgym.logging import json_safe
+        >>> from llmgym.runtime.logging import json_safe
         >>> json_safe({"score": {"reward": math.nan, "parts": (1, 2)}, 3: ValueError("bad")})
         {'score': {'reward': None, 'parts': [1, 2]}, '3': 'bad'}
     """
@@ -202,7 +202,7 @@ def truncate_metrics(path: str | os.PathLike, last_step: int) -> list[dict[str, 
     Example:
         >>> import tempfile
         >>> from pathlib import Path
-        >>> from llmgym.logging import MetricsLogger, truncate_metrics
+        >>> from llmgym.runtime.logging import MetricsLogger, truncate_metrics
         >>> with tempfile.TemporaryDirectory() as d:
         ...     with MetricsLogger(d, tensorboard=False) as log:
         ...         for s in (1, 2, 3):
@@ -221,7 +221,7 @@ def moving_average(values: Sequence[float], window: int) -> list[float]:
     """Trailing mean over up to ``window`` values (shorter at the start).
 
     Example:
-        >>> from llmgym.logging import moving_average
+        >>> from llmgym.runtime.logging import moving_average
         >>> moving_average([0, 1, 2, 3], 2)
         [0.0, 0.5, 1.5, 2.5]
     """
@@ -239,7 +239,7 @@ def steps_to_threshold(steps: Sequence[int], rewards: Sequence[float], threshold
     """First step at which the ``window``-step moving average of the reward reaches ``threshold``.
 
     Example:
-        >>> from llmgym.logging import steps_to_threshold
+        >>> from llmgym.runtime.logging import steps_to_threshold
         >>> steps_to_threshold([1, 2, 3, 4], [0.2, 0.9, 0.9, 0.9], 0.8, window=2)
         3
         >>> steps_to_threshold([1, 2], [0.1, 0.2], 0.8) is None
@@ -274,7 +274,7 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, titl
     Example:
         >>> import tempfile
         >>> from pathlib import Path
-        >>> from llmgym.logging import plot_curves
+        >>> from llmgym.runtime.logging import plot_curves
         >>> with tempfile.TemporaryDirectory() as d:
         ...     p = plot_curves([{"step": 1, "reward_mean": 0.1, "kl": 0.0}, {"step": 2, "reward_mean": 0.3, "kl": 0.1}],
         ...                     Path(d) / "curves.png")
@@ -327,7 +327,7 @@ def reward_band(rows: Sequence[Mapping[str, Any]], reward_range: tuple[float, fl
     batch mean (n = completions sampled that step, from ``samples_total``; 1 when unknown).
 
     Example:
-        >>> from llmgym.logging import reward_band
+        >>> from llmgym.runtime.logging import reward_band
         >>> low, high, label = reward_band([{"reward_mean": 0.8, "reward_std": 0.4}], (0.0, 1.0))
         >>> float(low[0]), float(high[0]), label
         (0.4, 1.0, '± std, clipped to [0, 1]')

@@ -9,8 +9,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from llmgym.core import end_of_turn_ids
-from llmgym.spaces import as_token_array
+from llmgym.env.core import end_of_turn_ids
+from llmgym.env.spaces import as_token_array
 
 __all__ = ["TokenLevel"]
 
@@ -22,7 +22,7 @@ class TokenLevel(gym.Wrapper):
     tokens of the current completion) and the decoded text. Reward is 0 until an end-of-turn id (the
     turn ends, ``terminated``) or ``max_new_tokens`` tokens (``truncated``); then the buffered ids
     (the end-of-turn id included) go to the inner env's ``step`` and its reward is returned. The
-    end-of-turn ids (``stop_token_ids``) are all that :func:`llmgym.core.end_of_turn_ids` finds —
+    end-of-turn ids (``stop_token_ids``) are all that :func:`llmgym.env.core.end_of_turn_ids` finds —
     the tokenizer's EOS, its chat template's end of turn (ChatML's ``<|im_end|>``), the
     ``generation_config``'s ``eos_token_id`` list — plus any given; the inner env learns the same set,
     so a turn ends on the same ids at both levels. In a multi-turn env the
@@ -41,7 +41,7 @@ class TokenLevel(gym.Wrapper):
 
     Example:
         >>> from llmgym import SequenceEnv, Task, TokenLevel
-        >>> from llmgym.models import build_tokenizer
+        >>> from llmgym.runtime.models import build_tokenizer
         >>> tok = build_tokenizer()
         >>> env = TokenLevel(SequenceEnv([Task("1+1=", answer="2")], lambda t, c: c == t.answer), tok, max_new_tokens=4)
         >>> obs, info = env.reset(seed=0)

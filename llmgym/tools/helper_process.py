@@ -47,7 +47,7 @@ class ToolWorker:
     """The helper process of this trainer process (see the module docstring); thread-safe, one call at a time.
 
     Example:
-        >>> from llmgym.tools.runner import tool_worker
+        >>> from llmgym.tools.helper_process import tool_worker
         >>> import cloudpickle
         >>> tool_worker().call("dict", cloudpickle.dumps(dict), {"a": 2, "b": 3}, time_limit=5.0, max_chars=100)
         ('ok', '{"a": 2, "b": 3}', 16)

@@ -15,7 +15,7 @@ def clone_env(env: gym.Env) -> gym.Env:
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.vector import clone_env
+        >>> from llmgym.env.vector import clone_env
         >>> env = gymnasium.make("llmgym/Copy-v0")
         >>> twin = clone_env(env)
         >>> twin is not env and twin.unwrapped is not env.unwrapped
@@ -42,7 +42,7 @@ def clone_envs(env: gym.Env, n: int) -> list[gym.Env]:
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.vector import clone_envs
+        >>> from llmgym.env.vector import clone_envs
         >>> first, second = clone_envs(gymnasium.make("llmgym/Copy-v0"), 2)
         >>> first.env.checked_step, second.env.checked_step
         (False, True)
@@ -63,7 +63,7 @@ def make_group(env: gym.Env, n: int, **kwargs: Any) -> gym.vector.SyncVectorEnv:
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.vector import make_group
+        >>> from llmgym.env.vector import make_group
         >>> group = make_group(gymnasium.make("llmgym/Copy-v0"), 3)
         >>> obs, info = group.reset(seed=0)
         >>> obs, info = group.reset(options={"task": info["task"][0]})

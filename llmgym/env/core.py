@@ -20,9 +20,9 @@ import numpy as np
 from gymnasium import spaces
 
 from llmgym.sandbox.killable import call_in_killable_child
-from llmgym.spaces import DEFAULT_MAX_CHARS, DEFAULT_MAX_TOKENS, AnyText, as_token_array, token_ids_space
-from llmgym.types import Score, Task
-from llmgym.verifiers import Verifier, VerifierLike, as_verifier
+from llmgym.env.spaces import DEFAULT_MAX_CHARS, DEFAULT_MAX_TOKENS, AnyText, as_token_array, token_ids_space
+from llmgym.env.types import Score, Task
+from llmgym.env.verifiers import Verifier, VerifierLike, as_verifier
 
 __all__ = [
     "DEFAULT_MAX_COMPLETION_CHARS", "TaskSource", "SequenceEnv", "MultiTurnEnv", "Turn", "ChatTurns",
@@ -43,7 +43,7 @@ class TaskSource:
     Example:
         >>> import numpy as np
         >>> from llmgym import Task
-        >>> from llmgym.core import TaskSource
+        >>> from llmgym.env.core import TaskSource
         >>> src = TaskSource([Task("a", id="1"), Task("b", id="2")])
         >>> src.find("2").prompt, len(src)
         ('b', 2)
@@ -135,7 +135,7 @@ def render_prompt(task: Task, tokenizer: Any = None) -> str:
 
     Example:
         >>> from llmgym import Task
-        >>> from llmgym.core import render_prompt
+        >>> from llmgym.env.core import render_prompt
         >>> render_prompt(Task([{"role": "user", "content": "hi"}]))
         'user: hi\\nassistant:'
     """
@@ -177,8 +177,8 @@ class ChatTurns:
     (ChatML: ``"\\n"``).
 
     Example:
-        >>> from llmgym.core import ChatTurns
-        >>> from llmgym.models import build_tokenizer
+        >>> from llmgym.env.core import ChatTurns
+        >>> from llmgym.runtime.models import build_tokenizer
         >>> turns = ChatTurns.of(build_tokenizer())   # its template: <|role|>content\\n, no special tokens
         >>> turns.closing, turns.end_of_turn_id, turns.user_turn("higher")
         ('\\n', None, '<|user|>higher\\n<|assistant|>')
@@ -234,8 +234,8 @@ class ChatTurns:
         other rewrite of history raises a ``ValueError``.
 
         Example:
-            >>> from llmgym.core import ChatTurns
-            >>> from llmgym.models import build_tokenizer
+            >>> from llmgym.env.core import ChatTurns
+            >>> from llmgym.runtime.models import build_tokenizer
             >>> tok = build_tokenizer()
             >>> turns = ChatTurns.of(tok)
             >>> turns.appended([{"role": "user", "content": "?"}, {"role": "assistant", "content": "!"}],
@@ -274,8 +274,8 @@ def end_of_turn_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
     :class:`MultiTurnEnv` treats a completion ending in one as a turn the model closed itself.
 
     Example:
-        >>> from llmgym.core import end_of_turn_ids
-        >>> from llmgym.models import build_tokenizer
+        >>> from llmgym.env.core import end_of_turn_ids
+        >>> from llmgym.runtime.models import build_tokenizer
         >>> tok = build_tokenizer()
         >>> end_of_turn_ids(tok) == [tok.eos_token_id], end_of_turn_ids(tok, type("G", (), {"eos_token_id": [7, 2]})())
         (True, [2, 7])
@@ -323,7 +323,7 @@ class SequenceEnv(gym.Env):
         verifier: a :class:`~llmgym.Verifier` or a function ``(task, completion) -> float | Score``.
         tokenizer: optional; with it the observation carries ``prompt_ids`` and actions may be ids.
         max_prompt_chars: bound of the observation's text space, default 65,536 characters
-            (:data:`llmgym.spaces.DEFAULT_MAX_CHARS`); it covers the whole transcript of a
+            (:data:`llmgym.env.spaces.DEFAULT_MAX_CHARS`); it covers the whole transcript of a
             multi-turn episode. An observation that outgrows it raises a ``ValueError``.
         max_completion_chars: the most characters of a completion that reach the verifier (default
             :data:`DEFAULT_MAX_COMPLETION_CHARS`, 64k): ``step`` cuts a longer text to this length, and
@@ -665,7 +665,7 @@ class MultiTurnEnv(SequenceEnv):
 
     setup_errors: tuple[type[Exception], ...] = ()
     """Exceptions that mean the env's set-up failed, not the completion: raised from ``step``, never a silent
-    zero (as a verifier failure always is: :func:`~llmgym.verifiers.is_verifier_failure`)."""
+    zero (as a verifier failure always is: :func:`~llmgym.env.verifiers.is_verifier_failure`)."""
 
     def respond(self, completion: str) -> Turn:
         """Judge ``completion`` and decide the env's reply. Override this for games and tools.
@@ -741,7 +741,7 @@ class MultiTurnEnv(SequenceEnv):
             else:
                 turn, self.state = _respond_in_child(self, text, self.respond_time_limit)
         except Exception as exc:  # a game's or tool's failure is the completion's zero, never a crash
-            from llmgym.verifiers import is_verifier_failure
+            from llmgym.env.verifiers import is_verifier_failure
 
             if is_verifier_failure(exc) or isinstance(exc, self.setup_errors):  # the machine's failure: never a silent zero
                 raise

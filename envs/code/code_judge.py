@@ -30,7 +30,7 @@ holds, written on a pipe only the judge has (``judge_report``), after the last t
 candidate prints, raises, traces or exits with reaches either.
 
 Example:
-    >>> from llmgym.envs.code.judge import decode_plain, encode_plain
+    >>> from llmgym.envs.code.code_judge import decode_plain, encode_plain
     >>> value = {"a": [1, 2.5, None], (1, 2): {3, 4}, "s": frozenset("x")}
     >>> decode_plain(encode_plain(value)) == value
     True
@@ -411,7 +411,7 @@ def judge_source(tests: str, *, prompt: str = "", entry_point: str | None = None
     """The judge program of one run: :data:`JUDGE` with the task's trusted code, tests and secret.
 
     Example:
-        >>> from llmgym.envs.code.judge import judge_source
+        >>> from llmgym.envs.code.code_judge import judge_source
         >>> "assert add(1, 2) == 3" in judge_source("assert add(1, 2) == 3", entry_point="add", token="t")
         True
     """

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Sequence, Union
 from llmgym.sandbox import SandboxError
 from llmgym.sandbox.killable import call_in_killable_child, in_killable_child, start_child_process
 from llmgym.sandbox.killable import mark_killable_child as mark_time_limited_child
-from llmgym.types import Score, Task
+from llmgym.env.types import Score, Task
 
 __all__ = [
     "VerifierUnavailableError",
@@ -61,7 +61,7 @@ def is_verifier_failure(exc: BaseException) -> bool:
     (a dependency is missing).
 
     Example:
-        >>> from llmgym.verifiers import is_verifier_failure
+        >>> from llmgym.env.verifiers import is_verifier_failure
         >>> is_verifier_failure(ModuleNotFoundError("no math_verify")), is_verifier_failure(ValueError("bad answer"))
         (True, False)
     """
@@ -75,7 +75,7 @@ def exact_str(text: Any) -> Any:
     the answer) would pass every check that compares it.
 
     Example:
-        >>> from llmgym.verifiers import exact_str
+        >>> from llmgym.env.verifiers import exact_str
         >>> class Equal(str):
         ...     def __eq__(self, other): return True
         ...     __hash__ = str.__hash__
@@ -202,7 +202,7 @@ def in_time_limited_child() -> bool:
     (:func:`llmgym.sandbox.killable.in_killable_child`.)
 
     Example:
-        >>> from llmgym.verifiers import in_time_limited_child
+        >>> from llmgym.env.verifiers import in_time_limited_child
         >>> in_time_limited_child()
         False
     """
@@ -241,7 +241,7 @@ class FunctionVerifier(Verifier):
 
     Example:
         >>> from llmgym import Task
-        >>> from llmgym.verifiers import FunctionVerifier
+        >>> from llmgym.env.verifiers import FunctionVerifier
         >>> v = FunctionVerifier(lambda task, text: text == task.answer)
         >>> v(Task("say hi", answer="hi"), "hi").reward
         1.0
@@ -291,8 +291,8 @@ def keep_last_tokens(tokenizer: Any, text: str, max_tokens: int) -> str:
     token), so the bound is exact.
 
     Example:
-        >>> from llmgym.models import build_tokenizer
-        >>> from llmgym.verifiers import keep_last_tokens
+        >>> from llmgym.runtime.models import build_tokenizer
+        >>> from llmgym.env.verifiers import keep_last_tokens
         >>> tok = build_tokenizer()
         >>> tail = keep_last_tokens(tok, "\U0001F600" * 10_000 + " the answer is 4", 20)
         >>> len(tok.encode(tail, add_special_tokens=False)) <= 20, tail.endswith(" the answer is 4")
@@ -319,8 +319,8 @@ def escape_special_tokens(tokenizer: Any, text: str) -> str:
     assistant turn of its own. Escaped, it reads the same to a person and tokenises as plain text.
 
     Example:
-        >>> from llmgym.models import build_tokenizer
-        >>> from llmgym.verifiers import escape_special_tokens
+        >>> from llmgym.runtime.models import build_tokenizer
+        >>> from llmgym.env.verifiers import escape_special_tokens
         >>> tok = build_tokenizer()
         >>> tok.eos_token_id in tok.encode("yes</s>", add_special_tokens=False)
         True
@@ -342,7 +342,7 @@ def exact_match(task: Task, completion: str) -> float:
 
     Example:
         >>> from llmgym import Task
-        >>> from llmgym.verifiers import exact_match
+        >>> from llmgym.env.verifiers import exact_match
         >>> exact_match(Task("1+1=", answer=2), " 2 ")
         1.0
     """
@@ -357,7 +357,7 @@ class WeightedSum(Verifier):
 
     Example:
         >>> from llmgym import Task
-        >>> from llmgym.verifiers import WeightedSum, RegexFormat, exact_match
+        >>> from llmgym.env.verifiers import WeightedSum, RegexFormat, exact_match
         >>> v = WeightedSum({"format": (0.2, RegexFormat(r"\\d+")), "correct": (0.8, exact_match)})
         >>> v(Task("1+1=", answer=2), "2").reward
         1.0
@@ -388,7 +388,7 @@ class AllOf(Verifier):
 
     Example:
         >>> from llmgym import Task
-        >>> from llmgym.verifiers import AllOf, RegexFormat, exact_match
+        >>> from llmgym.env.verifiers import AllOf, RegexFormat, exact_match
         >>> v = AllOf([RegexFormat(r"^\\d+$"), exact_match])
         >>> v(Task("q", answer="7"), "7").reward, v(Task("q", answer="7"), "8").reward
         (1.0, 0.0)
@@ -419,7 +419,7 @@ class RegexFormat(Verifier):
 
     Example:
         >>> from llmgym import Task
-        >>> from llmgym.verifiers import RegexFormat
+        >>> from llmgym.env.verifiers import RegexFormat
         >>> fmt = RegexFormat(r"^<think>.*</think>\\s*<answer>.*</answer>$")
         >>> fmt(Task("q"), "<think>hm</think><answer>4</answer>").reward
         1.0
@@ -444,7 +444,7 @@ class LengthPenalty(Verifier):
 
     Example:
         >>> from llmgym import Task
-        >>> from llmgym.verifiers import LengthPenalty
+        >>> from llmgym.env.verifiers import LengthPenalty
         >>> v = LengthPenalty(lambda t, c: 1.0, max_length=10, cache_length=4)
         >>> [v(Task("q"), "x" * n).reward for n in (6, 8, 12)]
         [1.0, 0.5, 0.0]
@@ -482,14 +482,14 @@ class RewardFunctionVerifier(Verifier):
     a batch of one. ``prompts`` holds each task's prompt (text, or its chat messages), ``completions``
     the completion text (for a chat task: ``[{"role": "assistant", "content": text}]``, TRL's
     conversational form), and every key of the tasks' ``metadata`` arrives as a keyword argument with
-    one value per completion (:func:`llmgym.sources.tasks_from_dataset` puts a dataset's columns
+    one value per completion (:func:`llmgym.env.sources.tasks_from_dataset` puts a dataset's columns
     there). A ``None`` in the returned list (TRL: "this function does not apply") scores 0.0 with a
     note in ``info["error"]``; an exception, a wrong-length result, a non-finite value or a time-out
     scores the whole batch 0.0 with the error, never a crash.
 
     Example:
         >>> from llmgym import Task
-        >>> from llmgym.verifiers import from_reward_function
+        >>> from llmgym.env.verifiers import from_reward_function
         >>> def reward_len(prompts, completions, target, **kwargs):  # TRL's list form
         ...     return [-abs(t - len(c)) for c, t in zip(completions, target)]
         >>> verifier = from_reward_function(reward_len)
@@ -573,7 +573,7 @@ def from_reward_function(fn: Callable[..., Sequence[float | None]], time_limit: 
 
     Example:
         >>> from llmgym import SequenceEnv, Task
-        >>> from llmgym.verifiers import from_reward_function
+        >>> from llmgym.env.verifiers import from_reward_function
         >>> def exact(prompts, completions, answer, **kwargs):
         ...     return [float(c.strip() == a) for c, a in zip(completions, answer)]
         >>> env = SequenceEnv([Task("1+1=", metadata={"answer": "2"})], from_reward_function(exact))

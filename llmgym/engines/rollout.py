@@ -8,7 +8,7 @@ sampling, so the same seed yields the same tokens and rewards at both levels; a 
 (:func:`llmgym.engines.open_decode_session`) keeps the KV cache between steps, so each context token
 — prompt, sampled token, a multi-turn env's reply — goes through the model once.
 
-The result is a list of :class:`Episode`; :class:`llmgym.batch.Batch` pads them into tensors.
+The result is a list of :class:`Episode`; :class:`llmgym.engines.batch.Batch` pads them into tensors.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import torch
 
 from llmgym.engines.base import Completion, SamplingParams
 from llmgym.engines.sampling import row_keys, sample_next_token
-from llmgym.types import Task
-from llmgym.verifiers import Verifier
-from llmgym.vector import clone_envs
+from llmgym.env.types import Task
+from llmgym.env.verifiers import Verifier
+from llmgym.env.vector import clone_envs
 
 __all__ = ["Episode", "collect_episodes", "evaluate", "evaluate_held_out", "draw_tasks", "distinct_tasks", "turn_keys", "is_token_level",
            "at_most_one_turn"]
@@ -92,7 +92,7 @@ def turn_keys(seed: int, num_rows: int, turn: int) -> list[int]:
     """Sampling keys of every row for one turn: distinct per (seed, row, turn).
 
     Example:
-        >>> from llmgym.rollout import turn_keys
+        >>> from llmgym.engines.rollout import turn_keys
         >>> turn_keys(0, 2, 0) != turn_keys(0, 2, 1)
         True
     """
@@ -109,7 +109,7 @@ def draw_tasks(env: gym.Env, num_tasks: int, seed: int | None = None) -> list[Ta
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.rollout import draw_tasks
+        >>> from llmgym.engines.rollout import draw_tasks
         >>> env = gymnasium.make("llmgym/Copy-v0")
         >>> [t.id for t in draw_tasks(env, 2, seed=0)] == [t.id for t in draw_tasks(env, 2, seed=0)]
         True
@@ -177,9 +177,9 @@ def collect_episodes(
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.engines import HFEngine, SamplingParams
-        >>> from llmgym.rollout import collect_episodes
+        >>> from llmgym.engines.rollout import collect_episodes
         >>> model, tok = load_model("tiny")
         >>> env = gymnasium.make("llmgym/Copy-v0", tokenizer=tok)
         >>> episodes, stats = collect_episodes(env, HFEngine(model, tok), num_tasks=2, group_size=3,
@@ -263,11 +263,11 @@ def at_most_one_turn(env: gym.Env) -> bool:
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.rollout import at_most_one_turn
+        >>> from llmgym.engines.rollout import at_most_one_turn
         >>> at_most_one_turn(gymnasium.make("llmgym/Copy-v0")), at_most_one_turn(gymnasium.make("llmgym/CodeRetry-v0"))
         (True, False)
     """
-    from llmgym.core import MultiTurnEnv, SequenceEnv
+    from llmgym.env.core import MultiTurnEnv, SequenceEnv
 
     inner = env.unwrapped
     kind = type(inner)
@@ -489,9 +489,9 @@ def evaluate(
     Example:
         >>> import gymnasium, llmgym
         >>> from llmgym import Task
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> from llmgym.engines import HFEngine
-        >>> from llmgym.rollout import evaluate
+        >>> from llmgym.engines.rollout import evaluate
         >>> model, tok = load_model("tiny")
         >>> env = gymnasium.make("llmgym/Copy-v0", tokenizer=tok)
         >>> sorted(evaluate(env, HFEngine(model, tok), [Task("copy:12=", answer="12")]))
@@ -529,7 +529,7 @@ def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0,
     Example:
         >>> import gymnasium, llmgym
         >>> from llmgym import SequenceEnv, Task
-        >>> from llmgym.rollout import distinct_tasks
+        >>> from llmgym.engines.rollout import distinct_tasks
         >>> env = SequenceEnv([Task(str(i), id=f"t{i}") for i in range(5)], lambda t, c: 0.0)
         >>> [t.id for t in distinct_tasks(env)[0]]
         ['t0', 't1', 't2', 't3', 't4']
@@ -541,7 +541,7 @@ def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0,
         >>> len(tasks), how.split(" in ")[0]
         (3, 'all 3 distinct tasks found')
     """
-    from llmgym.core import TaskSource
+    from llmgym.env.core import TaskSource
 
     source = getattr(env.unwrapped, "tasks", None)
     if isinstance(source, TaskSource) and source.kind == "sequence":
@@ -595,15 +595,15 @@ def evaluate_held_out(model, tokenizer, env, tasks, *, temperature: float, sampl
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.models import load_model
-        >>> from llmgym.rollout import distinct_tasks, evaluate_held_out
+        >>> from llmgym.runtime.models import load_model
+        >>> from llmgym.engines.rollout import distinct_tasks, evaluate_held_out
         >>> model, tok = load_model("tiny")
         >>> env = gymnasium.make("llmgym/Copy-v0", tokenizer=tok)
         >>> tasks, _ = distinct_tasks(env, 4, seed=1)
         >>> evaluate_held_out(model, tok, env, tasks, temperature=0.0)["episodes"]
         4.0
     """
-    from llmgym.engines import HFEngine
+    from llmgym.engines.hf import HFEngine
 
     engine = HFEngine(model, tokenizer)
     episodes, _ = collect_episodes(

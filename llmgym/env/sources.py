@@ -7,7 +7,7 @@ takes it, rows are converted only when drawn, and ``reset(seed=)`` picks the sam
 
 Example:
     >>> from datasets import Dataset
-    >>> from llmgym.sources import tasks_from_dataset
+    >>> from llmgym.env.sources import tasks_from_dataset
     >>> rows = Dataset.from_list([{"question": "2+3=", "solution": "5", "level": 1},
     ...                           {"question": "4*4=", "solution": "16", "level": 2}])
     >>> tasks = tasks_from_dataset(rows, prompt="question", answer="solution")
@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections.abc
 from typing import Any
 
-from llmgym.types import Task
+from llmgym.env.types import Task
 
 __all__ = ["DatasetTasks", "tasks_from_dataset"]
 
@@ -35,7 +35,7 @@ class DatasetTasks(collections.abc.Sequence):
         id: the column holding a stable id; ``None``: ``"<id_prefix><row index>"``.
         metadata: the columns copied into ``Task.metadata``; ``None``: every column but the prompt's
             (the answer and id columns too, under their own names: what a TRL-style reward function
-            receives as keyword arguments, see :func:`llmgym.verifiers.from_reward_function`).
+            receives as keyword arguments, see :func:`llmgym.env.verifiers.from_reward_function`).
         id_prefix: prefix of the row-index ids.
     """
 
@@ -83,7 +83,7 @@ def tasks_from_dataset(rows: Any, *, prompt: str = "prompt", answer: str | None 
     Example:
         >>> from datasets import Dataset
         >>> from llmgym import SequenceEnv
-        >>> from llmgym.sources import tasks_from_dataset
+        >>> from llmgym.env.sources import tasks_from_dataset
         >>> ds = Dataset.from_dict({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"], "uid": ["a", "b"]})
         >>> env = SequenceEnv(tasks_from_dataset(ds, id="uid"), lambda task, text: text == task.answer)
         >>> obs, info = env.reset(seed=0)

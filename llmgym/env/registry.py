@@ -150,7 +150,7 @@ def make_env(
     """The entry point behind every registered id: build the env, wrap it for ``level="token"``.
 
     ``stop_token_ids`` and ``generation_config`` (its ``eos_token_id``) add end-of-turn ids to the
-    tokenizer's own (:func:`llmgym.core.end_of_turn_ids`): the token level ends a turn on them, and a
+    tokenizer's own (:func:`llmgym.env.core.end_of_turn_ids`): the token level ends a turn on them, and a
     multi-turn chat env counts a completion ending in one as a turn the model closed.
     """
     if level not in ("sequence", "token"):
@@ -167,12 +167,12 @@ def make_env(
             raise ValueError(f"render_mode {render_mode!r} is not one of {env.metadata.get('render_modes', [])}")
         env.unwrapped.render_mode = render_mode
     if level == "token":
-        from llmgym.token_level import TokenLevel
+        from llmgym.env.token_level import TokenLevel
 
         env = TokenLevel(env, tokenizer, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids,
                          generation_config=generation_config)
     elif tokenizer is not None and (stop_token_ids is not None or generation_config is not None):
-        from llmgym.core import end_of_turn_ids
+        from llmgym.env.core import end_of_turn_ids
 
         inner = env.unwrapped
         extra = {*end_of_turn_ids(tokenizer, generation_config), *(int(t) for t in (stop_token_ids or ()))}
@@ -195,7 +195,7 @@ def load_plugins() -> list[str]:
     that fails to load is skipped with a warning naming it: one broken package does not break the rest.
 
     Example:
-        >>> from llmgym.registry import load_plugins
+        >>> from llmgym.env.registry import load_plugins
         >>> isinstance(load_plugins(), list)
         True
     """

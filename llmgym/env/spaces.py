@@ -51,7 +51,7 @@ class AnyText(spaces.Text):
 
     Example:
         >>> from gymnasium.spaces.utils import flatten, unflatten
-        >>> from llmgym.spaces import AnyText
+        >>> from llmgym.env.spaces import AnyText
         >>> space = AnyText(max_length=100)
         >>> "∑ x² = 1\\n" in space, "" in space, 3 in space
         (True, True, False)
@@ -113,7 +113,7 @@ class TokenIds(spaces.Sequence):
 
     Example:
         >>> import numpy as np
-        >>> from llmgym.spaces import TokenIds
+        >>> from llmgym.env.spaces import TokenIds
         >>> space = TokenIds(10, max_length=4)
         >>> np.array([1, 2, 9]) in space, np.array([10]) in space, np.arange(5) in space
         (True, False, False)
@@ -157,7 +157,7 @@ def token_ids_space(vocab_size: int, seed: Any = None, max_length: int = DEFAULT
 
     Example:
         >>> import numpy as np
-        >>> from llmgym.spaces import token_ids_space
+        >>> from llmgym.env.spaces import token_ids_space
         >>> space = token_ids_space(10)
         >>> np.array([1, 2, 9]) in space, np.array([10]) in space
         (True, False)

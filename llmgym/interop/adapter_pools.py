@@ -21,7 +21,7 @@ A worker that cannot start or cannot load the payload, a missing sandbox
 (see :func:`reference_check`) are the verifier's: raised, never a silent 0.
 
 Example:
-    >>> from llmgym.interop.sandboxed import failure, make_payload, run
+    >>> from llmgym.interop.adapter_pools import failure, make_payload, run
     >>> game = {"op": "textarena", "env_id": "GuessTheNumber-v0", "num_players": 1, "player_id": 0, "opponent": None}
     >>> payload = make_payload("textarena", game)
     >>> request = {"seed": 3, "opening": "not its opening", "completions": [], "replies": [], "max_turns": 4}
@@ -49,7 +49,7 @@ from llmgym.sandbox.killable import in_killable_child
 from llmgym.sandbox.mounts import world_readable
 from llmgym.sandbox.pool import DEFAULT_POOL_SIZE, WorkerPool, WorkerPools
 from llmgym.sandbox.worker import WORKER_LIMITS, SandboxWorker, site_packages
-from llmgym.verifiers import VerifierUnavailableError
+from llmgym.env.verifiers import VerifierUnavailableError
 
 __all__ = ["INTEROP_LIMITS", "EpisodeError", "Payload", "check_available", "close_workers", "failure", "make_payload",
            "reference_check", "run"]
@@ -281,7 +281,7 @@ def failure(status: str, answer: Any, time_limit: float | None) -> dict[str, Any
 
 
 def reference_check(payload: Payload, request: Any, time_limit: float | None, failed: dict[str, Any], what: str) -> None:
-    """Raise :class:`~llmgym.verifiers.VerifierUnavailableError` if an import that failed on model text fails on
+    """Raise :class:`~llmgym.env.verifiers.VerifierUnavailableError` if an import that failed on model text fails on
     ``request`` too -- a reference input, no model text: the code cannot run here, whatever it is given.
 
     A child's "import failed" is only a claim (code the completion ran could make it); a verdict that stops the
@@ -300,7 +300,7 @@ def close_workers() -> None:
     """Stop this process's idle interop workers (they start again on the next call).
 
     Example:
-        >>> from llmgym.interop.sandboxed import close_workers
+        >>> from llmgym.interop.adapter_pools import close_workers
         >>> close_workers()
     """
     _pools.close()

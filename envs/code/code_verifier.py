@@ -27,7 +27,7 @@ Completion conventions (:func:`build_program`), in this order:
 
 With no ``prompt_code`` (MBPP-style tasks) the code is the whole program.
 
-**The judge** (:mod:`llmgym.envs.code.judge`). The program runs in one sandboxed process, the tests
+**The judge** (:mod:`llmgym.envs.code.code_judge`). The program runs in one sandboxed process, the tests
 in another, under another uid; the tests call the program's functions through proxies, and values
 cross as plain data only. A pass is the judge's verdict alone: its exit status 0 and a per-run secret
 on a channel only it holds, after the last test. Nothing the program prints, raises, traces or exits
@@ -68,7 +68,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from llmgym import Score, Task, Verifier
-from llmgym.envs.code.judge import RUNNER, judge_source
+from llmgym.envs.code.code_judge import RUNNER, judge_source
 from llmgym.sandbox import Sandbox, SandboxLimits, SandboxResult
 
 __all__ = [
@@ -289,7 +289,7 @@ def _failed_test(report: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class CodeVerifier(Verifier):
-    """Run the program and, in a separate judge process, its tests (:mod:`llmgym.envs.code.judge`): 1.0 on a pass.
+    """Run the program and, in a separate judge process, its tests (:mod:`llmgym.envs.code.code_judge`): 1.0 on a pass.
 
     Args:
         limits: :class:`~llmgym.sandbox.SandboxLimits` of each run (default :data:`DEFAULT_CODE_LIMITS`);

@@ -25,7 +25,7 @@ one uid of the sandbox's pool); a forked process starts its own. A worker that c
 :class:`~llmgym.sandbox.SandboxError` naming the cause -- never a silent 0.
 
 Example:
-    >>> from llmgym.envs.math.sandboxed import math_verify_equal
+    >>> from llmgym.envs.math.scorer_pools import math_verify_equal
     >>> math_verify_equal(r"\frac{1}{2}", "0.5", time_limit=10)
     (1.0, None)
 """
@@ -40,7 +40,7 @@ from llmgym.sandbox import SandboxError
 from llmgym.sandbox.killable import in_killable_child
 from llmgym.sandbox.pool import DEFAULT_POOL_SIZE, WorkerPool, WorkerPools
 from llmgym.sandbox.worker import SandboxWorker, site_packages
-from llmgym.verifiers import VerifierUnavailableError
+from llmgym.env.verifiers import VerifierUnavailableError
 
 __all__ = ["ANSWER_FORMS", "DEFAULT_CONCURRENCY", "MATH_VERIFY_MAX_NUMBER_BITS", "MATH_VERIFY_WORKER", "REASONING_GYM_WORKER", "close_workers", "math_verify_equal", "reasoning_gym_score"]
 
@@ -110,7 +110,7 @@ def close_workers() -> None:
     """Stop this process's idle scorer workers (they start again on the next check).
 
     Example:
-        >>> from llmgym.envs.math.sandboxed import close_workers
+        >>> from llmgym.envs.math.scorer_pools import close_workers
         >>> close_workers()
     """
     _pools.close()
@@ -147,7 +147,7 @@ def math_verify_equal(
     so are ``2^3 \cdot 3`` and ``3 \times 2^3``).
 
     Example:
-        >>> from llmgym.envs.math.sandboxed import math_verify_equal
+        >>> from llmgym.envs.math.scorer_pools import math_verify_equal
         >>> math_verify_equal("x^2 + 2x + 1", "(x+1)^2", time_limit=10)
         (1.0, None)
     """
@@ -190,7 +190,7 @@ def reasoning_gym_score(
 
     Example:
         >>> from llmgym.envs.math.reasoning import reasoning_gym_task
-        >>> from llmgym.envs.math.sandboxed import reasoning_gym_score
+        >>> from llmgym.envs.math.scorer_pools import reasoning_gym_score
         >>> task = reasoning_gym_task("chain_sum", seed=1)
         >>> meta = task.metadata
         >>> reasoning_gym_score("chain_sum", {}, meta["seed"], meta["entry"], task.answer, time_limit=10)

@@ -32,7 +32,7 @@ normalised text is equal match without parsing (word answers such as "Monday").
 (scanners and regexes without overlapping quantifiers; the env caps the length at
 ``max_completion_chars``). Two plain numbers are compared there too, where the verdict is certain.
 Everything else -- math-verify's parsing of model text with SymPy -- runs in the sandbox
-(:mod:`llmgym.envs.math.sandboxed`): a persistent sandboxed worker forks a fresh child per check and
+(:mod:`llmgym.envs.math.scorer_pools`): a persistent sandboxed worker forks a fresh child per check and
 kills it at ``time_limit`` (math-verify's own ``signal.alarm`` time-out is switched off). Nothing
 keeps running after a step returns. Answers holding numbers over :data:`MAX_NUMBER_BITS` bits (power
 towers, huge factorials) are refused before comparison; answers over :data:`MAX_ANSWER_CHARS`
@@ -48,8 +48,8 @@ from decimal import Decimal
 from typing import Any
 
 from llmgym import Score, Task, Verifier
-from llmgym.envs.math.sandboxed import MATH_VERIFY_MAX_NUMBER_BITS, close_workers, math_verify_equal
-from llmgym.verifiers import RegexFormat, VerifierUnavailableError, WeightedSum
+from llmgym.envs.math.scorer_pools import MATH_VERIFY_MAX_NUMBER_BITS, close_workers, math_verify_equal
+from llmgym.env.verifiers import RegexFormat, VerifierUnavailableError, WeightedSum
 
 __all__ = [
     "FORM_PHRASES",
@@ -98,7 +98,7 @@ def last_boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` in ``text`` (braces balanced), or ``None``.
 
     Example:
-        >>> from llmgym.envs.math.verifier import last_boxed
+        >>> from llmgym.envs.math.math_verifier import last_boxed
         >>> print(last_boxed(r"so \\boxed{1} then \\boxed{\\frac{1}{2}}"), last_boxed("none"))
         \\frac{1}{2} None
     """
@@ -411,7 +411,7 @@ def _prompt_text(task: Task) -> str:
 
 
 #: Phrases of a question that ask for the answer's form, and the form each asks for (checked in the sandbox,
-#: on the answer as written: :func:`llmgym.envs.math.sandboxed.math_verify_equal`).
+#: on the answer as written: :func:`llmgym.envs.math.scorer_pools.math_verify_equal`).
 FORM_PHRASES = (
     ("simplest radical form", "radical"),
     ("interval notation", "interval"),
@@ -541,7 +541,7 @@ def _math_verify_installed() -> None:
 class MathVerifier(Verifier):
     r"""1.0 when the completion's answer equals ``task.answer`` mathematically (math-verify), else 0.0.
 
-    Extraction and gold normalisation follow :mod:`llmgym.envs.math.verifier` (last ``\boxed{}``,
+    Extraction and gold normalisation follow :mod:`llmgym.envs.math.math_verifier` (last ``\boxed{}``,
     ``<answer>`` tags, "answer is X", ``#### X``, bare math, last math span, last number). Equality is
     math-verify's: numeric within ``float_rounding`` digits, symbolic, sets/tuples/intervals,
     equations ``x = 3`` vs ``3``, percentages.
@@ -549,7 +549,7 @@ class MathVerifier(Verifier):
     Where does the answer go? Extraction is linear-time host code. Two plain numbers (``-12``,
     ``3.5``, ``1,000``, ``7/2``, ``\frac{7}{2}``) are compared on the host when the verdict is
     certain; everything else goes to math-verify, which runs in the sandbox
-    (:mod:`llmgym.envs.math.sandboxed`): model text never reaches SymPy on the host.
+    (:mod:`llmgym.envs.math.scorer_pools`): model text never reaches SymPy on the host.
 
     Args:
         time_limit: seconds per check, enforced by killing the sandboxed check (``None``: the

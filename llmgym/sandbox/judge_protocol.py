@@ -17,7 +17,7 @@ candidate never holds it.
 that starts both processes and reports their statuses and the judge's report to the host.
 
 Example:
-    >>> from llmgym.sandbox.judge import JUDGED_SUPERVISOR
+    >>> from llmgym.sandbox.judge_protocol import JUDGED_SUPERVISOR
     >>> "JUDGE_REPORT" in JUDGED_SUPERVISOR and "def _judged(cfg, status_fd)" in JUDGED_SUPERVISOR
     True
 """

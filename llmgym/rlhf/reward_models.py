@@ -33,9 +33,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from llmgym.preferences import PreferenceSource, encode_pair, load_preferences
-from llmgym.types import Prompt, Score, Task
-from llmgym.verifiers import Verifier, VerifierUnavailableError, escape_special_tokens, keep_last_tokens
+from llmgym.rlhf.preferences import PreferenceSource, encode_pair, load_preferences
+from llmgym.env.types import Prompt, Score, Task
+from llmgym.env.verifiers import Verifier, VerifierUnavailableError, escape_special_tokens, keep_last_tokens
 
 __all__ = [
     "bradley_terry_loss",
@@ -60,7 +60,7 @@ def bradley_terry_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Ten
 
     Example:
         >>> import torch
-        >>> from llmgym.reward_models import bradley_terry_loss
+        >>> from llmgym.rlhf.reward_models import bradley_terry_loss
         >>> round(float(bradley_terry_loss(torch.tensor([0.0]), torch.tensor([0.0]))), 4)  # log 2
         0.6931
         >>> bradley_terry_loss(torch.tensor([5.0]), torch.tensor([-5.0])) < 1e-4
@@ -88,8 +88,8 @@ def reward_model_from_causal_lm(lm, tokenizer=None):
     looks for the end of each row; TRL sets it the same way); without, ``lm``'s config keeps its own.
 
     Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
-        >>> from llmgym.reward_models import reward_model_from_causal_lm
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.rlhf.reward_models import reward_model_from_causal_lm
         >>> tok = build_tokenizer()
         >>> lm = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
         >>> rm = reward_model_from_causal_lm(lm)
@@ -112,12 +112,12 @@ def reward_model_from_causal_lm(lm, tokenizer=None):
 
 
 def load_reward_model(name_or_path: str | os.PathLike, *, device: str | None = None):
-    """``(model, tokenizer)`` of a reward model saved with ``save_pretrained`` (see :func:`llmgym.models.save_pretrained`).
+    """``(model, tokenizer)`` of a reward model saved with ``save_pretrained`` (see :func:`llmgym.runtime.models.save_pretrained`).
 
     Example:
         >>> import tempfile
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, save_pretrained, TinyModelConfig
-        >>> from llmgym.reward_models import reward_model_from_causal_lm, load_reward_model
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, save_pretrained, TinyModelConfig
+        >>> from llmgym.rlhf.reward_models import reward_model_from_causal_lm, load_reward_model
         >>> tok = build_tokenizer()
         >>> rm = reward_model_from_causal_lm(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)))
         >>> with tempfile.TemporaryDirectory() as d:
@@ -128,7 +128,7 @@ def load_reward_model(name_or_path: str | os.PathLike, *, device: str | None = N
     """
     from transformers import AutoModelForSequenceClassification
 
-    from llmgym.models import load_tokenizer
+    from llmgym.runtime.models import load_tokenizer
 
     tokenizer = load_tokenizer(name_or_path)
     model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), num_labels=1, dtype=torch.float32)
@@ -154,8 +154,8 @@ def reward_scores(model, tokenizer, prompts: Sequence[Prompt], completions: Sequ
     """``[B]`` rewards ``r(prompt_i, completion_i)`` in one forward pass (differentiable; no batching limit).
 
     Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
-        >>> from llmgym.reward_models import reward_model_from_causal_lm, reward_scores
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.rlhf.reward_models import reward_model_from_causal_lm, reward_scores
         >>> tok = build_tokenizer()
         >>> rm = reward_model_from_causal_lm(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)))
         >>> reward_scores(rm, tok, ["q", "q"], ["a", "bb"]).tolist()  # a fresh head scores 0
@@ -202,8 +202,8 @@ def pairwise_accuracy(model, tokenizer, pairs: PreferenceSource, batch_size: int
     """Share of pairs ranked right (``r⁺ > r⁻``; a tie counts half), mean margin and BT loss.
 
     Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
-        >>> from llmgym.reward_models import reward_model_from_causal_lm, pairwise_accuracy
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.rlhf.reward_models import reward_model_from_causal_lm, pairwise_accuracy
         >>> tok = build_tokenizer()
         >>> rm = reward_model_from_causal_lm(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)))
         >>> pairwise_accuracy(rm, tok, [("q", "a", "b")])  # untrained: every pair a tie
@@ -245,8 +245,8 @@ def train_reward_model(
     step when ``eval_pairs`` are given. A ``callback`` returning ``False`` stops early.
 
     Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
-        >>> from llmgym.reward_models import reward_model_from_causal_lm, train_reward_model
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.rlhf.reward_models import reward_model_from_causal_lm, train_reward_model
         >>> tok = build_tokenizer()
         >>> rm = reward_model_from_causal_lm(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)))
         >>> pairs = [("q", "1234", "abcd"), ("q", "98", "xy")]
@@ -254,7 +254,7 @@ def train_reward_model(
         >>> history[-1]["eval_accuracy"]
         1.0
     """
-    from llmgym.models import flush_denormals
+    from llmgym.runtime.models import flush_denormals
 
     pairs = load_preferences(pairs)
     eval_set = load_preferences(eval_pairs) if eval_pairs is not None else None
@@ -330,7 +330,7 @@ def fit_reward_model(
 
     Example:
         >>> import tempfile
-        >>> from llmgym.reward_models import fit_reward_model, RewardModelVerifier
+        >>> from llmgym.rlhf.reward_models import fit_reward_model, RewardModelVerifier
         >>> pairs = [("q", "1234", "abcd"), ("q", "98", "xy"), ("q", "7", "z"), ("q", "55", "ab")]
         >>> with tempfile.TemporaryDirectory() as d:
         ...     report = fit_reward_model("tiny", pairs, d, eval_pairs=pairs, steps=20, batch_size=4, lr=1e-2)
@@ -338,9 +338,9 @@ def fit_reward_model(
         >>> report["eval"]["accuracy"], report["train_pairs"]
         (1.0, 4)
     """
-    from llmgym.logging import MetricsLogger
-    from llmgym.models import load_model, save_pretrained
-    from llmgym.preferences import split_preferences
+    from llmgym.runtime.logging import MetricsLogger
+    from llmgym.runtime.models import load_model, save_pretrained
+    from llmgym.rlhf.preferences import split_preferences
 
     pairs = load_preferences(pairs)
     if eval_pairs is not None:
@@ -394,8 +394,8 @@ class RewardModelVerifier(Verifier):
 
     Example:
         >>> from llmgym import SequenceEnv, Task
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
-        >>> from llmgym.reward_models import reward_model_from_causal_lm, RewardModelVerifier
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.rlhf.reward_models import reward_model_from_causal_lm, RewardModelVerifier
         >>> tok = build_tokenizer()
         >>> rm = reward_model_from_causal_lm(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)))
         >>> verifier = RewardModelVerifier(rm, tok, shift=0.5)

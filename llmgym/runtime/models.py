@@ -56,7 +56,7 @@ def cache_dir() -> Path:
     """Where built models are cached: ``$LLMGYM_CACHE`` or ``~/.cache/llmgym``.
 
     Example:
-        >>> from llmgym.models import cache_dir
+        >>> from llmgym.runtime.models import cache_dir
         >>> cache_dir().name in ("llmgym",) or "LLMGYM_CACHE" in __import__("os").environ
         True
     """
@@ -69,7 +69,7 @@ def build_tokenizer():
     Encoding prepends BOS; padding is on the left (what batched generation needs).
 
     Example:
-        >>> from llmgym.models import build_tokenizer
+        >>> from llmgym.runtime.models import build_tokenizer
         >>> tok = build_tokenizer()
         >>> len(tok), tok.eos_token, tok.padding_side
         (259, '</s>', 'left')
@@ -105,7 +105,7 @@ class TinyModelConfig:
     """Shape of a tiny Llama-style model (defaults: ~0.8M parameters, fast on 2 CPU cores).
 
     Example:
-        >>> from llmgym.models import TinyModelConfig
+        >>> from llmgym.runtime.models import TinyModelConfig
         >>> TinyModelConfig(hidden_size=64).hidden_size
         64
     """
@@ -122,7 +122,7 @@ def build_tiny_model(tokenizer=None, config: TinyModelConfig | None = None):
     """A random-init ``LlamaForCausalLM`` sized by ``config``, matching ``tokenizer``'s vocabulary.
 
     Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
         >>> tok = build_tokenizer()
         >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
         >>> model.config.vocab_size == len(tok), model.config.eos_token_id == tok.eos_token_id
@@ -157,7 +157,7 @@ def save_pretrained(model, tokenizer, path: str | os.PathLike) -> Path:
 
     Example:
         >>> import tempfile
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, save_pretrained, load_model, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, save_pretrained, load_model, TinyModelConfig
         >>> tok = build_tokenizer()
         >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
         >>> with tempfile.TemporaryDirectory() as d:
@@ -177,7 +177,7 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     """Load a tokenizer by local path or hub id; set left padding and a pad token for generation.
 
     Example:
-        >>> from llmgym.models import load_tokenizer
+        >>> from llmgym.runtime.models import load_tokenizer
         >>> load_tokenizer("/no/such/model")
         Traceback (most recent call last):
         ...
@@ -200,7 +200,7 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = N
     The string ``"tiny"`` builds (and caches) the default tiny model instead.
 
     Example:
-        >>> from llmgym.models import load_model
+        >>> from llmgym.runtime.models import load_model
         >>> model, tok = load_model("tiny")
         >>> model.config.model_type
         'llama'
@@ -285,7 +285,7 @@ def looks_like_hub_id(text: str) -> bool:
     """Whether ``text`` reads as a Hugging Face hub id (``owner/name``) rather than a local path.
 
     Example:
-        >>> from llmgym.models import looks_like_hub_id
+        >>> from llmgym.runtime.models import looks_like_hub_id
         >>> looks_like_hub_id("Qwen/Qwen2.5-0.5B"), looks_like_hub_id("./runs/x"), looks_like_hub_id("tiny")
         (True, False, False)
     """
@@ -300,7 +300,7 @@ def flush_denormals() -> None:
     10-100x slower: measured here, a 100-step warm-up took 48 s with denormals and 3 s without.
 
     Example:
-        >>> from llmgym.models import flush_denormals
+        >>> from llmgym.runtime.models import flush_denormals
         >>> flush_denormals()
     """
     import numpy as np
@@ -328,7 +328,7 @@ def supervised_warmup(
     per step. This is the warm-up that lets a tiny model start RL "imperfect but not hopeless".
 
     Example:
-        >>> from llmgym.models import build_tiny_model, build_tokenizer, supervised_warmup, TinyModelConfig
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, supervised_warmup, TinyModelConfig
         >>> tok = build_tokenizer()
         >>> model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
         >>> losses = supervised_warmup(model, tok, [("1+1=", "2")], steps=20, batch_size=4)

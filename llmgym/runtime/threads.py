@@ -18,7 +18,7 @@ effect before ``import torch``: the ``llmgym`` command calls it first thing, bef
 imports torch. Neither function imports torch at module level.
 
 Example:
-    >>> from llmgym.threads import chosen_thread_count
+    >>> from llmgym.runtime.threads import chosen_thread_count
     >>> chosen_thread_count(num_parameters=1_000_000, environ={})
     1
     >>> chosen_thread_count(num_parameters=1_000_000, requested=4, environ={"OMP_NUM_THREADS": "2"})
@@ -47,7 +47,7 @@ def passive_openmp() -> bool:
 
     Example:
         >>> import os
-        >>> from llmgym.threads import passive_openmp
+        >>> from llmgym.runtime.threads import passive_openmp
         >>> _ = passive_openmp()
         >>> os.environ["OMP_WAIT_POLICY"] in ("PASSIVE", "passive", "ACTIVE", "active")
         True
@@ -91,7 +91,7 @@ def set_torch_threads(model=None, *, requested: int | None = None, num_parameter
 
     Example:
         >>> import torch
-        >>> from llmgym.threads import set_torch_threads
+        >>> from llmgym.runtime.threads import set_torch_threads
         >>> before = torch.get_num_threads()
         >>> set_torch_threads(requested=1)
         1
@@ -116,7 +116,7 @@ def cpu_has_fast_bf16() -> bool:
     measured on this project's 2-core AMD EPYC (docs/scale.md, "bf16 on a CPU").
 
     Example:
-        >>> from llmgym.threads import cpu_has_fast_bf16
+        >>> from llmgym.runtime.threads import cpu_has_fast_bf16
         >>> isinstance(cpu_has_fast_bf16(), bool)
         True
     """

@@ -83,7 +83,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> bo
 
     Example:
         >>> import os
-        >>> from llmgym.distributed import init_distributed
+        >>> from llmgym.runtime.distributed import init_distributed
         >>> "WORLD_SIZE" in os.environ or init_distributed() is False
         True
     """
@@ -161,7 +161,7 @@ def shard_range(n: int, rank: int | None = None, world_size: int | None = None) 
     Blocks differ in size by at most one (the first ``n % world_size`` ranks get one more).
 
     Example:
-        >>> from llmgym.distributed import shard_range
+        >>> from llmgym.runtime.distributed import shard_range
         >>> [list(shard_range(5, r, 2)) for r in range(2)]
         [[0, 1, 2], [3, 4]]
     """
@@ -178,7 +178,7 @@ def shard(items: Sequence[T], rank: int | None = None, world_size: int | None = 
     """This rank's contiguous block of ``items`` (all of them in a single process).
 
     Example:
-        >>> from llmgym.distributed import shard
+        >>> from llmgym.runtime.distributed import shard
         >>> shard(["a", "b", "c", "d"], rank=0, world_size=2)
         ['a', 'b']
     """
@@ -192,7 +192,7 @@ def all_reduce_sum(value, *, dtype: torch.dtype = torch.float64):
 
     Example:
         >>> import torch
-        >>> from llmgym.distributed import all_reduce_sum
+        >>> from llmgym.runtime.distributed import all_reduce_sum
         >>> all_reduce_sum(torch.tensor([2.0, 5.0]))
         tensor([2., 5.])
     """
@@ -213,7 +213,7 @@ def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
     """Mean over ranks of each entry of a dict of numbers (every rank must pass the same keys).
 
     Example:
-        >>> from llmgym.distributed import all_reduce_mean
+        >>> from llmgym.runtime.distributed import all_reduce_mean
         >>> all_reduce_mean({"loss": 1.5})
         {'loss': 1.5}
     """
@@ -228,7 +228,7 @@ def all_gather_ints(value: int) -> list[int]:
     """Every rank's ``value`` (e.g. local batch sizes), in rank order.
 
     Example:
-        >>> from llmgym.distributed import all_gather_ints
+        >>> from llmgym.runtime.distributed import all_gather_ints
         >>> all_gather_ints(7)
         [7]
     """

@@ -16,7 +16,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     Computed as ``1 − Π_{i=n−c+1}^{n} (1 − k/i)`` for numerical stability.
 
     Example:
-        >>> from llmgym.metrics import pass_at_k
+        >>> from llmgym.runtime.metrics import pass_at_k
         >>> pass_at_k(10, 0, 1), pass_at_k(10, 10, 5), round(pass_at_k(10, 3, 1), 3), round(pass_at_k(4, 1, 2), 3)
         (0.0, 1.0, 0.3, 0.5)
     """
@@ -34,7 +34,7 @@ def mean_confidence_interval(values: Sequence[float], confidence: float = 0.95) 
     [0, 1]); :func:`reward_interval` respects the range.
 
     Example:
-        >>> from llmgym.metrics import mean_confidence_interval
+        >>> from llmgym.runtime.metrics import mean_confidence_interval
         >>> mean, half = mean_confidence_interval([0.0, 1.0, 0.0, 1.0])
         >>> mean, round(half, 3)
         (0.5, 0.566)
@@ -67,7 +67,7 @@ def wilson_interval(mean: float, n: int, confidence: float = 0.95) -> tuple[floa
     [0, 1] with mean p has variance at most p(1−p), the variance the interval assumes.
 
     Example:
-        >>> from llmgym.metrics import wilson_interval
+        >>> from llmgym.runtime.metrics import wilson_interval
         >>> low, high = wilson_interval(0.0, 164)
         >>> low, round(high, 4)
         (0.0, 0.0229)
@@ -92,7 +92,7 @@ def bootstrap_interval(values: Sequence[float], confidence: float = 0.95, resamp
     leaves the range the values came from (a reward in [0, 1] gets an interval in [0, 1]).
 
     Example:
-        >>> from llmgym.metrics import bootstrap_interval
+        >>> from llmgym.runtime.metrics import bootstrap_interval
         >>> low, high = bootstrap_interval([0.2, 0.4, 0.4, 0.6, 0.9])
         >>> 0.2 <= low < 0.5 < high <= 0.9
         True
@@ -120,7 +120,7 @@ def reward_interval(values: Sequence[float], pass_fail: bool, confidence: float 
     ``"bootstrap"``.
 
     Example:
-        >>> from llmgym.metrics import reward_interval
+        >>> from llmgym.runtime.metrics import reward_interval
         >>> low, high, method = reward_interval([0.0, 0.0, 1.0, 0.0], pass_fail=True)
         >>> method, 0.0 < low < 0.25 < high < 1.0
         ('wilson', True)

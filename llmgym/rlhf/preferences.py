@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, Union
 
-from llmgym.core import encode_text, render_prompt
-from llmgym.types import Prompt, Task
+from llmgym.env.core import encode_text, render_prompt
+from llmgym.env.types import Prompt, Task
 
 __all__ = ["PreferencePair", "load_preferences", "save_preferences", "encode_pair", "split_preferences"]
 
@@ -33,7 +33,7 @@ class PreferencePair:
     not read it.
 
     Example:
-        >>> from llmgym.preferences import PreferencePair
+        >>> from llmgym.rlhf.preferences import PreferencePair
         >>> PreferencePair("2+2=", "4", "5").chosen
         '4'
         >>> PreferencePair("2+2=", "4", "five", margin=2.0).to_dict()["margin"]
@@ -86,7 +86,7 @@ def load_preferences(source: PreferenceSource) -> list[PreferencePair]:
     keys ignored) or a triple.
 
     Example:
-        >>> from llmgym.preferences import load_preferences
+        >>> from llmgym.rlhf.preferences import load_preferences
         >>> pairs = load_preferences([{"prompt": "q", "chosen": "a", "rejected": "b", "who": "me"}, ("q", "c", "d")])
         >>> [p.chosen for p in pairs]
         ['a', 'c']
@@ -122,7 +122,7 @@ def save_preferences(pairs: Iterable[PreferencePair], path: str | os.PathLike) -
 
     Example:
         >>> import tempfile, os
-        >>> from llmgym.preferences import PreferencePair, save_preferences, load_preferences
+        >>> from llmgym.rlhf.preferences import PreferencePair, save_preferences, load_preferences
         >>> with tempfile.TemporaryDirectory() as d:
         ...     path = save_preferences([PreferencePair("q", "a", "b")], os.path.join(d, "p.jsonl"))
         ...     load_preferences(path)[0].rejected
@@ -141,7 +141,7 @@ def split_preferences(pairs: Sequence[PreferencePair], held_out: float = 0.2,
     """A seeded ``(train, held_out)`` split.
 
     Example:
-        >>> from llmgym.preferences import PreferencePair, split_preferences
+        >>> from llmgym.rlhf.preferences import PreferencePair, split_preferences
         >>> train, test = split_preferences([PreferencePair("q", str(i), "x") for i in range(10)], 0.3)
         >>> len(train), len(test)
         (7, 3)
@@ -159,8 +159,8 @@ def encode_pair(tokenizer: Any, prompt: Prompt, completion: str) -> tuple[list[i
     """``(prompt_ids, completion_ids)``: the prompt as an env renders it; the completion ends with EOS.
 
     Example:
-        >>> from llmgym.models import build_tokenizer
-        >>> from llmgym.preferences import encode_pair
+        >>> from llmgym.runtime.models import build_tokenizer
+        >>> from llmgym.rlhf.preferences import encode_pair
         >>> tok = build_tokenizer()
         >>> p, c = encode_pair(tok, "2+2=", "4")
         >>> p[0] == tok.bos_token_id, c[-1] == tok.eos_token_id, tok.decode(c, skip_special_tokens=True)

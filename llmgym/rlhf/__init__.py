@@ -1,0 +1,9 @@
+"""Learning from preferences: preference pairs, Bradley-Terry reward models, LLM judges.
+
+Example:
+    >>> from llmgym.rlhf.preferences import PreferencePair
+    >>> PreferencePair.__name__
+    'PreferencePair'
+"""
+
+__all__: list[str] = []
