@@ -45,7 +45,7 @@ PRESETS = {
     "sapo": (SAPO, dict(minibatch_size=64, lr=5e-4)),
     "gdpo": (GDPO, dict(lr=1e-3)),  # on-policy, GRPO's step size (tests/test_learning.py)
 }
-MARGIN = 0.05
+MARGIN = 0.04  # the smallest gain measured (docs/learning_tests.md) is 1.6x it
 
 
 def two_part_copy_env(tokenizer):
