@@ -8,7 +8,9 @@ A seeded run repeats exactly on one machine but not on another: CPU kernels diff
 model's RL trajectory amplifies the rounding (torch's thread count changes kernels too). So the
 margin is set against the spread of the improvement measured over seeds and thread counts, with
 ``benchmarks/learning_spread.py`` (which imports this file's recipe): every agent's smallest measured
-improvement is well above ``MARGIN``. Re-measure there after changing anything below.
+improvement is well above ``MARGIN``. The table of the spread (seeds × threads × CPU kernel families)
+is in docs/learning_tests.md; re-measure with ``python benchmarks/learning_spread.py --recipes learning``
+after changing anything below.
 """
 
 from __future__ import annotations
