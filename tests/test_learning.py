@@ -8,7 +8,9 @@ A seeded run repeats exactly on one machine but not on another: CPU kernels diff
 model's RL trajectory amplifies the rounding (torch's thread count changes kernels too). So the
 margin is set against the spread of the improvement measured over seeds and thread counts, with
 ``benchmarks/learning_spread.py`` (which imports this file's recipe): every agent's smallest measured
-improvement is well above ``MARGIN``. Re-measure there after changing anything below.
+improvement is well above ``MARGIN``. The table of the spread (seeds × threads × CPU kernel families)
+is in docs/learning_tests.md; re-measure with ``python benchmarks/learning_spread.py --recipes learning``
+after changing anything below.
 """
 
 from __future__ import annotations
@@ -97,12 +99,13 @@ def test_agent_raises_held_out_reward(cls, config, warm_base, tokenizer):
 # threads 1: +0.078..+0.138 (0.103)).
 # Without the correction: K=1 +0.069..+0.110 (0.089; threads 1 only); K=2 -0.005..+0.057 (0.032).
 PIPELINED = [1, 2]
-# The correction keeps the learner near the weights that sample its batches. ``late_drift``, the mean
-# |log π_prox − log π_behav| of the last 10 of the 40 steps at K=2, measured as above (seeds 0-3 ×
-# threads 1 and 2): with the correction 0.038..0.062, without it 0.099..0.130 (threads ≤ 0.0003 apart);
-# per seed, uncorrected / corrected 2.06..2.93. Margin: uncorrected > DRIFT_RATIO × corrected (the
-# smallest measured ratio is 1.47× it).
-DRIFT_RATIO = 1.4
+# Without the correction, stale batches are not reweighted: the test checks that the switch acts (the
+# runs are identical up to the first stale batch and part there). It no longer asserts that the
+# correction keeps the learner nearer the weights that sample its batches: ``late_drift``
+# (uncorrected / corrected, K=2) was 2.06..2.93 on older numerics, but on this code 1.05 (AVX2
+# kernels, seed 0), 1.24..2.49 (seeds 0-2), and over all 38 stale steps 0.84..1.85 — not a stable
+# effect of the correction on this recipe (docs/learning_tests.md; the spread still records it).
+UNCORRECTED_STEPS = 4  # enough to see the first stale batch (step 2) handled without the correction
 
 
 def late_drift(history, last: int = 10) -> float:
@@ -137,15 +140,14 @@ def test_pipelined_grpo_raises_held_out_reward(max_staleness, warm_base, stalene
     assert after > before + MARGIN, f"GRPO, max_staleness={max_staleness}: held-out reward {before:.3f} -> {after:.3f}"
 
 
-def test_without_the_correction_the_importance_weights_drift(staleness_runs):
+def test_without_the_correction_stale_batches_are_not_reweighted(staleness_runs, warm_base, tokenizer):
     corrected, _ = staleness_runs(2, correct=True)
-    uncorrected, _ = staleness_runs(2, correct=False)
+    uncorrected = train(GRPO, dict(AGENTS)[GRPO], copy.deepcopy(warm_base[0]), tokenizer, steps=UNCORRECTED_STEPS,
+                        correct_staleness=False, max_staleness=2)
+    assert [row["staleness_max"] for row in uncorrected] == [0, 1, 2, 2]  # stale batches from step 2 on
     assert all(row["is_corrected"] == 0.0 for row in uncorrected)
     # same weights, same first batch: the runs part where the correction first applies (step 2's batch is stale)
     assert corrected[0]["loss"] == uncorrected[0]["loss"] and corrected[1]["loss"] != uncorrected[1]["loss"]
-    drift = late_drift(corrected), late_drift(uncorrected)
-    assert drift[1] > DRIFT_RATIO * drift[0], f"late |log π_prox − log π_behav|: corrected {drift[0]:.4f}, " \
-                                              f"uncorrected {drift[1]:.4f}"
 
 
 def spread(seed: int):
@@ -174,6 +176,7 @@ def spread(seed: int):
             after = held_out_reward(model, tokenizer, seed)
             yield {"check": f"test_pipelined_grpo_raises_held_out_reward[K={max_staleness}]", "value": after - before,
                    "bound": MARGIN, "before": before, "after": after}
+    # not asserted (see UNCORRECTED_STEPS): the spread of the statistic the suite used to assert, > 1.4
     drift = late_drift(runs[2, True]), late_drift(runs[2, False])
-    yield {"check": "test_without_the_correction_the_importance_weights_drift", "value": drift[1] / drift[0],
-           "bound": DRIFT_RATIO, "statistic": "late drift, uncorrected / corrected"}
+    yield {"check": "late drift, uncorrected / corrected, K=2 (not asserted)", "value": drift[1] / drift[0],
+           "bound": 1.4, "statistic": "ratio", "before": drift[0], "after": drift[1]}

@@ -12,7 +12,8 @@ share; then:
 
 Measured spread: seeds 0, 1, 2 (the seed of the warm-up model and data, the pair sampling and split,
 the RM and each agent), each with torch threads 1 and 2 — the two thread counts gave the same
-numbers to three decimals on this machine. Figures are in the comment above each assertion.
+numbers to three decimals on this machine. Figures are in the comment above each assertion; the spread
+over CPU kernel families is in docs/learning_tests.md (``python benchmarks/learning_spread.py --recipes rlhf``).
 """
 
 from __future__ import annotations
