@@ -232,9 +232,14 @@ def test_literal_answers_keep_reasoning_gyms_partial_credit(dataset, answer, par
 @needs_sandbox
 def test_a_scorer_that_hangs_is_killed_and_scores_zero():
     task = reasoning_gym_task("polynomial_multiplication", seed=1)
+    tower = "((10**1000)**1000)**1000"  # each exponent small, yet SymPy would compute a billion-digit power
+    # the env's path refuses it by its grammar now (issue 30's attacker pass) ...
+    assert upstream_score(task, tower, time_limit=1.0)[1].startswith("powers of powers")
+    # ... and the sandboxed scorer under the grammar, handed it anyway, is killed at its limit
+    meta = task.metadata
     start = time.monotonic()
-    # inside the grammar (each exponent is small), yet SymPy would compute a billion-digit power
-    score, error = upstream_score(task, "((10**1000)**1000)**1000", time_limit=1.0)
+    score, error = reasoning_gym_score(meta["dataset"], dict(meta.get("config", {})), int(meta.get("seed", 0)),
+                                       meta["entry"], tower, time_limit=1.0)
     assert (score, error) == (0.0, "timeout: verification took longer than 1.0 s")
     assert time.monotonic() - start < 30  # a hang guard: killed at ~1 s
     assert upstream_score(task, task.answer, time_limit=10) == (1.0, None)  # the worker goes on
