@@ -140,6 +140,20 @@ def test_gold_normalisation_of_stored_forms():
         normalize_gold(None)
 
 
+def test_a_matrix_gold_is_kept_whole_and_its_last_entry_alone_scores_nothing(verifier):
+    """MATH stores matrix and vector answers as bare ``pmatrix`` LaTeX. The environment's name read as a
+    word made the gold "text", and the last-number rule reduced it to its last entry: a completion
+    answering only that entry scored 1.0 and the right matrix scored 0."""
+    gold = r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}"
+    assert normalize_gold(gold) == gold
+    task = Task(id="matrix", prompt="Compute the matrix.", answer=gold)
+    assert verifier.verify(task, rf"So the matrix is \boxed{{{gold}}}.").reward == 1.0
+    assert verifier.verify(task, r"\boxed{\begin{pmatrix} 1 & 2 \\ 3 & 5 \end{pmatrix}}").reward == 0.0
+    assert verifier.verify(task, r"The answer is \boxed{4}.").reward == 0.0
+    column = r"\begin{pmatrix} 2 \\ -1 \end{pmatrix}"
+    assert verifier.verify(Task(id="v", prompt="p", answer=column), rf"\boxed{{{column}}}").reward == 1.0
+
+
 def test_numbers_and_missing_answers_score_safely(verifier):
     from fractions import Fraction
 

@@ -10,7 +10,8 @@ How an answer is taken from a completion (:func:`extract_answer`), first rule th
    (any case, so "The final answer is" too), up to the end of that line and sentence: the first
    ``$…$`` math in it, else the whole phrase when it is mathematical, else its first number.
 3. **Bare answer.** The whole region, when it is one line of mathematics (no prose words outside
-   LaTeX commands): ``\frac{1}{2}``, ``(1, 2)``, ``x = 3``, ``1,000``.
+   LaTeX commands and environment names): ``\frac{1}{2}``, ``(1, 2)``, ``x = 3``, ``1,000``,
+   ``\begin{pmatrix} 1 \\ 2 \end{pmatrix}``.
 4. **Math span.** The last ``$…$``, ``$$…$$``, ``\(…\)`` or ``\[…\]`` whose content is mathematical
    (so currency such as "$5 and $3" is skipped).
 5. **Last number.** The last number in the region: integer, decimal, ``a/b``, ``1,234`` (commas
@@ -121,12 +122,17 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+# ``\begin{pmatrix} ... \end{pmatrix}``: the environment's name is LaTeX, not a word of prose (a
+# matrix gold was taken for text and reduced to its last number)
+_ENVIRONMENT = re.compile(r"\\(?:begin|end)\s*\{[A-Za-z]+\*?\}")
+
+
 def _is_math(text: str) -> bool:
     """One line, and no word of two or more letters outside LaTeX commands and ``\\text{}``."""
     text = text.strip()
     if not text or "\n" in text:
         return False
-    bare = _LATEX_COMMAND.sub(" ", _TEXT_COMMAND.sub(" ", text))
+    bare = _LATEX_COMMAND.sub(" ", _TEXT_COMMAND.sub(" ", _ENVIRONMENT.sub(" ", text)))
     return re.search(r"[A-Za-z]{2,}", bare) is None
 
 
