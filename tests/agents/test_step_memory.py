@@ -5,6 +5,8 @@ CPU); these tests pin the terms it found that TRL's trainer does not pay."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -79,12 +81,15 @@ def test_static_decoding_frees_its_kv_cache_between_calls():
 
 
 def test_memory_timeline_reports_every_phase_on_cpu(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import memory_timeline
-
-    report = memory_timeline.main(["--model", "tiny", "--tasks", "2", "--group", "2", "--new-tokens", "4",
-                                   "--micro-batch-size", "2", "--threads", "1", "--time-steps", "2",
-                                   "--json", str(tmp_path / "t.json")])
+    # In a fresh process, as the benchmark runs: the CPU trace is replayed from the allocator's events, and after
+    # other tests in the same process (tests/interop/test_interop_verifiers.py, seen in one pytest-xdist worker)
+    # the model's weights were missing from it (start at 8.26 MiB = the Adam moments alone).
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory_timeline.py"), "--model", "tiny",
+                           "--tasks", "2", "--group", "2", "--new-tokens", "4", "--micro-batch-size", "2",
+                           "--threads", "1", "--time-steps", "2", "--json", str(tmp_path / "t.json")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "t.json").read_text())
     phases = [r["phase"] for r in report["phases"]]
     assert phases == ["start", "rollout", "prepare", "zero_grad", "forward[0]", "loss[0]", "backward[0]",
                       "between[1]", "forward[1]", "loss[1]", "backward[1]", "clip_grad", "optimizer_step",
