@@ -350,3 +350,32 @@ def test_a_worker_started_from_a_short_lived_thread_outlives_it():
         assert w.call(2, None, time_limit=30) == ("ok", 2)
     finally:
         w.close()
+
+
+def test_the_worker_reads_its_sandbox_through_the_public_read_only_isolation():
+    """``SandboxWorker`` starts its zygote with its Sandbox's mechanisms, read through ``Sandbox.isolation``
+    (issue 31): no private attribute of the Sandbox is read in llmgym/sandbox/worker.py, and the copy it
+    reads cannot change the sandbox."""
+    import ast
+    import dataclasses
+
+    import llmgym.sandbox.worker as worker_module
+    from llmgym.sandbox import Sandbox, SandboxIsolation
+    from llmgym.sandbox.worker import WORKER_LIMITS
+
+    tree = ast.parse(open(worker_module.__file__).read())
+    reads = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr.startswith("_")
+             and not node.attr.startswith("__") and (
+                 (isinstance(node.value, ast.Name) and node.value.id in ("sb", "sandbox"))
+                 or (isinstance(node.value, ast.Attribute) and node.value.attr == "sandbox"))}
+    assert reads == set(), f"worker.py reads the Sandbox's private {sorted(reads)}"
+    sandbox = Sandbox(WORKER_LIMITS, python=interpreter_for([]))
+    iso = sandbox.isolation
+    assert isinstance(iso, SandboxIsolation)
+    assert (iso.bwrap_path is not None) == ("bwrap" in sandbox.mechanisms)
+    assert iso.setuid == ("setuid" in sandbox.mechanisms) == (iso.uid_pool is not None)
+    assert iso.seccomp == ("seccomp" in sandbox.mechanisms)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        iso.bwrap_path = None
+    with pytest.raises(AttributeError):
+        sandbox.isolation = iso
