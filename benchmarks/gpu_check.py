@@ -9,7 +9,7 @@ Sections (each timed; a failure is recorded and the next section still runs; the
 after every section so a killed run keeps what it measured):
 
 1. ``environment``: torch/CUDA/GPU, transformers and (if importable) vLLM versions.
-2. ``contract_tests``: ``pytest tests/test_engine_contract.py`` — the HF engine on the GPU
+2. ``contract_tests``: ``pytest tests/engines/test_engine_contract.py`` — the HF engine on the GPU
    (``hf-cuda``) and, where ``import vllm`` works, ``VLLMEngine``; the CPU variant runs too.
 3. ``hf_generation``: tokens/s of :class:`~llmgym.engines.HFEngine` for a real-architecture model
    with random weights — a Qwen2-0.5B-shaped config (hidden 896, 24 layers, 14 heads, 2 KV heads,
@@ -183,7 +183,7 @@ def contract_tests(timeout_s: int, extra: list[str] | None = None) -> dict:
     (``outcomes``: what the decoding modes are judged on, benchmarks/gpu_verdicts.py)."""
     from gpu_verdicts import pytest_outcomes
 
-    cmd = [sys.executable, "-m", "pytest", "tests/test_engine_contract.py", *(extra or []), "-v", "-rs",
+    cmd = [sys.executable, "-m", "pytest", "tests/engines/test_engine_contract.py", *(extra or []), "-v", "-rs",
            "-p", "no:cacheprovider", "-o", "addopts=", "-p", "no:xdist"]  # one process: outcomes read from -v lines
     started = time.perf_counter()
     try:
@@ -471,7 +471,7 @@ def memory_timelines(new_tokens: int, checkpointing: bool, snapshot: bool, timeo
 def learner_exactness() -> dict:
     """On this device: the fused LM head (vocabulary tiles, its own backward) against full logits, and the
     shared-prefix forward against one pass, log-probs and gradients, float32 and bf16 autocast — the CPU
-    tests of tests/test_learner.py, on the device's kernels. A Qwen2 body with the 151,936 vocabulary,
+    tests of tests/agents/test_learner.py, on the device's kernels. A Qwen2 body with the 151,936 vocabulary,
     4 prompts × 8 completions of 48 tokens, small tiles so several are exercised."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -650,10 +650,10 @@ def _engine_steps(batch: int = 32, prompt_len: int = 32, new_tokens: int = 128, 
     return out
 
 
-CUDA_TESTS = ["tests/test_static_decode.py", "tests/test_sampling.py", "-k", "not hf-cpu and not vllm"]
+CUDA_TESTS = ["tests/engines/test_static_decode.py", "tests/engines/test_sampling.py", "-k", "not hf-cpu and not vllm"]
 """What ``contract_tests`` adds to the contract suite on a GPU: each decoding mode's CUDA variant, the
 compiled step against the eager tokens, the sampler on CUDA (benchmarks/gpu_verdicts.py judges them)."""
-SMOKE_TESTS = ["tests/test_sampling.py", "-k", "hf-cuda or cuda_and_cpu or hashes_per_row"]
+SMOKE_TESTS = ["tests/engines/test_sampling.py", "-k", "hf-cuda or cuda_and_cpu or hashes_per_row"]
 """--cpu-smoke: the same machinery on a handful of tests (the CUDA ones skip)."""
 
 

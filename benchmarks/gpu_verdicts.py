@@ -15,11 +15,11 @@ the GPU defaults follow the record (docs/scale.md, "The GPU check").
 
 A mode passes when every check below passed (a check that did not run fails it):
 
-* every mode: its variant of ``tests/test_engine_contract.py`` on CUDA (``hf-cuda`` = eager,
+* every mode: its variant of ``tests/engines/test_engine_contract.py`` on CUDA (``hf-cuda`` = eager,
   ``hf-cuda-static``, ``hf-cuda-compiled``) ran with no failure, and the keyed sampler's CUDA test
-  (``tests/test_sampling.py``: same draws as on CPU) passed;
+  (``tests/engines/test_sampling.py``: same draws as on CPU) passed;
 * ``static`` and ``compiled``: the ``engine_steps`` section decoded the Qwen2-0.5B shape in that mode;
-* ``compiled``: also ``tests/test_static_decode.py::test_compiled_step_gives_the_eager_tokens`` on CUDA.
+* ``compiled``: also ``tests/engines/test_static_decode.py::test_compiled_step_gives_the_eager_tokens`` on CUDA.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def run_identity(root: Path = ROOT) -> dict:
     return {"commit": commit, "source_digest": source_digest(root), "dirty": dirty}
 
 
-_OUTCOME = re.compile(r"^(?:tests/)?(\S+\.py::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.M)
+# keyed by file name: tests live in folders by subsystem (tests/engines/...), their names are unique
+_OUTCOME = re.compile(r"^(?:tests/(?:\w+/)*)?(\S+\.py::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.M)
 
 
 def pytest_outcomes(verbose_output: str) -> dict[str, str]:
@@ -109,8 +110,9 @@ def pytest_outcomes(verbose_output: str) -> dict[str, str]:
     line as tests finish, so a run stopped by its time-out still reports what it ran).
 
     Example:
-        >>> pytest_outcomes("tests/test_a.py::test_x[hf-cuda] PASSED   [ 50%]\\ntests/test_a.py::test_y ERROR")
-        {'test_a.py::test_x[hf-cuda]': 'passed', 'test_a.py::test_y': 'failed'}
+        >>> pytest_outcomes("tests/engines/test_engine_contract.py::test_x[hf-cuda] PASSED   [ 50%]\\n"
+        ...                 "tests/engines/test_sampling.py::test_y ERROR")
+        {'test_engine_contract.py::test_x[hf-cuda]': 'passed', 'test_sampling.py::test_y': 'failed'}
     """
     word = {"PASSED": "passed", "XPASS": "passed", "SKIPPED": "skipped", "XFAIL": "skipped"}
     return {name: word.get(status, "failed") for name, status in _OUTCOME.findall(verbose_output)}

@@ -15,8 +15,8 @@ bound its test asserts (``docs/learning_tests.md``).
     python benchmarks/learning_spread.py --table-only          # the table of what is recorded
 
 Recipes (each a learning-test module's ``spread(seed)``, which runs that file's own experiments and
-yields one row per assertion): ``learning`` (tests/test_learning.py), ``new_losses``, ``tools``,
-``rlhf``, ``quickstart`` (``llmgym quickstart --quick``, tests/test_cli.py) and ``vllm`` (where vLLM
+yields one row per assertion): ``learning`` (tests/learning/test_learning.py), ``new_losses``, ``tools``,
+``rlhf``, ``quickstart`` (``llmgym quickstart --quick``, tests/cli/test_cli.py) and ``vllm`` (where vLLM
 is installed). Families: ``default`` (every library on its generic x86-64 path), ``avx2`` and
 ``avx512``; a family the CPU lacks is refused (its kernels would stop the process with an illegal
 instruction). Runs go one at a time, ``nice``'d, and each finished one is appended to ``--out``
@@ -27,8 +27,8 @@ ran (git commit + a digest of uncommitted changes): after a merge the old rows a
 
     python benchmarks/learning_spread.py explore --threads 1 --seeds 0 1 2 3
     python benchmarks/learning_spread.py explore --recipe test_learning_tools --threads 1 --seeds 0 1 2
-    python benchmarks/learning_spread.py explore --engine vllm --threads 1   # tests/test_vllm.py's recipe
-    python benchmarks/learning_spread.py explore --engine fleet --server URL1 --server URL2   # tests/test_fleet.py's
+    python benchmarks/learning_spread.py explore --engine vllm --threads 1   # tests/engines/test_vllm.py's recipe
+    python benchmarks/learning_spread.py explore --engine fleet --server URL1 --server URL2  # test_fleet.py's
     python benchmarks/learning_spread.py explore --max-staleness 2 --agents grpo [--no-correction]
 """
 
@@ -51,6 +51,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 sys.path.insert(0, str(TESTS))
+# the recipes' test modules are in tests/'s folders by subsystem (their file names are unique there)
+sys.path[1:1] = sorted({str(path.parent) for path in TESTS.glob("*/test_*.py")})
 
 RECIPES = {
     "learning": "test_learning",
@@ -61,7 +63,7 @@ RECIPES = {
     "vllm": "test_vllm",
 }
 """Recipe name -> the test module whose ``spread(seed)`` runs it."""
-RECIPE_HELPERS = {"tools": ("warm_cache.py",), "vllm": ("test_learning.py",)}
+RECIPE_HELPERS = {"tools": ("warm_cache.py",), "learning": ("learning_recipe.py",), "vllm": ("learning_recipe.py",)}
 """Other files of tests/ a recipe runs (besides conftest.py): part of its code digest."""
 
 FAMILIES = {
@@ -125,13 +127,18 @@ def _parse_digest(path: Path) -> bytes:
     return hashlib.sha1(ast.dump(tree).encode()).digest()
 
 
+def _in_tests(name: str) -> Path:
+    """The file ``name`` in tests/ or in one of its folders."""
+    return next(iter(sorted(TESTS.rglob(name))), TESTS / name)
+
+
 def code_id(recipe: str) -> str:
     """A digest of the code a recipe runs (the package, its test module and helpers, without prose) and of the
     versions of torch, transformers and vLLM: rows recorded under another digest are not resumed or shown."""
     from importlib import metadata
 
     files = sorted(p for d in ("llmgym", "agents", "envs") for p in (ROOT / d).rglob("*.py"))
-    files += [TESTS / name for name in ("conftest.py", f"{RECIPES[recipe]}.py", *RECIPE_HELPERS.get(recipe, ()))]
+    files += [_in_tests(name) for name in ("conftest.py", f"{RECIPES[recipe]}.py", *RECIPE_HELPERS.get(recipe, ()))]
     h = hashlib.sha1()
     for path in files:
         name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else Path("tests", path.name)
@@ -305,7 +312,7 @@ def explore(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="learning_spread.py explore",
                                      description="one process: a recipe's agents over seeds, with recipe knobs")
     parser.add_argument("--recipe", default="test_learning",
-                        help="the learning test whose recipe to run (a module in tests/; default test_learning)")
+                        help="the learning test whose recipe to run (a module in tests/*/; default test_learning)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--agents", nargs="+", default=None, help="agent names (default: all in the test)")
@@ -314,8 +321,9 @@ def explore(argv: list[str]) -> None:
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: the test's WARMUP_STEPS")
     parser.add_argument("--lr-scale", type=float, default=1.0, help="multiply every agent's lr")
     parser.add_argument("--engine", choices=("hf", "vllm", "fleet"), default="hf",
-                        help="hf: tests/test_learning.py's recipe; vllm: tests/test_vllm.py's (vLLM rollouts); fleet: "
-                             "tests/test_fleet.py's (rollouts from the servers at --server)")
+                        help="hf: tests/learning/test_learning.py's recipe; vllm: tests/engines/test_vllm.py's "
+                             "(vLLM rollouts); fleet: tests/engines/test_fleet.py's (rollouts from the servers at "
+                             "--server)")
     parser.add_argument("--server", action="append", default=[], metavar="URL",
                         help="--engine fleet: a rollout server (llmgym serve) to sample from (repeatable)")
     parser.add_argument("--max-staleness", type=int, default=None, metavar="K",

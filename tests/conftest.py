@@ -52,6 +52,7 @@ os.environ["LLMGYM_TEST_THREADS"] = str(TEST_THREADS)  # read by tests that star
 # steps): marked ``slow`` here, in one table, rather than in each file. ``pytest -m "not slow"`` is
 # the inner loop; CI runs everything. A file name maps to "*" (every test in it) or to test function
 # names; a name that no longer exists in its file stops the run (see pytest_collection_modifyitems).
+# Test files live in tests/'s folders by subsystem; their names are unique across them, so a name says which.
 SLOW_TESTS: dict[str, object] = {
     "test_learning.py": "*",
     "test_learning_new_losses.py": "*",
@@ -73,12 +74,23 @@ SLOW_TESTS: dict[str, object] = {
     "test_tools.py": {"test_the_docs_tool_env_trains_and_benches_from_the_command_line"},
     "test_examples.py": {"test_math_benchmark_example", "test_code_benchmark_example"},
     "test_interrupt.py": {"test_ctrl_c_mid_run_stops_at_a_step_boundary_and_resume_is_exact"},
-    "test_first_hour.py": {"test_piped_output_keeps_every_line_whole", "test_quickstart_again_keeps_the_earlier_run_and_says_where"},
+    "test_cli_first_use.py": {"test_piped_output_keeps_every_line_whole", "test_quickstart_again_keeps_the_earlier_run_and_says_where"},
     "test_rlhf.py": {"test_rlhf_pipeline_example_runs_quick"},
 }
 
 
+def _missing_test_files(names) -> list[str]:
+    """Those of ``names`` that are no test file in tests/ or its folders."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    present = {name for _, _, files in os.walk(here) for name in files}
+    return sorted(set(names) - present)
+
+
 def pytest_collection_modifyitems(config, items):
+    missing = _missing_test_files([*SLOW_TESTS, *SLOWEST_FILES_FIRST])
+    if missing:  # a moved or renamed file must not fall out of the tables
+        raise pytest.UsageError(f"tests/conftest.py names {missing}, which is no file in tests/ or its folders: "
+                                f"rename or remove them there")
     checked: set[str] = set()
     for item in items:
         entry = SLOW_TESTS.get(item.path.name)

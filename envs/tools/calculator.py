@@ -4,7 +4,7 @@ The policy calls ``calculator(expression)`` (run in the tool worker's killable c
 reads the result in the tool turn, and answers with the number. Only the answer is scored, by
 :func:`integer_answer` (1.0 for the exact product, else 0.0): calling the calculator earns nothing by itself,
 and content-free answers (the question's own numbers, ``0``, an echo) earn 0. A tiny model learns the
-loop on a CPU after a short warm-up on the call format (``tests/test_learning_tools.py``).
+loop on a CPU after a short warm-up on the call format (``tests/learning/test_learning_tools.py``).
 """
 
 from __future__ import annotations

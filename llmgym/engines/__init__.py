@@ -14,7 +14,7 @@
 optional extras).
 Modules depend one way: ``sampling``, ``batching``, ``static_decode`` → ``base`` → ``session`` →
 ``hf``; ``vllm`` and ``openai_api`` build on ``base`` only; ``fleet`` on ``openai_api`` and
-``weight_transfer`` (tests/test_packaging.py checks it).
+``weight_transfer`` (tests/project/test_packaging.py checks it).
 
 Example:
     >>> from llmgym.engines import Engine, HFEngine, SamplingParams

@@ -277,7 +277,7 @@ def apply_fsdp(model: torch.nn.Module, layer_class_suffix: str = "DecoderLayer",
     object stays the same, so an :class:`~llmgym.engines.HFEngine` built on it keeps working (its
     forward passes all-gather the shards). Use it when the model plus optimiser state does not fit
     one GPU; DDP is simpler and faster otherwise. Needs torch >= 2.6. Tested here on CPU with gloo
-    and two processes (``tests/test_distributed.py``: same update as one process); not yet on GPUs.
+    and two processes (``tests/agents/test_distributed.py``: same update as one process); not yet on GPUs.
     """
     try:
         from torch.distributed.fsdp import fully_shard

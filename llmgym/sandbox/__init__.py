@@ -90,7 +90,7 @@ from .policy import (
     SandboxWarning,
 )
 from .probe import check_sandbox
-from .runner import Sandbox
+from .runner import Sandbox, SandboxIsolation
 from .uids import pids_of_uids
 from .worker import SandboxWorker
 
@@ -103,6 +103,7 @@ __all__ = [
     "MECHANISMS",
     "Sandbox",
     "SandboxError",
+    "SandboxIsolation",
     "SandboxLimits",
     "SandboxResult",
     "SandboxUnavailableError",

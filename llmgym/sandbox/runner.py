@@ -22,6 +22,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from .bootstrap import BOOTSTRAP
 from .cgroups import JOIN_CGROUPS, CallCgroup, Cgroups
@@ -42,7 +43,7 @@ from .policy import (
 from .probe import probe
 from .uids import UidPool, default_lock_dir, kill_uid
 
-__all__ = ["Sandbox", "ProcessTreeKiller", "memfd_with"]
+__all__ = ["Sandbox", "SandboxIsolation", "ProcessTreeKiller", "memfd_with"]
 
 log = logging.getLogger("llmgym.sandbox")
 
@@ -130,6 +131,35 @@ class ProcessTreeKiller:
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
 
+
+
+@dataclass(frozen=True)
+class SandboxIsolation:
+    """What a :class:`Sandbox` isolates with, read-only: for code that starts sandboxed processes of its own
+    (:class:`~llmgym.sandbox.SandboxWorker`) with the same mechanisms.
+
+    Attributes:
+        bwrap_path: the bubblewrap binary (``None``: no ``bwrap``).
+        setuid: runs take an unprivileged uid from ``uid_pool``.
+        seccomp: the seccomp filter applies (through bwrap, or installed by the program's bootstrap).
+        seccomp_filter: the compiled BPF program bwrap installs (``None``: none).
+        uid_pool: the pool of unprivileged uids (``None`` without ``setuid``).
+        cgroups: per-run cgroups (``None``: no ``cgroup``).
+        call_cgroup: the cgroup units a worker gives each call (``None``: none).
+
+    Example:
+        >>> iso = Sandbox().isolation
+        >>> iso.setuid == (iso.uid_pool is not None) == ("setuid" in Sandbox().mechanisms)
+        True
+    """
+
+    bwrap_path: str | None
+    setuid: bool
+    seccomp: bool
+    seccomp_filter: bytes | None
+    uid_pool: UidPool | None
+    cgroups: Cgroups | None
+    call_cgroup: CallCgroup | None
 
 
 class Sandbox:
@@ -245,6 +275,20 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"Sandbox(mechanisms={self.mechanisms}, missing={self.missing}, limits={self.limits})"
+
+    @property
+    def isolation(self) -> SandboxIsolation:
+        """The mechanisms this sandbox set up (a read-only copy), for processes sandboxed like its runs.
+
+        Example:
+            >>> sb = Sandbox()
+            >>> (sb.isolation.bwrap_path is not None) == ("bwrap" in sb.mechanisms)
+            True
+        """
+        return SandboxIsolation(
+            bwrap_path=self._bwrap_args[0] if self._use_bwrap else None, setuid=self._use_setuid,
+            seccomp=self._use_seccomp, seccomp_filter=self._bpf, uid_pool=self._pool, cgroups=self._cgroups,
+            call_cgroup=self._call_cgroup)
 
     # ---------------------------------------------------------------- public API
     def run_python(

@@ -497,7 +497,7 @@ class SandboxWorker:
         for path in self.paths:
             if not os.path.isdir(path):
                 raise SandboxError(f"the worker's path {path} is not a directory")
-            if self.sandbox._use_setuid and not world_readable(path):
+            if self.sandbox.isolation.setuid and not world_readable(path):
                 raise SandboxError(
                     f"the sandbox's unprivileged uid cannot read {path} (a directory on the way is not "
                     f"world-readable -- a venv under /root, mode 700, is not). {self.start_hint or ''} "
@@ -507,12 +507,12 @@ class SandboxWorker:
 
     def _start(self) -> None:
         self._check_paths()
-        sb = self.sandbox
+        sb, iso = self.sandbox, self.sandbox.isolation
         self._slot = contextlib.ExitStack()
         fds: list[int] = []
         try:
-            if sb._pool is not None:
-                self._uid = self._slot.enter_context(sb._pool.acquire())
+            if iso.uid_pool is not None:
+                self._uid = self._slot.enter_context(iso.uid_pool.acquire())
             lim = self.limits
             cfg = {
                 "uid": self._uid,
@@ -520,12 +520,12 @@ class SandboxWorker:
                 "paths": self.paths,
                 "source": self.source.encode("utf-8", "surrogatepass"),
                 "rlimits": rlimits(lim, nproc=self._uid is not None),
-                "seccomp_inproc": sb._use_seccomp and not sb._use_bwrap,
+                "seccomp_inproc": iso.seccomp and iso.bwrap_path is None,
                 "max_result": int(lim.max_output_kb * 1024),
             }
             pass_fds = []
-            if sb._call_cgroup is not None and self._uid is not None:
-                unit = sb._call_cgroup.open(f"uid-{self._uid}")
+            if iso.call_cgroup is not None and self._uid is not None:
+                unit = iso.call_cgroup.open(f"uid-{self._uid}")
                 fds += unit
                 pass_fds += unit
                 cfg["call_unit"] = list(unit)
@@ -536,17 +536,17 @@ class SandboxWorker:
                        MKL_NUM_THREADS="1", **self.env)
             boot = [sb.python, "-I", "-c", ZYGOTE_SOURCE, str(cfg_fd)]
             info_r = None
-            if sb._use_bwrap:
+            if iso.bwrap_path is not None:
                 # CAP_KILL: the zygote (root of the namespace) kills each call's child, another uid
-                cmd = bwrap_base_args(sb._bwrap_args[0], sb.python, os.geteuid() == 0, ("CAP_KILL",))
+                cmd = bwrap_base_args(iso.bwrap_path, sb.python, os.geteuid() == 0, ("CAP_KILL",))
                 # the tmpfs first: a module dir under /tmp (a checkout or venv there) is bound on top of it,
                 # not hidden by it
                 cmd += tmpfs_args(int(lim.tmp_size_mb * (1 << 20)), mode="0755") + ["--chdir", "/"]
                 cmd += ro_bind_args(self.paths)
                 for k, v in env.items():
                     cmd += ["--setenv", k, v]
-                if sb._use_seccomp and sb._bpf:
-                    bpf_fd = memfd_with(sb._bpf, "llmgym-worker-bpf")
+                if iso.seccomp and iso.seccomp_filter:
+                    bpf_fd = memfd_with(iso.seccomp_filter, "llmgym-worker-bpf")
                     fds.append(bpf_fd)
                     pass_fds.append(bpf_fd)
                     cmd += ["--seccomp", str(bpf_fd)]
@@ -557,9 +557,9 @@ class SandboxWorker:
                 popen_env = minimal_env()
             else:
                 cmd, popen_env = boot, env
-            if sb._cgroups is not None and self._uid is not None:
+            if iso.cgroups is not None and self._uid is not None:
                 tree = dataclasses.replace(lim, memory_mb=lim.memory_mb + ZYGOTE_MB, tmp_size_mb=1)
-                procs = sb._cgroups.prepare(f"uid-{self._uid}", tree)
+                procs = iso.cgroups.prepare(f"uid-{self._uid}", tree)
                 cmd = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *procs, "--", *cmd]
             self._stderr = tempfile.TemporaryFile()
             try:
@@ -639,7 +639,7 @@ class SandboxWorker:
         if killer is not None and killer.info_fd is not None:
             with contextlib.suppress(OSError):
                 os.close(killer.info_fd)
-        if self._uid is not None and not self.sandbox._use_bwrap:
+        if self._uid is not None and self.sandbox.isolation.bwrap_path is None:
             kill_uid(self._uid)  # no pid namespace took the leftovers down
         if self._slot is not None:
             self._slot.close()  # frees the uid

