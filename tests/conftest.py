@@ -111,10 +111,12 @@ def pytest_collection_modifyitems(config, items):
 def _test_workers() -> int:
     raw = os.environ.get("LLMGYM_TEST_WORKERS", "").strip()
     if not raw:
-        # The suite alone keeps about one core busy (measured: 34 CPU-minutes over a serial run; most tests are
-        # small models, subprocess start-ups and waits on deadlines), so one worker per core, at most 4 (each
-        # may start vLLM servers of ~2.3 GB).
-        return max(1, min(4, os.cpu_count() or 1))
+        # The suite keeps the cores only partly busy: a serial run kept about one of two busy (34 CPU-minutes),
+        # and one worker per core 60% of both (23 CPU-minutes in 19.3 min on 2 cores, 2026-11-27): many tests
+        # wait on subprocess start-ups, servers and deadlines. So one worker more than cores, at most 4 (each
+        # may start vLLM servers of ~2.3 GB); one on a single core.
+        cores = os.cpu_count() or 1
+        return 1 if cores == 1 else min(4, cores + 1)
     try:
         workers = int(raw)
     except ValueError:
@@ -125,7 +127,7 @@ def _test_workers() -> int:
 
 
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: ``LLMGYM_TEST_WORKERS``, else one worker per core (at most 4)."""
+    """``-n auto``: ``LLMGYM_TEST_WORKERS``, else one worker more than cores (at most 4)."""
     return _test_workers()
 
 

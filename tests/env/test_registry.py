@@ -23,6 +23,15 @@ DATA_KWARGS = {
 }
 
 
+#: check_env resets each env many times; these reasoning-gym generators search for a puzzle per reset and
+#: took 5-30 s of CPU each at their default sizes (--durations, 2026-11-27). The smallest configuration runs
+#: the same env code (knight_swap's smallest took longer: its generator retries until a puzzle fits).
+SMALL_CONFIG = {
+    "llmgym/RG-sokoban-v0": dict(min_w=6, max_w=6, min_h=6, max_h=6, min_boxes=2, max_boxes=2, max_depth=20),
+    "llmgym/RG-futoshiki-v0": dict(min_board_size=4, max_board_size=4),
+}
+
+
 def _ids():
     return [e.id for e in llmgym.registered_envs()]
 
@@ -44,7 +53,7 @@ def test_check_env_passes_at_both_levels(env_id, tokenizer):
         pytest.importorskip(module)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # check_env's advice (e.g. "wrapped env") is not a failure
-        kwargs = DATA_KWARGS.get(env_id, {})
+        kwargs = DATA_KWARGS.get(env_id, SMALL_CONFIG.get(env_id, {}))
         seq = gym.make(env_id, tokenizer=tokenizer, **kwargs)
         check_env(seq.unwrapped)
         tok = gym.make(env_id, tokenizer=tokenizer, level="token", max_new_tokens=8, **kwargs)
