@@ -5,8 +5,9 @@ different CPU kernels and so round floats differently, the closest stand-in for 
 run the suite with ``LLMGYM_TEST_THREADS=1`` and with the default to check that no test depends on
 one machine's exact numbers. Subprocesses the tests start (the examples) get the same count.
 
-Workers: test files run in parallel processes (pytest-xdist, one file per worker at a time), one per core
-(at most 4) or ``LLMGYM_TEST_WORKERS``; ``-n 0`` runs everything in this process.
+Workers: test files run in parallel processes (pytest-xdist, one file per worker at a time), one more than
+cores (at most 4; many tests wait on start-ups and servers) or ``LLMGYM_TEST_WORKERS``; ``-n 0`` runs
+everything in this process.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from llmgym.engines.weight_transfer import (
     receive_named_tensors,
 )
 
-__all__ = ["GlooInitInfo", "GlooUpdateInfo", "GlooWeightTransferEngine", "register"]
+__all__ = ["GlooInitInfo", "GlooUpdateInfo", "GlooWeightTransferEngine", "compile_helpers_eagerly_on_generic_kernels", "register"]
 
 
 @dataclasses.dataclass
@@ -151,3 +151,31 @@ def register() -> None:
         WeightTransferEngineFactory.register_engine(BACKEND_NAME, __name__, "GlooWeightTransferEngine")
     except ValueError:  # registered already: vLLM may load its plugins more than once per process
         pass
+    compile_helpers_eagerly_on_generic_kernels()
+
+
+def compile_helpers_eagerly_on_generic_kernels() -> bool:
+    """On torch's generic x86-64 kernels, run vLLM's small ``torch.compile``-d helpers eagerly.
+
+    With ``ATEN_CPU_CAPABILITY=default`` (a CPU without AVX2, or a run forcing the generic kernels to
+    check that results do not depend on them), torch 2.13's inductor writes C++ that does not compile
+    (an int64 ``vec_reduce_all`` in vLLM's logprob rank count, ``batched_count_greater_than``), so every
+    sampling request failed. vLLM compiles those helpers with its platform's ``simple_compile_backend``
+    when their module is imported, after this plugin has run: ``"eager"`` there runs them as plain torch.
+    Returns whether it switched (only on vLLM's CPU platform under the generic kernels).
+
+    Example:
+        >>> from llmgym.engines.vllm_plugin import compile_helpers_eagerly_on_generic_kernels
+        >>> import torch
+        >>> compile_helpers_eagerly_on_generic_kernels() == (torch.backends.cpu.get_cpu_capability() == "DEFAULT")
+        True
+    """
+    if torch.backends.cpu.get_cpu_capability() != "DEFAULT":
+        return False
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    type(current_platform).simple_compile_backend = "eager"
+    current_platform.__dict__.pop("simple_compile_backend", None)
+    return True

@@ -97,3 +97,22 @@ def test_the_quickstart_model_trains_with_engine_vllm_and_weight_syncs_log_no_no
     assert json.loads((out / "config.json").read_text())["engine"] == "vllm"
     assert dropped.count("RotaryEmbedding: Failed to load weights") >= 3  # the first load and one sync per step
     assert not [m for m in shown if "RotaryEmbedding" in m], shown
+
+
+def test_vllms_compiled_sampling_helpers_run_under_torchs_generic_kernels():
+    """Under ``ATEN_CPU_CAPABILITY=default`` torch 2.13's inductor writes C++ that does not compile for
+    vLLM's logprob rank count, so every vLLM test and rollout failed there; llmgym's vLLM plugin (loaded
+    in every vLLM process) makes vLLM's small compiled helpers run eagerly on those kernels only."""
+    code = (
+        "import torch\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "from vllm.platforms import current_platform\n"
+        "from vllm.v1.sample.ops.logprobs import batched_count_greater_than\n"
+        "x = torch.tensor([[0.1, 0.5, 0.9], [0.3, 0.2, 0.1]]); v = torch.tensor([[0.5], [0.2]])\n"
+        "print(torch.backends.cpu.get_cpu_capability(), current_platform.simple_compile_backend,"
+        " batched_count_greater_than(x, v).tolist())\n")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "DEFAULT eager [2, 2]", proc.stdout
