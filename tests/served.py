@@ -30,10 +30,12 @@ __all__ = ["RolloutServers", "documented_serve_command", "free_port", "vllm_serv
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "scale.md"
 
 
-def documented_serve_command(model_dir: str | Path, served_name: str, port: int, **flags: str) -> list[str]:
-    """docs/scale.md's CPU serve command (the block after ``<!-- cpu-serve-command -->``) as an argument list,
-    with this model, name and port, the interpreter running the tests, and ``flags`` (``{"--dtype": "bfloat16"}``)
-    replacing the documented values: what the docs tell a user to run is what the tests run."""
+def documented_serve_command(model_dir: str | Path, served_name: str, port: int,
+                             **flags: str) -> tuple[dict[str, str], list[str]]:
+    """docs/scale.md's CPU serve command (the block after ``<!-- cpu-serve-command -->``) as the environment
+    variables it sets and an argument list, with this model, name and port, the interpreter running the tests,
+    and ``flags`` (``{"--dtype": "bfloat16"}``) replacing the documented values: what the docs tell a user to
+    run is what the tests run."""
     import re
     import shlex
 
@@ -41,6 +43,10 @@ def documented_serve_command(model_dir: str | Path, served_name: str, port: int,
     if block is None:
         raise RuntimeError(f"{DOCS} has no <!-- cpu-serve-command --> block")
     words = shlex.split(block.group(1).replace("\\\n", " "))
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
     if words[:3] != ["python", "-m", "vllm.entrypoints.openai.api_server"]:
         raise RuntimeError(f"the documented serve command is not vLLM's server module: {words[:3]}")
     values = {"--model": str(model_dir), "--served-model-name": served_name, "--host": "127.0.0.1",
@@ -51,7 +57,7 @@ def documented_serve_command(model_dir: str | Path, served_name: str, port: int,
             command[command.index(flag) + 1] = value
         else:
             command += [flag, value]
-    return command
+    return env, command
 
 
 def free_port() -> int:
@@ -90,15 +96,16 @@ def vllm_server(model_dir: str | Path, served_name: str = "tiny", *, dtype: str 
 
     The command is docs/scale.md's (:func:`documented_serve_command`): eager, an explicit KV cache of
     ``kv_cache_bytes``, the engine core running its worker in process (``--distributed-executor-backend
-    uni``), log-probs after temperature (``--logprobs-mode processed_logprobs``), plus ``--seed 0``.
+    uni`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), log-probs after temperature (``--logprobs-mode processed_logprobs``), plus ``--seed 0``.
     """
     port = free_port()
     base_url = f"http://127.0.0.1:{port}/v1"
     log = tempfile.NamedTemporaryFile(prefix="llmgym-vllm-serve-", suffix=".log", delete=False)
-    command = documented_serve_command(model_dir, served_name, port, **{
-        "--dtype": dtype, "--kv-cache-memory-bytes": str(kv_cache_bytes), "--seed": "0"}) + list(extra_args)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL",
-                                                                                               "WARNING")}
+    documented_env, command = documented_serve_command(model_dir, served_name, port, **{
+        "--dtype": dtype, "--kv-cache-memory-bytes": str(kv_cache_bytes), "--seed": "0"})
+    command += list(extra_args)
+    env = {**os.environ, **documented_env, "OMP_NUM_THREADS": str(threads),
+           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                             start_new_session=True)
     try:

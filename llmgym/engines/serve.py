@@ -15,7 +15,9 @@ with what a learner needs to push weights into it — nothing is added to the se
 * ``--logprobs-mode processed_logprobs``: log-probs after temperature, the learner's convention;
 * on a CPU, vLLM's CPU build's working settings (eager; an explicit KV cache of
   ``--kv-cache-memory-bytes``, default :data:`~llmgym.engines.vllm.CPU_KV_CACHE_BYTES`, where vLLM's
-  default would reserve 92% of RAM). vLLM binds its CPU worker's threads to cores
+  default would reserve 92% of RAM; the model's worker inside the engine-core process, with
+  ``--distributed-executor-backend uni`` and ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, where vLLM's
+  CPU build would run it in a process of its own that spins between steps). vLLM binds its CPU worker's threads to cores
   (``VLLM_CPU_OMP_THREADS_BIND``, default: from core 0): give servers sharing a machine their own
   cores, e.g. ``VLLM_CPU_OMP_THREADS_BIND=1 llmgym serve ...`` for the second.
 
@@ -93,20 +95,37 @@ def server_arguments(model: str, *, host: str = "127.0.0.1", port: int = 8000, s
         from llmgym.engines.vllm import CPU_KV_CACHE_BYTES
 
         args += ["--enforce-eager", "--kv-cache-memory-bytes", str(int(kv_cache_memory_bytes or CPU_KV_CACHE_BYTES))]
+        if not any(a.split("=")[0] == "--distributed-executor-backend" for a in extra):
+            args += ["--distributed-executor-backend", "uni"]  # with server_environment's variable: see there
     elif kv_cache_memory_bytes:
         args += ["--kv-cache-memory-bytes", str(int(kv_cache_memory_bytes))]
     return args + list(extra)
 
 
-def server_environment() -> dict[str, str]:
-    """Environment variables the server needs (vLLM's RL routes are development routes).
+def server_environment(server_args: Sequence[str] = ()) -> dict[str, str]:
+    """Environment variables the server needs for ``server_args`` (:func:`server_arguments`' list).
+
+    vLLM's RL routes are development routes (``VLLM_SERVER_DEV_MODE``). Where the arguments ask for the
+    ``uni`` executor (on a CPU, by default), ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` too: vLLM's CPU build
+    otherwise replaces ``uni`` by its multiprocess executor, whose separate worker process spins on a
+    shared-memory queue for a second after every model step — with two tiny-model servers on 2 cores,
+    half the machine (docs/scale.md). The engine core still runs in its own process (the API server's
+    ``AsyncLLM`` always starts one): the variable only keeps the worker inside it.
 
     Example:
         >>> from llmgym.engines.serve import server_environment
         >>> server_environment()
         {'VLLM_SERVER_DEV_MODE': '1'}
+        >>> server_environment(["--distributed-executor-backend", "uni"])["VLLM_ENABLE_V1_MULTIPROCESSING"]
+        '0'
     """
-    return {"VLLM_SERVER_DEV_MODE": "1"}
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    args = list(server_args)
+    backends = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--distributed-executor-backend"]
+    backends += [a.split("=", 1)[1] for a in args if a.startswith("--distributed-executor-backend=")]
+    if backends and backends[-1] == "uni":
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return env
 
 
 def build_parser(prog: str = "python -m llmgym.engines.serve") -> argparse.ArgumentParser:
@@ -160,7 +179,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.engine
     except (ValueError, PluginMissingError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    os.environ.update(server_environment())
+    os.environ.update(server_environment(server_args))
     import runpy
 
     sys.argv = ["vllm.entrypoints.openai.api_server", *server_args]
