@@ -16,8 +16,10 @@ warm-up (after 350 steps it never did; lengths that vary were not learnt in 600)
 Held-out reward before -> after ``STEPS`` with this recipe (900 warm-up steps), measured with
 ``benchmarks/learning_spread.py --recipes tools`` (tabled in docs/learning_tests.md), 2026-11-27,
 shared 2-core AMD EPYC (load 5-15): AVX2 kernels, 2 threads (the CI's setting), seed 0: 0.406 -> 0.594
-(+0.188, 2.3x ``MARGIN``). Each run costs ~740 CPU s (26 min wall at that load), so only that one
-was measured on this code. With the earlier 550-step warm-up (older numerics) the warm model started at
+(+0.188, 2.3x ``MARGIN``). Since then, with ``spread(seed)`` in a fresh process per setting (quiet
+machine, docs/learning_tests.md): AVX2, 1 thread, seeds 0-2: +0.188, +0.289, +0.250;
+``ATEN_CPU_CAPABILITY=default``, 1 thread, seed 0: +0.258, 2 threads, seeds 0-1: +0.258, +0.242; the
+``default`` family (MKL and oneDNN generic too), 1 thread, seed 0: +0.273. The smallest is 2.3x ``MARGIN``. With the earlier 550-step warm-up (older numerics) the warm model started at
 0.06-0.23 depending on kernels and threads (default kernels: +0.211 and +0.102 on 1 and 2 threads; AVX2:
 +0.016 on 1 thread, and 0.062 -> 0.094 in the CI), i.e. nearly hopeless on AVX2: hence 900 steps.
 Older figures (550 steps, one machine, 2026-11-26):
