@@ -67,7 +67,7 @@ REASONING_GYM_WORKER = _module_source(reasoning_gym_scorer)
 """Worker source (runs in the sandbox): :mod:`llmgym.envs.math.reasoning_gym_scorer`."""
 
 #: The forms a question may ask an answer to be written in (see :func:`math_verify_equal`).
-ANSWER_FORMS = ("lowest_terms", "decimal", "radical", "interval")
+ANSWER_FORMS = ("lowest_terms", "decimal", "radical", "interval", "scientific", "exact", "normal")
 #: The question's math spans read for echoes: at most this many, each cut to this many characters.
 MAX_SPANS, MAX_SPAN_CHARS = 64, 1000
 

@@ -73,12 +73,10 @@ EQUIVALENCE = [
     (r"\left( 3, \frac{\pi}{2} \right)", r"$(3, \pi/2)$", True),
     (r"\left( 3, \frac{\pi}{2} \right)", r"$(3, \pi)$", False),
     (r"\sqrt{2}", "2^{1/2}", True),
-    (r"3\sqrt{3}", r"\sqrt{27}", True),
     (r"3\sqrt{3}", "3", False),
     ("x = 3", "3", True),
     ("-7", "The final answer is -7", True),
     ("-7", "7", False),
-    (r"10\%", "0.1", True),
     (r"\text{Monday}", "Monday", True),
     ("5", "<think>2 + 2 = 4, and 4 + 1 is 5</think><answer>5</answer>", True),
     ("5", "<think>it is 5</think><answer>6</answer>", False),
@@ -222,8 +220,9 @@ def test_astronomical_numbers_are_refused_quickly():
     assert score.reward == 0.0 and "bits" in score.info["error"]
     assert MathVerifier()(Task("q", answer="1"), r"\boxed{(10^{7})!}").info["error"].endswith("not compared")
     assert time.perf_counter() - start < 60  # a hang guard only: milliseconds when quiet, minutes if computed
-    assert MathVerifier()(Task("q", answer="1024"), r"\boxed{2^{10}}").reward == 1.0
-    assert MathVerifier()(Task("q", answer="3628800"), r"\boxed{10!}").reward == 1.0
+    # small powers and factorials are computed (the form check, off here, would refuse them for a written-out reference)
+    assert MathVerifier(check_form=False)(Task("q", answer="1024"), r"\boxed{2^{10}}").reward == 1.0
+    assert MathVerifier(check_form=False)(Task("q", answer="3628800"), r"\boxed{10!}").reward == 1.0
 
 
 def test_works_inside_a_worker_process():
@@ -661,8 +660,11 @@ def test_arithmetic_refuses_an_echo_of_the_question_and_false_equations():
         assert env.step(rf"The answer is \boxed{{{task.answer}}}.")[1] == 1.0
         env.reset(seed=seed)
         assert env.step(f"x = {task.answer}")[1] == 1.0
-    # the general verifier keeps math-verify's semantics (MATH answers are expressions)
-    assert MathVerifier()(Task("q", answer="144"), r"\boxed{8 \cdot 18}").reward == 1.0
+    # the general verifier takes an expression where the reference is one; where the reference is written out
+    # (144), so must the answer be -- math-verify alone (check_form=False) would take 8 * 18
+    assert MathVerifier()(Task("q", answer="144"), r"\boxed{8 \cdot 18}").reward == 0.0
+    assert MathVerifier(check_form=False)(Task("q", answer="144"), r"\boxed{8 \cdot 18}").reward == 1.0
+    assert MathVerifier()(Task("q", answer="2^{3} \cdot 18"), r"\boxed{8 \cdot 18}").reward == 1.0
 
 
 def test_gsm8k_without_a_file_reads_only_the_cache_when_the_hub_is_unreachable(monkeypatch):
