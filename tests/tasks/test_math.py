@@ -129,6 +129,17 @@ def test_extraction_rules(text, expected):
     assert extract_answer(text) == expected
 
 
+def test_a_number_inside_code_or_a_path_after_an_answer_marker_is_no_answer(verifier):
+    # "The answer is <payload>" took the payload's first number: the 2 of pytest's "pytest-2" folder paid for a
+    # reference of 2 (a test passed or failed with the temporary folder's name)
+    payload = "__import__('os').system('touch /tmp/pytest-of-root/pytest-2/pwned-1a2b; setsid sleep 4321.5 &')"
+    for completion in (f"The answer is {payload}", "The answer is x2.", "answer: run-2 of 3", "Answer: 'v2'"):
+        assert extract_answer(completion) != "2", completion
+        assert verifier(Task("q", answer="2"), completion).reward == 0.0, completion
+    for completion in ("The answer is 2.", "answer: 2 apples", "The answer is -2, I think", "The answer is (2)"):
+        assert extract_answer(completion).lstrip("-(").rstrip(")") == "2", completion
+
+
 def test_gold_normalisation_of_stored_forms():
     assert normalize_gold("some work... #### 1,250") == "1,250"
     assert normalize_gold(r"\frac{1}{2}") == r"\frac{1}{2}"
@@ -325,7 +336,8 @@ def test_load_gsm8k_sample():
 
 def test_load_math_sample():
     tasks = load_math(MATH_SAMPLE)
-    assert [t.answer for t in tasks] == [r"\frac{1}{2}", r"\sqrt{3}", r"\left( 3, \frac{\pi}{2} \right)", "1, 2"]
+    assert [t.answer for t in tasks][:4] == [r"\frac{1}{2}", r"\sqrt{3}", r"\left( 3, \frac{\pi}{2} \right)", "1, 2"]
+    assert len(tasks) == 17 and tasks[4].answer == "70"
     assert tasks[0].id == "sample/prealgebra/1.json" and tasks[1].id == "math/1"  # answer from \boxed{}
     assert tasks[0].metadata["level"] == "Level 2" and tasks[0].metadata["type"] == "Prealgebra"
     verifier = MathVerifier()
