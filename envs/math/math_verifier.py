@@ -18,7 +18,8 @@ How an answer is taken from a completion (:func:`extract_answer`), first rule th
    dropped), with its sign.
 6. **Short text.** The whole region, when it is one line of at most three words ("Monday").
 
-Nothing found: reward 0, ``info["error"]`` says so.
+Nothing found: reward 0, ``info["error"]`` says so. After a marker, a number that is part of a word, a
+string or a path (``x2``, ``'2'``, ``pytest-2/``) is not an answer.
 
 **Gold answers** go through the same rules, so a gold stored the way datasets store it works: bare
 LaTeX without ``$`` (MATH: ``\frac{1}{2}``), a plain number, GSM8K's ``"...reasoning... #### 18"``, a
@@ -55,6 +56,8 @@ from llmgym.env.verifiers import RegexFormat, VerifierUnavailableError, Weighted
 __all__ = [
     "FORM_PHRASES",
     "MAX_ANSWER_CHARS",
+    "UNIT_ALIASES",
+    "asks_for_decimal",
     "MAX_NUMBER_BITS",
     "extract_answer",
     "normalize_gold",
@@ -494,6 +497,8 @@ def _unit_words(text: str, wrapped: bool) -> set[str]:
     words = set()
     for word in _WORD.findall(text):
         word = word.lower()
+        if wrapped and len(word) == 1 and word not in UNIT_ALIASES:
+            continue  # \mathrm{i}, \mathrm{e}, \mathrm{d}: a symbol, not a unit
         if word in UNIT_ALIASES:
             words.update(UNIT_ALIASES[word].split())
         elif len(word) > 3 and word.endswith("s"):
@@ -503,7 +508,8 @@ def _unit_words(text: str, wrapped: bool) -> set[str]:
     return words
 
 
-_TRAILING_UNIT = re.compile(r"(?:\s*\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{[^{}]*\}(?:\^\{?\d\}?)?)+\s*$")
+# a unit holds no digit: the trailing ``\text{ (or 5)}`` of a hedge is not one, and is never dropped
+_TRAILING_UNIT = re.compile(r"(?:\s*\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{[^{}\d]*\}(?:\^\{?\d\}?)?)+\s*$")
 
 
 def _drop_unit(text: str) -> str:
@@ -687,9 +693,16 @@ class MathVerifier(Verifier):
             ``16^{1/2}`` for ``\sqrt{16}``).
         check_form: where the question asks for a form (:data:`FORM_PHRASES`: "in lowest terms", "as
             a common fraction", "in simplest radical form", "as a decimal", "in interval
-            notation"), an answer equal to the reference must also be written in it -- ``\frac{6}{12}``
-            is not in lowest terms, ``\sqrt{12}`` not in simplest radical form -- when the reference
-            itself is (default on).
+            notation", "in scientific notation"), an answer equal to the reference must also be written
+            in it -- ``\frac{6}{12}`` is not in lowest terms, ``\sqrt{12}`` not in simplest radical
+            form -- when the reference itself is. And, asked or not, the reference's own form: where
+            it is exact, an answer's decimals must give exactly its value (``0.666667`` does not
+            answer ``\frac{2}{3}``) unless the question asks for a decimal (:func:`asks_for_decimal`);
+            where it is written out (SymPy's evaluation leaves it as it is), so must the answer be
+            (``\binom{8}{4}``, ``70 + 1 - 1``, ``\sqrt{16}``, ``\frac{12}{18}`` are not). Percent signs
+            are read one way (in a percent question both ``3\%`` and ``3`` are 3 percent; elsewhere
+            ``3\%`` is ``0.03``) and a unit in ``\text{}`` must be the reference's, or one the question
+            names where the reference has none (default on).
 
     Raises:
         ModuleNotFoundError: math-verify is not installed (at construction: an env fails at ``make``).

@@ -127,7 +127,7 @@ def prepare(context):  # in the zygote, on trusted data: the gold answer, parsed
         raise ValueError(GOLD_UNUSABLE + error)
     return gold_parsed, gold, settings
 
-# -- the answer as written: echoes and required forms (issue 30) ----------------------------------------
+# -- the answer as written: echoes, required forms, and the reference's own form ----------------------------
 # math-verify compares values: "What is 3/6 in lowest terms?" answered 6/12 (or the question's own 3/6
 # spelled \frac{\,3}{6}) is equal to the reference. What was *written* is read here with math-verify's own
 # LaTeX normaliser and parser (latex2sympy2_extended), SymPy's evaluation switched off, and fractions
