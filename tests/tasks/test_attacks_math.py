@@ -9,6 +9,11 @@ Found by the fresh attacker's pass (each scored 1.0 before the fix):
   ``\sqrt{2}\sqrt{6}``, ``\sqrt{3} + \sqrt{3}`` or ``2^{3/2}``: a root written as an exponent was not
   seen as a root, and products of roots and like terms were not looked at.
 
+Then rules that close whole classes (each attack scored 1.0 before): an exact reference wants an exact answer
+(``0.666667`` for ``\frac{2}{3}``); a written-out reference wants a written-out answer (``\binom{8}{4} + 1 - 1``,
+``\lfloor \binom{8}{4} \rfloor``, ``\frac{8!}{4!4!}`` for 70); scientific notation as a form; ``%`` and units
+read one way. False refusals are measured over the shipped MATH sample.
+
 Held (kept here so they stay held): two answers in one (``3 \text{ or } 5``, ``5 = 3``, ``3 \approx 5``)
 never pay for both values.
 """
