@@ -18,7 +18,8 @@ How an answer is taken from a completion (:func:`extract_answer`), first rule th
    dropped), with its sign.
 6. **Short text.** The whole region, when it is one line of at most three words ("Monday").
 
-Nothing found: reward 0, ``info["error"]`` says so.
+Nothing found: reward 0, ``info["error"]`` says so. After a marker, a number that is part of a word, a
+string or a path (``x2``, ``'2'``, ``pytest-2/``) is not an answer.
 
 **Gold answers** go through the same rules, so a gold stored the way datasets store it works: bare
 LaTeX without ``$`` (MATH: ``\frac{1}{2}``), a plain number, GSM8K's ``"...reasoning... #### 18"``, a
@@ -55,6 +56,8 @@ from llmgym.env.verifiers import RegexFormat, VerifierUnavailableError, Weighted
 __all__ = [
     "FORM_PHRASES",
     "MAX_ANSWER_CHARS",
+    "UNIT_ALIASES",
+    "asks_for_decimal",
     "MAX_NUMBER_BITS",
     "extract_answer",
     "normalize_gold",
@@ -75,6 +78,9 @@ _MARKER = re.compile(r"####|\banswer\b\s*(?:is\b|:|=)\s*:?", re.IGNORECASE)
 _NUMBER = re.compile(
     r"(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:\s*/\s*\d+)?|\.\d+)"
 )
+# after an answer marker, a number counts only as its own token: the 2 of ``pytest-2/``, ``x2`` or ``'2'`` inside
+# code or a path is not an answer
+_STANDALONE_NUMBER = re.compile(r"(?<![\w./\\'\"`-])(?:" + _NUMBER.pattern + r")(?![\w/\\'\"`]|\.\d)")
 _TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{[^{}]*\}")
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
 _SENTENCE_END = re.compile(r"\.(?=\s|$)")
@@ -219,8 +225,8 @@ def _after_marker(text: str) -> str | None:
     phrase = _SENTENCE_END.split(phrase, 1)[0]  # "42. I hope it is correct" -> "42"
     if _is_math(phrase):
         return phrase
-    numbers = _NUMBER.findall(phrase)
-    return re.sub(r"[,\s]", "", numbers[0]) if numbers else None
+    number = _STANDALONE_NUMBER.search(phrase)
+    return re.sub(r"[,\s]", "", number.group()) if number else None
 
 
 def _extract(text: str) -> tuple[str | None, str | None]:
@@ -396,7 +402,7 @@ def _is_evaluated_number(text: str) -> bool:
     if "/" not in plain:
         return True
     num, _, den = plain.partition("/")
-    return num.isdigit() and den.isdigit() and math.gcd(int(num), int(den)) == 1
+    return num.isdigit() and den.isdigit() and int(den) > 1 and math.gcd(int(num), int(den)) == 1
 
 
 def _question_expressions(prompt: str) -> set[str]:
@@ -427,7 +433,109 @@ FORM_PHRASES = (
     ("simplest form", "lowest_terms"),
     ("as a decimal", "decimal"),
     ("in decimal form", "decimal"),
+    ("scientific notation", "scientific"),
 )
+
+#: Words of a question that ask for (or allow) a decimal: only then may a decimal answer an exact reference.
+_ASKS_FOR_DECIMAL = re.compile(r"\b(?:decimal|nearest|round|approximat|significant (?:figure|digit)|estimat)", re.IGNORECASE)
+
+
+def asks_for_decimal(prompt: str) -> bool:
+    r"""Whether ``prompt`` asks for (or allows) a decimal answer: "as a decimal", "to the nearest tenth", "round",
+    "approximately", "significant figures", "estimate".
+
+    Example:
+        >>> asks_for_decimal("Round $\pi$ to the nearest hundredth."), asks_for_decimal("Express $2/3$ as a fraction.")
+        (True, False)
+    """
+    return _ASKS_FOR_DECIMAL.search(prompt[:DEFAULT_PROMPT_SCAN_CHARS]) is not None
+
+
+# -- percent signs and units (host, lexical) --------------------------------------------------------------
+
+_PERCENT = re.compile(r"\\?%")
+_NUMBER_PERCENT = re.compile(r"(?<![\d.])([+-]?)(\d+(?:\.\d+)?|\.\d+)\s*\\?%")
+_ASKS_FOR_PERCENT = re.compile(r"\bpercent", re.IGNORECASE)
+
+
+def _percents(task: Task, gold: str, predicted: str) -> tuple[str, str]:
+    r"""Gold and answer with their percent signs read one way.
+
+    Where the question asks for a percent (it says "percent" / "percentage") or the reference carries a ``%``,
+    numbers are percents: the sign is dropped from both (``3\%`` and ``3`` are one answer, ``0.03`` is not).
+    Elsewhere ``%`` means hundredths: ``3\%`` is ``0.03`` (a number written before it is shifted here; math-verify
+    would read a percentage both ways, 3 and 0.03 alike).
+    """
+    if "%" not in gold and "%" not in predicted:
+        return gold, predicted
+    if "%" in gold or _ASKS_FOR_PERCENT.search(_prompt_text(task)):
+        return _tidy(_PERCENT.sub("", gold)), _tidy(_PERCENT.sub("", predicted))
+
+    def hundredths(match: re.Match[str]) -> str:
+        value = Decimal(match[2]).scaleb(-2)
+        return match[1] + format(value.normalize() if value != value.to_integral() else value.quantize(1), "f")
+    return gold, _NUMBER_PERCENT.sub(hundredths, predicted)
+
+
+_UNIT_WRAPPER = re.compile(r"\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}")
+_WORD = re.compile(r"[A-Za-z]+")
+#: Abbreviations of common units, to their names (a question says "centimeters", an answer ``\text{cm}``).
+UNIT_ALIASES = {
+    "mm": "millimeter", "cm": "centimeter", "m": "meter", "km": "kilometer", "in": "inch", "ft": "foot",
+    "feet": "foot", "yd": "yard", "mi": "mile", "mg": "milligram", "g": "gram", "kg": "kilogram", "s": "second",
+    "sec": "second", "min": "minute", "h": "hour", "hr": "hour", "ml": "milliliter", "l": "liter", "lb": "pound",
+    "lbs": "pound", "oz": "ounce", "metre": "meter", "litre": "liter", "mph": "mile per hour", "sq": "square",
+    "deg": "degree", "cents": "cent", "inches": "inch",
+}
+
+
+def _unit_words(text: str, wrapped: bool) -> set[str]:
+    """The words of ``text`` (only those in ``\\text{}``-like wrappers if ``wrapped``), as unit names: lower case,
+    abbreviations spelled out, plurals made singular."""
+    if wrapped:
+        text = " ".join(_UNIT_WRAPPER.findall(text))
+    words = set()
+    for word in _WORD.findall(text):
+        word = word.lower()
+        if wrapped and len(word) == 1 and word not in UNIT_ALIASES:
+            continue  # \mathrm{i}, \mathrm{e}, \mathrm{d}: a symbol, not a unit
+        if word in UNIT_ALIASES:
+            words.update(UNIT_ALIASES[word].split())
+        elif len(word) > 3 and word.endswith("s"):
+            words.add(word[:-1])
+        else:
+            words.add(word)
+    return words
+
+
+# a unit holds no digit: the trailing ``\text{ (or 5)}`` of a hedge is not one, and is never dropped
+_TRAILING_UNIT = re.compile(r"(?:\s*\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{[^{}\d]*\}(?:\^\{?\d\}?)?)+\s*$")
+
+
+def _drop_unit(text: str) -> str:
+    """``text`` less the unit words that end it (``5 \\text{ cm}^2`` is ``5``), unless nothing else is left."""
+    kept = _TRAILING_UNIT.sub("", text)
+    return kept if kept.strip() else text
+
+
+def _unit_mismatch(task: Task, gold: str, predicted: str) -> str | None:
+    r"""Why the answer's unit is not the reference's, or ``None``.
+
+    A unit is a word in ``	ext{}`` (``\mathrm{}``, ``\mbox{}``). Units are compared as written, never converted:
+    where the reference has one the answer's must be the same (``5 	ext{ cm}`` does not answer ``5 	ext{ m}``,
+    nor does ``500 	ext{ cm}``); where it has none, the answer's must be one the question names (``5 	ext{ cm}``
+    answers "How long, in centimeters, ...?"). An answer without a unit is read in the reference's.
+    """
+    mine = _unit_words(predicted, wrapped=True)
+    if not mine:
+        return None
+    theirs = _unit_words(gold, wrapped=True)
+    if theirs:
+        return None if mine == theirs else (
+            f"the answer's unit ({' '.join(sorted(mine))}) is not the reference's ({' '.join(sorted(theirs))})")
+    named = _unit_words(_prompt_text(task), wrapped=False)
+    unknown = sorted(mine - named)
+    return None if not unknown else f"the answer's unit ({' '.join(unknown)}) is not one the question names"
 
 
 def required_forms(prompt: str) -> tuple[str, ...]:
@@ -534,6 +642,17 @@ def _host_verdict(gold: str, predicted: str, float_rounding: int) -> float | Non
     return 0.0 if abs(gv - pv) > margin else None
 
 
+def _host_form(gold: str, predicted: str, forms: tuple[str, ...]) -> str | None:
+    """For two plain numbers of equal value: why the answer breaks a form the reference sets, or ``None``
+    (the same rules as the sandbox's ``exact`` and ``normal``)."""
+    (_, g_dec), (value, p_dec) = _host_number(gold), _host_number(predicted)  # type: ignore[misc]
+    if "exact" in forms and not g_dec and p_dec and value != _host_number(gold)[0]:  # type: ignore[index]
+        return "the reference is exact and the question asks for no decimal: this decimal is an approximation"
+    if "normal" in forms and _is_evaluated_number(gold) and not _is_evaluated_number(predicted):
+        return "the reference is written out; the answer is not (it still evaluates to another form)"
+    return None
+
+
 def _math_verify_installed() -> None:
     import importlib.util
 
@@ -574,9 +693,16 @@ class MathVerifier(Verifier):
             ``16^{1/2}`` for ``\sqrt{16}``).
         check_form: where the question asks for a form (:data:`FORM_PHRASES`: "in lowest terms", "as
             a common fraction", "in simplest radical form", "as a decimal", "in interval
-            notation"), an answer equal to the reference must also be written in it -- ``\frac{6}{12}``
-            is not in lowest terms, ``\sqrt{12}`` not in simplest radical form -- when the reference
-            itself is (default on).
+            notation", "in scientific notation"), an answer equal to the reference must also be written
+            in it -- ``\frac{6}{12}`` is not in lowest terms, ``\sqrt{12}`` not in simplest radical
+            form -- when the reference itself is. And, asked or not, the reference's own form: where
+            it is exact, an answer's decimals must give exactly its value (``0.666667`` does not
+            answer ``\frac{2}{3}``) unless the question asks for a decimal (:func:`asks_for_decimal`);
+            where it is written out (SymPy's evaluation leaves it as it is), so must the answer be
+            (``\binom{8}{4}``, ``70 + 1 - 1``, ``\sqrt{16}``, ``\frac{12}{18}`` are not). Percent signs
+            are read one way (in a percent question both ``3\%`` and ``3`` are 3 percent; elsewhere
+            ``3\%`` is ``0.03``) and a unit in ``\text{}`` must be the reference's, or one the question
+            names where the reference has none (default on).
 
     Raises:
         ModuleNotFoundError: math-verify is not installed (at construction: an env fails at ``make``).
@@ -640,14 +766,26 @@ class MathVerifier(Verifier):
         words = _is_words(_unwrap(predicted)) and _is_words(_unwrap(gold))
         if _plain(predicted, fold_case=words) == _plain(gold, fold_case=words):
             return Score(1.0, info)
+        gold, predicted = _percents(task, gold, predicted)
+        if not words and self.check_form:
+            mismatch = _unit_mismatch(task, gold, predicted)
+            if mismatch:
+                return Score(0.0, {**info, "error": mismatch})
+            if _unit_words(predicted, wrapped=True):  # checked: the numbers are compared without their units
+                gold, predicted = _drop_unit(gold), _drop_unit(predicted)
         if self.refuse_echo and _echoes_question(task, predicted, gold):
             return Score(0.0, {**info, "error": "the answer is one of the question's own expressions, not evaluated"})
         if not words and _case_only_difference(gold, predicted):
             return Score(0.0, {**info, "error": "the answers differ in the case of a symbol"})
-        forms = required_forms(_prompt_text(task)) if self.check_form else ()
+        asked = required_forms(_prompt_text(task)) if self.check_form else ()
+        # the reference's own form: exact where it is exact (unless the question asks for a decimal), written out
+        # where it is written out
+        implied = (() if asks_for_decimal(_prompt_text(task)) else ("exact",)) + ("normal",) if self.check_form else ()
+        forms = asked + implied
         verdict = _host_verdict(gold, predicted, self.float_rounding)
-        if verdict is not None and not (verdict and forms):  # a right number may still be in the wrong form
-            return Score(verdict, info)
+        if verdict is not None and not (verdict and asked):  # a right number may still be in the wrong form
+            reason = _host_form(gold, predicted, implied) if verdict else None
+            return Score(0.0, {**info, "error": reason}) if reason else Score(verdict, info)
         spans = tuple(_math_spans(_prompt_text(task))) if self.refuse_echo else ()
         reward, error = math_verify_equal(
             gold, predicted, float_rounding=self.float_rounding, numeric_precision=self.numeric_precision,

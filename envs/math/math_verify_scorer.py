@@ -42,6 +42,7 @@ def setup():
                             ("\\begin{pmatrix} 1 & 2 \\end{pmatrix}", "\\pi"), ("x < 2", "(-\\infty, 2)")):
         mv.verify(_parse(gold), _parse(predicted), timeout_seconds=None)
     _form_verdict("\\frac{1}{2}", "\\frac{2\\sqrt{3}}{4}", ["3/6", "y = 2^3 \\cdot 3"], sorted(FORMS))
+    _form_verdict("\\frac{\\pi}{2}", "\\binom{8}{4} + \\left|1\\right|", [], ["exact", "normal", "scientific"])
 
 def _parse(candidate):
     parsed = mv.parse("$" + candidate + "$", parsing_timeout=None)
@@ -126,7 +127,7 @@ def prepare(context):  # in the zygote, on trusted data: the gold answer, parsed
         raise ValueError(GOLD_UNUSABLE + error)
     return gold_parsed, gold, settings
 
-# -- the answer as written: echoes and required forms (issue 30) ----------------------------------------
+# -- the answer as written: echoes, required forms, and the reference's own form ----------------------------
 # math-verify compares values: "What is 3/6 in lowest terms?" answered 6/12 (or the question's own 3/6
 # spelled \frac{\,3}{6}) is equal to the reference. What was *written* is read here with math-verify's own
 # LaTeX normaliser and parser (latex2sympy2_extended), SymPy's evaluation switched off, and fractions
@@ -346,6 +347,101 @@ def _canon(tree):
     except Exception:
         return tree
 
+def _is_exact(tree):
+    # no decimal that is not an integer: 0.666667 is not 2/3, 12.566371 not 4\pi (2.0 is 2)
+    from sympy import preorder_traversal
+    return not any(n.is_Float and not float(n).is_integer() for n in preorder_traversal(tree))
+
+def _decimals_are_exact(reference, tree):
+    # the answer's decimals read as the exact numbers they write (0.5 is 1/2, 0.666667 is 666667/10^6): is the
+    # answer then exactly the reference's value? (0.5 for 1/2 is; 0.666667 for 2/3 and 12.566371 for 4\pi are not)
+    import sympy
+    from sympy import preorder_traversal
+    if reference.free_symbols or tree.free_symbols:
+        return False
+    try:
+        exact = tree.xreplace({n: sympy.Rational(repr(float(n))) for n in preorder_traversal(tree) if n.is_Float})
+        with sympy.evaluate(True):
+            difference = sympy.N(_evaluated(reference) - _evaluated(exact), 60)
+        return difference.is_number and abs(difference) < sympy.Rational(1, 10 ** 50)
+    except Exception:
+        return False
+
+def _sig(tree):
+    # the tree as written, up to spelling: a sum's terms and a product's factors flattened and sorted,
+    # factors 1 dropped, a negative integer as -1 times its size, an evaluated fraction p/q as p \cdot q^{-1}
+    # (how a fraction is written), -oo as -1 \cdot oo; a set's elements sorted
+    import sympy
+    if tree.is_Integer:
+        n = int(tree)
+        return ("int", n) if n >= -1 else ("Mul",) + tuple(sorted([("int", -1), ("int", -n)]))
+    if tree.is_Rational:
+        p, q = int(tree.p), int(tree.q)
+        return _sig(sympy.Mul(p, sympy.Pow(q, -1, evaluate=False), evaluate=False))
+    if tree == sympy.S.NegativeInfinity:
+        return ("Mul",) + tuple(sorted([("int", -1), ("atom", "oo")]))
+    if tree.is_Float:
+        return ("float", str(tree))
+    if tree == sympy.E or tree == sympy.exp(1, evaluate=False):
+        return ("atom", "E")
+    if isinstance(tree, sympy.log) and len(tree.args) == 2:  # \log_b a, \ln a (log(a, E)), \log a (base 10)
+        a, b = tree.args
+        if b == sympy.E or b == sympy.exp(1, evaluate=False):
+            return ("log", _sig(a))
+        return _sig(sympy.Mul(sympy.log(a, evaluate=False), sympy.Pow(sympy.log(b, evaluate=False), -1, evaluate=False),
+                              evaluate=False))
+    if not tree.args:
+        return ("atom", sympy.srepr(tree))
+    if tree.is_Mul or tree.is_Add:
+        kind = "Mul" if tree.is_Mul else "Add"
+        parts = []
+        for arg in tree.args:
+            s = _sig(arg)
+            parts += list(s[1:]) if s[0] == kind else [s]
+        if kind == "Mul":
+            parts = [s for s in parts if s != ("int", 1)]
+        if not parts:
+            return ("int", 1)
+        return parts[0] if len(parts) == 1 else (kind,) + tuple(sorted(parts, key=repr))
+    args = [_sig(a) for a in tree.args]
+    if isinstance(tree, sympy.FiniteSet):
+        args = sorted(args, key=repr)
+    return (type(tree).__name__,) + tuple(args)
+
+def _evaluated(tree):
+    # what SymPy makes of the tree when it evaluates (a coefficient is not multiplied into a sum: 2(1+\sqrt{3})
+    # stays as written)
+    import sympy
+    from sympy.core.parameters import distribute
+    with sympy.evaluate(True), distribute(False):
+        return tree.doit()
+
+def _is_normal(tree):
+    # written out: the tree is what SymPy's evaluation makes of it, up to spelling -- 70, \frac{2}{3}, 2\sqrt{3},
+    # \frac{\pi}{2}, 2x + 2, 2(x + 1), (x+1)^2 are; \binom{8}{4}, 70 + 1 - 1, |70|, \lfloor 70 \rfloor, 70 \cdot 10^{0},
+    # \sqrt{16}, \sqrt{12}, \frac{12}{18}, 2^{10}, 3\%, (x+1)^2 + x - x, \frac{6x}{4} are not (each evaluates to another tree)
+    import sympy
+    if not isinstance(tree, sympy.Basic):
+        return False
+    try:
+        return _sig(_evaluated(tree)) == _sig(tree)
+    except Exception:
+        return False
+
+def _is_scientific(tree):
+    # a \times 10^{n} with 1 <= |a| < 10 and an integer n, or 10^{n}
+    import sympy
+    factors = [f for f in _factors(tree) if f != 1]
+    powers = [f for f in factors if f.is_Pow and f.base == 10 and f.exp.is_Integer]
+    if len(powers) != 1:
+        return False
+    rest = [f for f in factors if f is not powers[0]]
+    if not rest:
+        return True
+    if rest[:1] == [-1] or rest[:1] == [sympy.S.NegativeOne]:
+        rest = rest[1:]
+    return len(rest) == 1 and (rest[0].is_Float or rest[0].is_Integer) and 1 <= abs(float(rest[0])) < 10
+
 def _is_interval(tree):
     import sympy
     return isinstance(tree, (sympy.Interval, sympy.Union)) or tree in (sympy.S.Reals, sympy.S.EmptySet)
@@ -353,7 +449,16 @@ def _is_interval(tree):
 FORMS = {"lowest_terms": (_in_lowest_terms, "a fraction in lowest terms (or an integer)"),
          "decimal": (_is_decimal, "a decimal number"),
          "radical": (_in_simplest_radical_form, "simplest radical form"),
-         "interval": (_is_interval, "interval notation")}
+         "interval": (_is_interval, "interval notation"),
+         "scientific": (_is_scientific, "scientific notation"),
+         "exact": (_is_exact, "an exact value (the reference is exact; a decimal is an approximation)"),
+         "normal": (_is_normal, "a value written out (the reference is; this answer still evaluates to another form)")}
+
+#: Forms the reference's own writing sets (the question need not ask): the reason an answer that breaks one scores 0.
+_REFERENCE_RULES = {
+    "exact": "the reference is exact and the question asks for no decimal: this decimal is an approximation",
+    "normal": "the reference is written out; the answer is not (it still evaluates to another form)",
+}
 
 def _form_verdict(gold, predicted, spans, forms):
     # None when the answer, equal to the reference, is written as the question asks; else the reason
@@ -361,6 +466,12 @@ def _form_verdict(gold, predicted, spans, forms):
     reference = _written(gold)
     for form in forms:
         check, name = FORMS[form]
+        if form in _REFERENCE_RULES:  # not asked by the question: followed where the reference itself follows it
+            if reference is None or not check(reference):
+                continue
+            if mine is None or not (check(mine) or (form == "exact" and _decimals_are_exact(reference, mine))):
+                return _REFERENCE_RULES[form]
+            continue
         if reference is not None and not check(reference):
             continue  # the dataset writes its own answer otherwise: the form is not checked
         if mine is None or not check(mine):

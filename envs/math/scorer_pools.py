@@ -67,7 +67,7 @@ REASONING_GYM_WORKER = _module_source(reasoning_gym_scorer)
 """Worker source (runs in the sandbox): :mod:`llmgym.envs.math.reasoning_gym_scorer`."""
 
 #: The forms a question may ask an answer to be written in (see :func:`math_verify_equal`).
-ANSWER_FORMS = ("lowest_terms", "decimal", "radical", "interval")
+ANSWER_FORMS = ("lowest_terms", "decimal", "radical", "interval", "scientific", "exact", "normal")
 #: The question's math spans read for echoes: at most this many, each cut to this many characters.
 MAX_SPANS, MAX_SPAN_CHARS = 64, 1000
 
@@ -143,7 +143,8 @@ def math_verify_equal(
     it is, as a tree, one of ``question_spans`` (the question's own math, or a side of an ``=`` in
     it) and not the reference, or if it is not written in each of ``forms`` that the reference itself
     is written in (:data:`ANSWER_FORMS`: ``"lowest_terms"``, ``"decimal"``, ``"radical"``,
-    ``"interval"``). Spelling does not matter (``\frac{\,3}{6}``, ``3/6``, ``\dfrac36`` are one tree;
+    ``"interval"``, ``"scientific"``; and ``"exact"`` -- decimals that give exactly the reference's value --
+    and ``"normal"`` -- a tree SymPy's evaluation leaves as it is -- which the reference sets by being so). Spelling does not matter (``\frac{\,3}{6}``, ``3/6``, ``\dfrac36`` are one tree;
     so are ``2^3 \cdot 3`` and ``3 \times 2^3``).
 
     Example:

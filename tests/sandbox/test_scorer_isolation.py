@@ -256,7 +256,8 @@ def test_without_the_sandbox_scoring_raises_never_a_silent_zero(no_bwrap):
     with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
         env.step(f"<answer>{info['task'].answer}</answer>")
     verifier = MathVerifier()
-    assert verifier(Task("q", answer="8"), r"\boxed{16/2}").reward == 1.0  # numbers: decided on the host
+    assert verifier(Task("q", answer="8"), r"\boxed{8}").reward == 1.0  # numbers: decided on the host
+    assert verifier(Task("q", answer="8"), r"\boxed{16/2}").reward == 0.0  # not written out: on the host too
     assert verifier(Task("q", answer="8"), r"\boxed{8.0}").reward == 1.0
     with pytest.raises(SandboxUnavailableError):
         verifier(Task("q", answer="2x + 2"), r"\boxed{2(x+1)}")
@@ -321,7 +322,7 @@ def test_a_sandboxed_scorer_inside_a_time_limited_wrapper_is_refused_not_zeroed(
 
     close_workers()
     wrapped = WeightedSum({"correct": (1.0, MathVerifier())}, time_limit=10)
-    assert wrapped(Task("q", answer="8"), r"\boxed{16/2}").reward == 1.0  # decided on the host: fine
+    assert wrapped(Task("q", answer="8"), r"\boxed{8.0}").reward == 1.0  # decided on the host: fine
     # math-verify's worker would start inside the forked child, its start-up eating the limit: every
     # check would time out, a silent 0 -- refused, naming the fix
     with pytest.raises(VerifierUnavailableError, match="give the time limit to the math verifier itself"):

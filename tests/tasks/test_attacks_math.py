@@ -9,6 +9,11 @@ Found by the fresh attacker's pass (each scored 1.0 before the fix):
   ``\sqrt{2}\sqrt{6}``, ``\sqrt{3} + \sqrt{3}`` or ``2^{3/2}``: a root written as an exponent was not
   seen as a root, and products of roots and like terms were not looked at.
 
+Then rules that close whole classes (each attack scored 1.0 before): an exact reference wants an exact answer
+(``0.666667`` for ``\frac{2}{3}``); a written-out reference wants a written-out answer (``\binom{8}{4} + 1 - 1``,
+``\lfloor \binom{8}{4} \rfloor``, ``\frac{8!}{4!4!}`` for 70); scientific notation as a form; ``%`` and units
+read one way. False refusals are measured over the shipped MATH sample.
+
 Held (kept here so they stay held): two answers in one (``3 \text{ or } 5``, ``5 = 3``, ``3 \approx 5``)
 never pay for both values.
 """
@@ -50,7 +55,7 @@ def test_an_echo_with_a_no_op_is_still_an_echo(verifier, question, gold, echoes,
     for answer in echoes:
         score = verifier(task, answer)
         assert score.reward == 0.0, answer
-        assert "own expressions" in score.info["error"], (answer, score.info)
+        assert "own expressions" in score.info["error"] or "written out" in score.info["error"], (answer, score.info)
     for answer in right:  # the value, or the reference as written (no-ops and all), still pays
         assert verifier(task, answer).reward == 1.0, answer
 
@@ -123,3 +128,152 @@ def test_two_word_answers_in_one_never_pay_for_both(verifier, hedge, pair):
 def test_latex_towers_are_refused_by_size_in_the_sandbox(verifier, huge):
     score = verifier(Task("What is 2+1?", answer="3"), huge)
     assert score.reward == 0.0 and "bits" in score.info["error"], score.info
+
+
+# -- issue 38: answers in forms the question rules out, judged by rules that close the class -------------------
+
+
+@pytest.mark.parametrize("question, gold, approximation, exact", [
+    (r"Express $0.\overline{6}$ as a fraction.", r"\frac{2}{3}", "0.666667", r"\frac{2}{3}"),
+    (r"A circle has radius $2$. Express its area in terms of $\pi$.", r"4\pi", "12.566371", r"4 \pi"),
+    (r"Simplify $\sqrt{12}$.", r"2\sqrt{3}", "3.464102", r"2\sqrt3"),
+    (r"Give $\cos 45^\circ$ in exact form.", r"\frac{\sqrt{2}}{2}", "0.707107", r"\frac{\sqrt2}{2}"),
+    (r"What is $\frac{1}{3} + \frac{1}{3}$?", r"\frac{2}{3}", "0.6666667", "2/3"),
+    (r"What is the area of a circle of radius $1$?", r"\pi", "3.14159265", r"\pi"),
+    (r"What is $\sqrt{2} \cdot \sqrt{3}$?", r"\sqrt{6}", "2.449490", r"\sqrt{6}"),
+    (r"What is $\frac{5}{7}$ of $1$?", r"\frac{5}{7}", "0.714286", r"\dfrac{5}{7}"),
+])
+def test_an_exact_reference_wants_an_exact_answer(verifier, question, gold, approximation, exact):
+    """A decimal approximation of an exact reference paid 1.0 (math-verify rounds to 6 places): it is right only
+    where the question asks for a decimal; a decimal that *is* the exact value (0.5 for 1/2) still pays."""
+    task = Task(question, answer=gold)
+    score = verifier(task, rf"\boxed{{{approximation}}}")
+    assert score.reward == 0.0 and "approximation" in score.info["error"], score.info
+    assert verifier(task, rf"\boxed{{{exact}}}").reward == 1.0
+    rounded = Task(question.rstrip(".?") + ", rounded to six decimal places.", answer=gold)
+    if len(approximation.split(".")[1]) == 6:
+        assert verifier(rounded, rf"\boxed{{{approximation}}}").reward == 1.0  # asked for: pays
+
+
+def test_a_decimal_that_is_the_exact_value_or_is_asked_for_pays(verifier):
+    assert verifier(Task("What is the probability of heads?", answer=r"\frac{1}{2}"), r"\boxed{0.5}").reward == 1.0
+    assert verifier(Task(r"What is $3/8$?", answer=r"\frac{3}{8}"), "0.375").reward == 1.0
+    assert verifier(Task(r"Write $\frac{2}{3}$ as a decimal to the nearest thousandth.", answer=r"\frac{2}{3}"),
+                    "0.667").reward == 0.0  # the reference is not what was asked: no rounding rule can make it pay
+    assert verifier(Task(r"Round $\pi$ to the nearest hundredth.", answer="3.14"), "3.14").reward == 1.0
+    assert verifier(Task(r"Estimate $\sqrt{2}$.", answer=r"\sqrt{2}"), "1.414214").reward == 1.0
+
+
+NO_OPS = [  # the question's expression plus an operation that evaluates away (each paid 1.0)
+    (r"Compute $\dbinom{8}{4}$.", "70", [
+        r"\binom{8}{4}+1-1", r"\left|\binom{8}{4}\right|", r"\lfloor\binom{8}{4}\rfloor", r"\binom{8}{4}\cdot 10^{0}",
+        r"\binom{8}{4}\cdot(2-1)", r"\binom{8}{4}\cdot 1!", r"\binom{8}{4}\cdot\frac{2}{2}", r"\frac{8!}{4!4!}",
+        r"\binom{8}{8-4}", r"\lceil \binom{8}{4} \rceil", r"\binom{8}{4}^{2-1}", r"\binom{8}{4} + 0 \cdot 5",
+        r"\sqrt{\binom{8}{4}^2}", r"70 + 1 - 1", r"\frac{140}{2}"]),
+    (r"Compute $\sqrt{16}$.", "4", [r"\sqrt{16}+1-1", r"\sqrt{4^2}", r"\sqrt{\sqrt{256}}", r"|\sqrt{16}|", r"2^2"]),
+    (r"Simplify $\frac{12}{18}$.", r"\frac{2}{3}", [r"\frac{12}{18}+1-1", r"\frac{24}{36}", r"\frac{6 \cdot 2}{18}",
+                                                   r"\frac{12}{18}\cdot\frac{3}{3}", r"1 - \frac{1}{3}"]),
+    (r"Expand $(x+1)^2$.", "x^2 + 2x + 1", [r"(x+1)^2 + 1 - 1", r"(x+1)^2 + x - x", r"x^2 + x + x + 1"]),
+]
+
+
+@pytest.mark.parametrize("question, gold, answers", NO_OPS, ids=["binom", "sqrt", "fraction", "expand"])
+def test_a_written_out_reference_wants_a_written_out_answer(verifier, question, gold, answers):
+    """Where the reference is written out (SymPy's evaluation leaves its tree as it is), an answer that still
+    evaluates to another tree scores 0, whatever the no-op: no list of spellings to outrun."""
+    task = Task(question, answer=gold)
+    for answer in answers:
+        score = verifier(task, rf"\boxed{{{answer}}}")
+        assert score.reward == 0.0, (answer, score.info)
+        assert any(w in score.info.get("error", "") for w in ("written out", "own expressions")), (answer, score.info)
+
+
+@pytest.mark.parametrize("gold, right", [
+    ("70", ["70", "70.0", "+70", r"\text{70}", "x = 70"]),
+    (r"\frac{2}{3}", [r"\dfrac{2}{3}", r"\frac23", "2/3", r"\tfrac{2}{3}", r"\frac{2}{3} \cdot 1"]),
+    ("2x + 2", ["2(x+1)", "2 + 2x", "2(1 + x)"]),
+    (r"\frac{\pi}{2}", [r"\pi/2", r"\frac{1}{2}\pi", r"\frac12 \pi", r"0.5\pi"]),
+    (r"2\sqrt{3}", [r"2\sqrt3", r"\sqrt{3} \cdot 2", r"2 \cdot 3^{1/2}"]),
+    (r"-\frac{1}{6}", [r"\frac{-1}{6}", r"-1/6", r"-\dfrac16"]),
+    (r"x^2 - 2x - 3", ["x^{2}-2x-3", "-3 - 2x + x^2", "x^2 - 2 x - 3"]),
+])
+def test_written_out_spellings_of_a_written_out_reference_still_pay(verifier, gold, right):
+    task = Task("q", answer=gold)
+    for answer in right:
+        score = verifier(task, rf"\boxed{{{answer}}}")
+        assert score.reward == 1.0, (answer, score.info)
+
+
+def test_a_reference_that_is_not_written_out_sets_no_form(verifier):
+    # the dataset's own unevaluated reference: any equal answer pays (the rule follows the reference)
+    assert verifier(Task("q", answer=r"\sqrt{27}"), r"\boxed{3\sqrt{3}}").reward == 1.0
+    assert verifier(Task("q", answer=r"3\sqrt{3}"), r"\boxed{\sqrt{27}}").reward == 0.0
+    assert verifier(Task("q", answer=r"2^{10}"), r"\boxed{1024}").reward == 1.0
+    assert verifier(Task("q", answer="2^{3} \\cdot 18"), r"\boxed{8 \cdot 18}").reward == 1.0
+
+
+@pytest.mark.parametrize("question, gold, answer, reward", [
+    ("Express $12000$ in scientific notation.", r"1.2 \times 10^{4}", "12000", 0.0),
+    ("Express $12000$ in scientific notation.", r"1.2 \times 10^{4}", r"12 \times 10^{3}", 0.0),
+    ("Express $12000$ in scientific notation.", r"1.2 \times 10^{4}", r"1.2 \cdot 10^4", 1.0),
+    ("Express $0.000045$ in scientific notation.", r"4.5 \times 10^{-5}", "0.000045", 0.0),
+    ("Express $0.000045$ in scientific notation.", r"4.5 \times 10^{-5}", r"4.5 \times 10^{-5}", 1.0),
+    # a % sign means hundredths, except where the question asks for a percent or the reference is one
+    ("What is $1 + 2$?", "3", r"3\%", 0.0),
+    ("q", "0.03", r"3\%", 1.0),
+    ("What percent of $100$ is $3$?", "3", r"3\%", 1.0),
+    ("What percent of $100$ is $3$?", r"3\%", "3", 1.0),
+    ("What percent of $100$ is $3$?", r"3\%", "0.03", 0.0),
+    ("What percent of $100$ is $3$?", "3", "0.03", 0.0),
+    ("q", r"300\%", "3", 0.0),
+    # units are compared as written, never converted nor dropped unseen
+    ("How long is the rod?", r"5 \text{ m}", r"5 \text{ cm}", 0.0),
+    ("How long is the rod?", r"5 \text{ m}", r"500 \text{ cm}", 0.0),
+    ("How long is the rod?", r"5 \text{ m}", r"5 \text{ meters}", 1.0),
+    ("How long is the rod?", r"5 \text{ m}", "5", 1.0),
+    ("How long, in meters, is the rod?", "5", r"5 \text{ cm}", 0.0),
+    ("How long, in centimeters, is the rod?", "5", r"5 \text{ cm}", 1.0),
+    ("How long, in centimeters, is the rod?", "5", r"5\,\mathrm{cm}", 1.0),
+    ("What is the area, in square feet?", "12", r"12 \text{ ft}^2", 1.0),
+])
+def test_scientific_notation_percent_and_units(verifier, question, gold, answer, reward):
+    score = verifier(Task(question, answer=gold), rf"\boxed{{{answer}}}")
+    assert score.reward == reward, score.info
+
+
+def _spellings(gold: str) -> set[str]:
+    """The usual equivalent spellings of a reference answer: wrappers and LaTeX variants a model writes."""
+    import re
+
+    forms = {gold, gold.replace(r"\frac", r"\dfrac"), gold.replace(" ", ""), re.sub(r"\s*([-+,])\s*", r" \1 ", gold),
+             gold.replace(r"\left", "").replace(r"\right", ""), gold.replace(r"\times", r"\cdot"),
+             re.sub(r"\\frac\{(\d)\}\{(\d)\}", r"\\frac\1\2", gold), re.sub(r"\\frac\{(\d+)\}\{(\d+)\}", r"\1/\2", gold),
+             re.sub(r"\\sqrt\{(\d)\}", r"\\sqrt\1", gold), re.sub(r"\^(\d)", r"^{\1}", gold),
+             re.sub(r"\\frac\{\\pi\}\{(\d)\}", r"\\pi/\1", gold)}
+    return forms | {rf"\boxed{{{form}}}" for form in forms} | {f"The final answer is ${gold}$."}
+
+
+EXTRA_SPELLINGS = {  # what a model writes for some of the sample's questions beyond LaTeX variants
+    "25": [r"\boxed{25\%}", r"25 \%"],
+    "5": [r"\boxed{5 \text{ cm}}", r"\boxed{5\text{ centimeters}}"],
+    "1, 2": [r"\boxed{2, 1}", r"\boxed{\{1, 2\}}", r"\boxed{x = 1, x = 2}"],
+    "(3, \\infty)": [r"\boxed{(3, +\infty)}", r"\boxed{(3,\infty)}"],
+}
+
+
+def test_every_gold_of_the_math_sample_pays_against_its_usual_spellings(verifier):
+    """False refusals: each reference of the shipped MATH sample, against itself and its usual spellings."""
+    from llmgym.envs.math import load_math
+
+    from pathlib import Path
+
+    tasks = load_math(Path(__file__).parents[1] / "data" / "math_sample.jsonl")
+    refused, checked = [], 0
+    for task in tasks:
+        for completion in sorted(_spellings(task.answer)) + EXTRA_SPELLINGS.get(task.answer, []):
+            checked += 1
+            score = verifier(task, completion)
+            if score.reward != 1.0:
+                refused.append((task.answer, completion, score.info.get("error")))
+    assert refused == [], f"{len(refused)} of {checked} refused: {refused}"
+    assert len(tasks) >= 15 and checked >= 90

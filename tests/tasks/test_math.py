@@ -73,12 +73,10 @@ EQUIVALENCE = [
     (r"\left( 3, \frac{\pi}{2} \right)", r"$(3, \pi/2)$", True),
     (r"\left( 3, \frac{\pi}{2} \right)", r"$(3, \pi)$", False),
     (r"\sqrt{2}", "2^{1/2}", True),
-    (r"3\sqrt{3}", r"\sqrt{27}", True),
     (r"3\sqrt{3}", "3", False),
     ("x = 3", "3", True),
     ("-7", "The final answer is -7", True),
     ("-7", "7", False),
-    (r"10\%", "0.1", True),
     (r"\text{Monday}", "Monday", True),
     ("5", "<think>2 + 2 = 4, and 4 + 1 is 5</think><answer>5</answer>", True),
     ("5", "<think>it is 5</think><answer>6</answer>", False),
@@ -129,6 +127,17 @@ def test_answer_equivalence_both_directions(verifier, a, b, equal):
 )
 def test_extraction_rules(text, expected):
     assert extract_answer(text) == expected
+
+
+def test_a_number_inside_code_or_a_path_after_an_answer_marker_is_no_answer(verifier):
+    # "The answer is <payload>" took the payload's first number: the 2 of pytest's "pytest-2" folder paid for a
+    # reference of 2 (a test passed or failed with the temporary folder's name)
+    payload = "__import__('os').system('touch /tmp/pytest-of-root/pytest-2/pwned-1a2b; setsid sleep 4321.5 &')"
+    for completion in (f"The answer is {payload}", "The answer is x2.", "answer: run-2 of 3", "Answer: 'v2'"):
+        assert extract_answer(completion) != "2", completion
+        assert verifier(Task("q", answer="2"), completion).reward == 0.0, completion
+    for completion in ("The answer is 2.", "answer: 2 apples", "The answer is -2, I think", "The answer is (2)"):
+        assert extract_answer(completion).lstrip("-(").rstrip(")") == "2", completion
 
 
 def test_gold_normalisation_of_stored_forms():
@@ -222,8 +231,9 @@ def test_astronomical_numbers_are_refused_quickly():
     assert score.reward == 0.0 and "bits" in score.info["error"]
     assert MathVerifier()(Task("q", answer="1"), r"\boxed{(10^{7})!}").info["error"].endswith("not compared")
     assert time.perf_counter() - start < 60  # a hang guard only: milliseconds when quiet, minutes if computed
-    assert MathVerifier()(Task("q", answer="1024"), r"\boxed{2^{10}}").reward == 1.0
-    assert MathVerifier()(Task("q", answer="3628800"), r"\boxed{10!}").reward == 1.0
+    # small powers and factorials are computed (the form check, off here, would refuse them for a written-out reference)
+    assert MathVerifier(check_form=False)(Task("q", answer="1024"), r"\boxed{2^{10}}").reward == 1.0
+    assert MathVerifier(check_form=False)(Task("q", answer="3628800"), r"\boxed{10!}").reward == 1.0
 
 
 def test_works_inside_a_worker_process():
@@ -326,7 +336,8 @@ def test_load_gsm8k_sample():
 
 def test_load_math_sample():
     tasks = load_math(MATH_SAMPLE)
-    assert [t.answer for t in tasks] == [r"\frac{1}{2}", r"\sqrt{3}", r"\left( 3, \frac{\pi}{2} \right)", "1, 2"]
+    assert [t.answer for t in tasks][:4] == [r"\frac{1}{2}", r"\sqrt{3}", r"\left( 3, \frac{\pi}{2} \right)", "1, 2"]
+    assert len(tasks) == 17 and tasks[4].answer == "70"
     assert tasks[0].id == "sample/prealgebra/1.json" and tasks[1].id == "math/1"  # answer from \boxed{}
     assert tasks[0].metadata["level"] == "Level 2" and tasks[0].metadata["type"] == "Prealgebra"
     verifier = MathVerifier()
@@ -661,8 +672,11 @@ def test_arithmetic_refuses_an_echo_of_the_question_and_false_equations():
         assert env.step(rf"The answer is \boxed{{{task.answer}}}.")[1] == 1.0
         env.reset(seed=seed)
         assert env.step(f"x = {task.answer}")[1] == 1.0
-    # the general verifier keeps math-verify's semantics (MATH answers are expressions)
-    assert MathVerifier()(Task("q", answer="144"), r"\boxed{8 \cdot 18}").reward == 1.0
+    # the general verifier takes an expression where the reference is one; where the reference is written out
+    # (144), so must the answer be -- math-verify alone (check_form=False) would take 8 * 18
+    assert MathVerifier()(Task("q", answer="144"), r"\boxed{8 \cdot 18}").reward == 0.0
+    assert MathVerifier(check_form=False)(Task("q", answer="144"), r"\boxed{8 \cdot 18}").reward == 1.0
+    assert MathVerifier()(Task("q", answer="2^{3} \cdot 18"), r"\boxed{8 \cdot 18}").reward == 1.0
 
 
 def test_gsm8k_without_a_file_reads_only_the_cache_when_the_hub_is_unreachable(monkeypatch):
