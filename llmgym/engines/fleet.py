@@ -48,6 +48,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import os
@@ -233,7 +234,9 @@ class FleetEngine:
         self.logprob_tolerance = float(logprob_tolerance)
         self.probe_gaps: dict[str, float] = {}  # the last sync's probe: mean |server - learner| per server
         self.batch_gaps: dict[str, float] = {}  # the last check_logprobs: the same over a batch's tokens
-        self._sampled_by: dict[tuple, int] = {}  # a returned completion's (tokens, log-probs) -> its server
+        # per generate call (the last 64: a pipelined batch, or a multi-turn episode's turns), the hash of each
+        # returned completion's (tokens, log-probs) -> the index of the server that sampled it
+        self._sampled_by: collections.deque[dict[int, int]] = collections.deque(maxlen=64)
         self.tokenizer = tokenizer
         self.max_concurrency, self.sync_timeout_s, self.bucket_bytes = max_concurrency, sync_timeout_s, bucket_bytes
         self.sync_address = sync_address
@@ -563,8 +566,8 @@ class FleetEngine:
                 if inside and start is None:
                     start = p
                 elif not inside and start is not None:
-                    key = (tuple(episode.token_ids[start:p]), tuple(episode.logprobs[start:p]))
-                    index = self._sampled_by.get(key)
+                    key = hash((tuple(episode.token_ids[start:p]), tuple(episode.logprobs[start:p])))
+                    index = next((d[key] for d in reversed(self._sampled_by) if key in d), None)
                     if index is not None and start >= 1:
                         columns = torch.arange(start - 1, p - 1)
                         chosen = gaps[row, columns]
@@ -625,12 +628,11 @@ class FleetEngine:
                         raise FleetError(f"the server at {server.root} holds weight version {held!r}, not the "
                                          f"{version} this fleet synced: is another learner pushing to it?")
             self._report()
-        # which server sampled which completion, for check_logprobs (the batches since the last check)
-        if len(self._sampled_by) > 1_000_000:
-            self._sampled_by.clear()
+        sampled_by = {}  # which server sampled which completion, for check_logprobs
         for c, server in zip(flat, origin):
             c.policy_version = version
-            self._sampled_by[(tuple(c.token_ids), tuple(c.logprobs))] = server
+            sampled_by[hash((tuple(c.token_ids), tuple(c.logprobs)))] = server
+        self._sampled_by.append(sampled_by)
         return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
 
     def _sample_round(self, live: list[_Server], rows, keys, sampling, pending: list[int], flat: list,

@@ -394,3 +394,46 @@ def test_a_server_that_refuses_the_weights_fails_the_sync_at_once_quoting_its_re
         assert time.monotonic() - start < 10.0 and "gloo" not in str(info.value)
     finally:
         refuser.close()
+
+
+def test_the_guard_answers_only_the_fleet_s_routes_and_its_control_routes_need_the_secret():
+    """vLLM's development routes (``/collective_rpc`` wrote a file of the caller's choosing outside its folder,
+    ``/weight_checker`` zeroed the weights, ``/update_weight_version`` forged the version) are behind no key;
+    the guard's allow-list answers 404 for them, and 401 for a control route without the secret."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from llmgym.engines import serve_guard
+
+    def guarded_client():
+        app = FastAPI()
+        for method, path in [("POST", "/collective_rpc"), ("POST", "/weight_checker"),
+                             ("POST", "/update_weight_version"), ("POST", "/sleep"), ("GET", "/metrics"),
+                             ("POST", "/pause"), ("POST", "/update_weights"), ("GET", "/weight_info"),
+                             ("GET", "/health"), ("POST", "/v1/completions")]:
+            app.add_api_route(path, lambda: {"reached": True}, methods=[method])
+        app.add_middleware(serve_guard.ControlPlaneGuard)  # as vLLM's --middleware adds it
+        return TestClient(app)
+
+    secret = "0123456789abcdef-guard"
+    serve_guard.configure(secret)
+    try:
+        client = guarded_client()
+        good = {"Authorization": f"Bearer {secret}"}
+        for path in ("/collective_rpc", "/weight_checker", "/update_weight_version", "/sleep"):
+            assert client.post(path, headers=good).status_code == 404, path  # closed even with the secret
+        assert client.get("/metrics").status_code == 404
+        assert client.get("/pause").status_code == 404  # a listed path with another method
+        for path in ("/pause", "/update_weights"):
+            assert client.post(path).status_code == 401
+            assert client.post(path, headers={"Authorization": "Bearer " + secret[:-1] + "X"}).status_code == 401
+            assert client.post(path, headers={"Authorization": secret}).status_code == 401  # not a bearer token
+            assert client.post(path, headers=good).json() == {"reached": True}
+        assert client.get("/weight_info").status_code == 401 and client.get("/health").json() == {"reached": True}
+        serve_guard.configure(None)  # loopback without a secret: the allow-list still holds
+        client = guarded_client()
+        assert client.post("/collective_rpc").status_code == 404 and client.post("/pause").status_code == 200
+    finally:
+        serve_guard._state.clear()
+    with pytest.raises(ValueError, match="at least 16"):
+        serve_guard.configure("short")
