@@ -244,7 +244,7 @@ class FleetEngine:
         self.batch_gaps: dict[str, float] = {}  # the last check_logprobs: the same over a batch's tokens
         # per generate call (the last 64: a pipelined batch, or a multi-turn episode's turns), the hash of each
         # returned completion's (tokens, log-probs) -> the index of the server that sampled it
-        self._sampled_by: collections.deque[dict[int, int]] = collections.deque(maxlen=64)
+        self._sampled_by: collections.deque[dict[int, tuple[int, float]]] = collections.deque(maxlen=64)
         self.tokenizer = tokenizer
         self.max_concurrency, self.sync_timeout_s, self.bucket_bytes = max_concurrency, sync_timeout_s, bucket_bytes
         self.sync_address = sync_address
@@ -556,15 +556,21 @@ class FleetEngine:
     def check_logprobs(self, batch: Any, learner_logprobs: Any, version: int | None = None) -> dict[str, float]:
         """Compare the log-probs the servers reported for ``batch``'s tokens (``batch.old_logprobs``) with the
         learner's recomputation (``learner_logprobs``, ``[N, L-1]`` as the batch's per-token tensors), on the
-        tokens sampled by ``version`` (the weights the learner still holds; default: every token). A server
+        tokens sampled by ``version`` (the weights the learner still holds; default: every token). With
+        ``top_p < 1`` a server's log-prob may exceed the learner's by up to ``-log(top_p)`` (vLLM reports the
+        nucleus-renormalised one); only the part outside that range counts. A server
         whose mean gap over its tokens is over :attr:`logprob_tolerance` is dropped
         (:class:`UntrustedServerWarning`); with none left, :class:`FleetError`. The learner calls it with the
         log-probs its update computes anyway. Returns ``{url: mean gap}`` of the servers checked.
         """
         import torch
 
+        import math
+
         sums: dict[int, list[float]] = {}
-        gaps = (learner_logprobs.detach().float().cpu() - batch.old_logprobs.detach().float().cpu()).abs()
+        # server - learner: with top-p < 1 vLLM reports the nucleus-renormalised log-prob, higher than the
+        # learner's full-softmax one by -log(nucleus mass) <= -log(top_p); only what lies outside that is a gap
+        signed = batch.old_logprobs.detach().float().cpu() - learner_logprobs.detach().float().cpu()
         versions = getattr(batch, "policy_versions", None)
         for row, episode in enumerate(getattr(batch, "episodes", None) or []):
             mask = episode.action_mask
@@ -575,10 +581,13 @@ class FleetEngine:
                     start = p
                 elif not inside and start is not None:
                     key = hash((tuple(episode.token_ids[start:p]), tuple(episode.logprobs[start:p])))
-                    index = next((d[key] for d in reversed(self._sampled_by) if key in d), None)
-                    if index is not None and start >= 1:
+                    found = next((d[key] for d in reversed(self._sampled_by) if key in d), None)
+                    if found is not None and start >= 1:
+                        index, top_p = found
+                        slack = -math.log(top_p) if 0 < top_p < 1 else 0.0
                         columns = torch.arange(start - 1, p - 1)
-                        chosen = gaps[row, columns]
+                        d = signed[row, columns]
+                        chosen = (-d).clamp(min=0) + (d - slack).clamp(min=0)
                         if versions is not None and version is not None:
                             chosen = chosen[versions[row, columns] == int(version)]
                         total = sums.setdefault(index, [0.0, 0.0])
@@ -636,10 +645,10 @@ class FleetEngine:
                         raise FleetError(f"the server at {server.root} holds weight version {held!r}, not the "
                                          f"{version} this fleet synced: is another learner pushing to it?")
             self._report()
-        sampled_by = {}  # which server sampled which completion, for check_logprobs
+        sampled_by = {}  # which server sampled which completion (and its top-p), for check_logprobs
         for c, server in zip(flat, origin):
             c.policy_version = version
-            sampled_by[hash((tuple(c.token_ids), tuple(c.logprobs)))] = server
+            sampled_by[hash((tuple(c.token_ids), tuple(c.logprobs)))] = (server, float(sampling.top_p))
         self._sampled_by.append(sampled_by)
         return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
 

@@ -437,3 +437,34 @@ def test_the_guard_answers_only_the_fleet_s_routes_and_its_control_routes_need_t
         serve_guard._state.clear()
     with pytest.raises(ValueError, match="at least 16"):
         serve_guard.configure("short")
+
+
+def test_the_batch_check_allows_the_nucleus_renormalisation_and_nothing_more(tok, learner):
+    """With top-p < 1 vLLM reports the nucleus-renormalised log-prob, above the learner's by up to -log(top_p):
+    an honest server there is within its rights; the same excess at top-p 1, or beyond -log(top_p), is not."""
+    import copy
+
+    from llmgym import Task
+    from llmgym.engines.batch import Batch
+    from llmgym.engines.fleet import FleetEngine, FleetError, UntrustedServerWarning
+    from llmgym.engines.rollout import Episode
+
+    def check(fleet, excess: float, top_p: float) -> dict:
+        reported = [-1.0 + excess, -2.0 + excess]  # what the server says of tokens 6, 7
+        episode = Episode(Task("p"), 0, [1, 5, 6, 7], [0, 0, 1, 1], [0.0, 0.0, *reported], [0, 0, 0, 1.0], 2)
+        fleet._sampled_by.append({hash(((6, 7), tuple(reported))): (0, top_p)})  # as generate records it
+        learner_logprobs = torch.tensor([[0.0, -1.0, -2.0]])  # columns 1, 2 score tokens 6, 7
+        return fleet.check_logprobs(Batch.from_episodes([episode]), learner_logprobs)
+
+    honest = WeightServer(copy.deepcopy(learner))
+    try:
+        for excess, top_p, dropped in [(0.6, 0.5, False), (-0.6, 0.5, True), (1.5, 0.5, True), (0.6, 1.0, True)]:
+            with FleetEngine([honest.url], tok, learner, max_retries=0, timeout=10, sync_timeout_s=30) as fleet:
+                if not dropped:  # 0.6 <= -log(0.5) = 0.693: the renormalisation, not a lie
+                    assert check(fleet, excess, top_p)[honest.url] == pytest.approx(0.0, abs=1e-6)
+                    continue
+                with pytest.warns(UntrustedServerWarning), pytest.raises(FleetError, match="every rollout server"):
+                    check(fleet, excess, top_p)
+                assert fleet.batch_gaps[honest.url] > 0.5 and fleet.live == [], (excess, top_p, fleet.batch_gaps)
+    finally:
+        honest.close()

@@ -2,7 +2,9 @@
 
 Two real servers on 127.0.0.1 for the module (vLLM's CPU build in the test environment), started at
 once by ``tests/served.py`` (one core each) when the first test needs them, shut down by their pids
-at the end; the learning test warms its model while they start. Their checkpoint is a random tiny
+at the end; the learning test warms its model while they start. They run with a secret (one reads it from
+``LLMGYM_SERVE_SECRET``, the other from ``--secret-file``), which the fixture puts in this process's
+``LLMGYM_SERVE_SECRET`` for the learner's side. Their checkpoint is a random tiny
 Llama of ``VLLM_SHAPE`` (head size 32): every test pushes its own learner's weights into them.
 
 The tests without servers (a fake HTTP server standing in for a plain OpenAI-compatible one, the
