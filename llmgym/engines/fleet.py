@@ -540,11 +540,10 @@ class FleetEngine:
             answers = list(pool.map(ask, live))
         self.probe_gaps = {}
         for server, answer in zip(live, answers):
-            if isinstance(answer, str):
-                if server.alive():
-                    raise FleetError(f"the server at {server.root} could not be checked after the sync of version "
-                                     f"{version}: {answer}")
-                self._lose(server, answer)
+            if isinstance(answer, str):  # up but no usable answer to the probe: not to be trusted either
+                alive = server.alive()
+                self._lose(server, f"it could not be checked after the sync of version {version}: {answer}"
+                           if alive else answer, untrusted=alive)
                 continue
             gap = sum(abs(a - b) for a, b in zip(answer, learner)) / len(learner)
             self.probe_gaps[server.root] = gap

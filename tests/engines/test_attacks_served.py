@@ -468,3 +468,28 @@ def test_the_batch_check_allows_the_nucleus_renormalisation_and_nothing_more(tok
                 assert fleet.batch_gaps[honest.url] > 0.5 and fleet.live == [], (excess, top_p, fleet.batch_gaps)
     finally:
         honest.close()
+
+
+def test_a_server_that_answers_the_probe_with_garbage_is_not_trusted(tok, learner, monkeypatch):
+    import copy
+
+    from llmgym.engines.fleet import FleetEngine, FleetError, UntrustedServerWarning
+
+    garbled = WeightServer(copy.deepcopy(learner))
+    real = garbled.server.RequestHandlerClass.do_POST
+
+    def do_post(handler):
+        if handler.path.startswith("/v1/completions"):
+            handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
+            handler._send(200, reply(prompt_logprobs=[None, {"1": {"logprob": 0.5}}]))  # wrong token, positive
+            return
+        real(handler)
+
+    monkeypatch.setattr(garbled.server.RequestHandlerClass, "do_POST", do_post)
+    try:
+        with pytest.warns(UntrustedServerWarning, match=r"could not be checked after the sync of version 0: .*no "
+                                                         r"usable prompt log-probs"), \
+                pytest.raises(FleetError, match="every rollout server is lost"):
+            FleetEngine([garbled.url], tok, learner, max_retries=0, timeout=10, sync_timeout_s=30)
+    finally:
+        garbled.close()
