@@ -408,6 +408,7 @@ class Learner:
         self.ref_model = self._frozen_copy(model) if self.has_reference and self.peft_model is None else None
         self.scheduler = None
         self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
+        self._check_logprobs = None  # the engine's check of its reported log-probs (a fleet's), per update
         self.correct_staleness = True
         """Reweight stale tokens (see :meth:`importance_corrected`); off only to measure what the correction does."""
         self.share_prefixes = True
@@ -515,10 +516,17 @@ class Learner:
         version = agent.step_count
         stale = batch.policy_versions is not None and bool(
             stale_token_mask(batch.policy_versions, version, batch.action_mask).any())
-        if not on_policy and (c.tis is not None or c.precision != "fp32" or weight_stats is not None):
+        # an engine that cannot be taken at its word (a fleet of rollout servers) checks the log-probs it
+        # reported against the learner's, which the update computes anyway (before any optimiser step)
+        self._check_logprobs = getattr(getattr(agent, "engine", None), "check_logprobs", None)
+        if not on_policy and (c.tis is not None or c.precision != "fp32" or weight_stats is not None
+                              or self._check_logprobs is not None):
             # π_old (the proximal policy) from the learner itself, once, before the first optimiser step:
             # the engine's log-probs carry its own kernels and precision, and stale weights
-            batch, tis_stats = self.importance_corrected(batch, self.learner_logprobs(batch), version, weight_stats)
+            learner_logprobs = self.learner_logprobs(batch)
+            if self._check_logprobs is not None:
+                self._check_logprobs(batch, learner_logprobs, version)
+            batch, tis_stats = self.importance_corrected(batch, learner_logprobs, version, weight_stats)
         for _ in range(c.update_epochs):
             for mb in (batch.minibatches(size, agent.minibatch_generator) if size < len(batch) else [batch]):
                 stats = self._accumulate(agent, mb, learner, on_policy, tis_stats, parallel, version, weight_stats)
@@ -578,6 +586,8 @@ class Learner:
             with self.autocast():
                 out = agent.forward(micro, model=learner, with_values=agent.uses_values)
             if on_policy:
+                if self._check_logprobs is not None and not padding:
+                    self._check_logprobs(micro, out.logprobs.detach(), version)
                 if (c.tis is not None or weight_stats is not None) and not padding:
                     micro, tis_stats = self.importance_corrected(micro, out.logprobs.detach(), version, weight_stats)
                 micro = dataclasses.replace(micro, old_logprobs=out.logprobs.detach())

@@ -113,7 +113,7 @@ def run_shape(shape: str, *, batch: int, new_tokens: int, repeats: int, syncs: i
                     engine = in_process
                 else:
                     started = time.perf_counter()
-                    engine = FleetEngine(fleet_urls, tok, model)  # connects and pushes version 0
+                    engine = FleetEngine(fleet_urls, tok, model, secret=servers.secret)  # connects, pushes version 0
                     connect[name].append(time.perf_counter() - started)
                 try:
                     _tokens_per_s(engine, prompts[:8], 4, seed=10_000 + r)  # warm-up (the first request is slow)

@@ -67,9 +67,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _models(base_url: str) -> list[str] | None:
+def _models(base_url: str, api_key: str | None = None) -> list[str] | None:
+    request = urllib.request.Request(f"{base_url}/models",
+                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
-        with urllib.request.urlopen(f"{base_url}/models", timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2) as response:
             return [m["id"] for m in json.load(response)["data"]]
     except (OSError, ValueError, KeyError):
         return None
@@ -126,12 +128,18 @@ def vllm_server(model_dir: str | Path, served_name: str = "tiny", *, dtype: str 
 
 class RolloutServers:
     """Rollout servers (``llmgym serve``) started at once (their start-ups overlap); :meth:`urls` waits for
-    them. Even-numbered ones start as ``python -m llmgym.engines.serve``, odd ones as ``python -m llmgym
-    serve``."""
+    them. Even-numbered ones start as ``python -m llmgym.engines.serve`` with the secret :attr:`secret` in
+    ``LLMGYM_SERVE_SECRET``, odd ones as ``python -m llmgym serve --secret-file FILE``."""
 
     def __init__(self, model_dir: str | Path, count: int, *, dtype: str = "float32", kv_cache_bytes: int = 64 << 20,
                  startup_timeout: float = 420.0):
+        import secrets
+
         self.startup_timeout, self.procs, self.logs, self.bases = startup_timeout, [], [], []
+        self.secret = secrets.token_hex(16)
+        self._secret_file = tempfile.NamedTemporaryFile("w", prefix="llmgym-serve-secret-", delete=False)
+        self._secret_file.write(self.secret + "\n")
+        self._secret_file.close()
         cores = os.cpu_count() or 1
         for i in range(count):
             port = free_port()
@@ -145,6 +153,12 @@ class RolloutServers:
             # one core per server (vLLM's CPU worker binds its threads; by default every server would take core 0)
             env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": str(i % cores),
                    "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+            env.pop("LLMGYM_SERVE_SECRET", None)
+            env.pop("VLLM_API_KEY", None)
+            if i % 2:
+                command += ["--secret-file", self._secret_file.name]
+            else:
+                env["LLMGYM_SERVE_SECRET"] = self.secret
             self.procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                env=env, start_new_session=True))
         self._ready = False
@@ -153,7 +167,7 @@ class RolloutServers:
         """The servers' URLs, once every one answers ``GET /v1/models`` (else the end of the failing one's log)."""
         deadline = time.monotonic() + self.startup_timeout
         while not self._ready:
-            waiting = [i for i, base in enumerate(self.bases) if _models(base + "/v1") is None]
+            waiting = [i for i, base in enumerate(self.bases) if _models(base + "/v1", self.secret) is None]
             if not waiting:
                 self._ready = True
                 break
@@ -179,3 +193,4 @@ class RolloutServers:
         for log in self.logs:
             log.close()
             Path(log.name).unlink(missing_ok=True)
+        Path(self._secret_file.name).unlink(missing_ok=True)

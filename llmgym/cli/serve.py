@@ -39,6 +39,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--seed", str(args.seed)]
     if args.served_model_name:
         argv += ["--served-model-name", args.served_model_name]
+    if args.secret_file is not None:
+        argv += ["--secret-file", args.secret_file]
     if args.kv_cache_memory_bytes is not None:
         argv += ["--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes)]
     extra = list(args.vllm_args or [])

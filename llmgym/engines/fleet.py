@@ -16,6 +16,14 @@
   a ``torch.distributed`` group (gloo: :mod:`llmgym.engines.weight_transfer`; one group per server),
   ``/finish_weight_update`` with the **policy version** (vLLM records it as the server's weight
   version), ``/resume``.
+* **No server's word is taken**: the control routes carry the servers' secret (``LLMGYM_SERVE_SECRET``;
+  :mod:`llmgym.engines.serve_guard`); after each sync every server is asked the log-probs of a fresh
+  random token sequence (``prompt_logprobs``) and compared with the learner's own forward pass; and the
+  learner's update hands its recomputed log-probs of each batch to :meth:`FleetEngine.check_logprobs`,
+  which compares them with what each server reported for the tokens it sampled. A server off by more
+  than ``logprob_tolerance`` is dropped (:class:`UntrustedServerWarning`); with none left,
+  :class:`FleetError`. A server that answers ``/update_weights`` with an error fails the sync at once,
+  quoting its answer.
 * **Versions**: every :class:`~llmgym.engines.Completion` carries ``policy_version``, the version the
   fleet synced; after each batch every server that sampled it is asked its weight version
   (``/weight_info``), and a server holding another one (another learner pushed to it) stops the run.
@@ -48,8 +56,10 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
+import os
 import queue
 import threading
 import time
@@ -63,7 +73,8 @@ from llmgym.runtime import distributed
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 from llmgym.engines.weight_transfer import DEFAULT_BUCKET_BYTES, GlooSender, TransferError, local_address_towards
 
-__all__ = ["FleetEngine", "FleetError", "NotARolloutServerError", "ServerLostWarning", "api_root"]
+__all__ = ["FleetEngine", "FleetError", "NotARolloutServerError", "PROBE_TOKENS", "ServerLostWarning",
+           "UntrustedServerWarning", "api_root"]
 
 
 class FleetError(ConnectionError):
@@ -77,6 +88,14 @@ class NotARolloutServerError(FleetError):
 
 class ServerLostWarning(UserWarning):
     """A rollout server stopped answering; the fleet goes on without it."""
+
+
+class UntrustedServerWarning(ServerLostWarning):
+    """A rollout server's log-probs are not the learner's (after a sync, or in a batch): the fleet drops it."""
+
+
+PROBE_TOKENS = 32
+"""Length of the random token sequence whose log-probs each server is asked for after every sync."""
 
 
 def api_root(url: str) -> tuple[str, str]:
@@ -106,9 +125,12 @@ def _one_line(exc: BaseException) -> str:
 class _Server:
     """One rollout server: its sampling client, its control-plane client and its weight link."""
 
-    def __init__(self, url: str, client: Any, http: Any):
+    def __init__(self, url: str, client: Any, http: Any, secret: str | None = None, api_key: str | None = None):
         self.root, self.api = api_root(url)
         self.client, self.http = client, http
+        self._control = {"Authorization": f"Bearer {secret}"} if secret else {}
+        key = api_key or secret
+        self._generation = {"Authorization": f"Bearer {key}"} if key else {}
         self.host = urllib.parse.urlparse(self.root).hostname
         self.link: GlooSender | None = None
         self.world_size = 1
@@ -121,6 +143,7 @@ class _Server:
 
         if timeout is not None:  # (httpx reads an explicit None as "no time limit")
             kwargs["timeout"] = timeout
+        kwargs["headers"] = self._generation if path.startswith("/v1/") else self._control
         try:
             response = self.http.request(method, self.root + path, **kwargs)
         except httpx.HTTPError as exc:
@@ -130,6 +153,10 @@ class _Server:
                 f"the server at {self.root} has no {path} route: it is not an llmgym rollout server (start it with "
                 f"`llmgym serve --model DIR`, which turns on vLLM's weight-update routes); a plain OpenAI-compatible "
                 f"server cannot take the learner's weights (use OpenAIEngine for evaluation)")
+        if response.status_code == 401:
+            raise FleetError(
+                f"the server at {self.root} refused {path} (HTTP 401): it needs its secret; give the learner the "
+                f"server's secret (the LLMGYM_SERVE_SECRET environment variable, or FleetEngine(secret=...))")
         if response.status_code >= 400:
             raise FleetError(f"{self.root}{path} answered HTTP {response.status_code}: {response.text[:300]!r}")
         if not response.content:
@@ -173,6 +200,14 @@ class FleetEngine:
             (default: the interface that routes to each server).
         sync_timeout_s: seconds one weight transfer (or forming its group) may take.
         bucket_bytes: the largest broadcast of a weight transfer (:mod:`llmgym.engines.weight_transfer`).
+        secret: the servers' control secret (``llmgym serve``'s ``LLMGYM_SERVE_SECRET``; default: this
+            process's ``LLMGYM_SERVE_SECRET``), sent on the weight-sync routes, and as the API key on the
+            generation routes unless ``api_key`` is given.
+        logprob_tolerance: the largest mean |server log-prob − learner log-prob| (nats per token) a server
+            may show — on a random probe sequence after every sync, and on the tokens of each batch it
+            sampled (:meth:`check_logprobs`) — before the fleet drops it as not holding the learner's
+            weights (:class:`UntrustedServerWarning`). An fp32 server is within ~1e-6 of an fp32 learner;
+            a bf16 one within a few hundredths.
 
     Raises:
         FleetError: a server does not answer, or answers something that is not an OpenAI-compatible API.
@@ -187,7 +222,7 @@ class FleetEngine:
     def __init__(self, servers: Sequence[str], tokenizer: Any, model: Any = None, *, served_model: str | None = None,
                  max_concurrency: int = 16, timeout: float = 120.0, max_retries: int = 2, api_key: str | None = None,
                  sync_address: str | None = None, sync_timeout_s: float = 120.0,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, secret: str | None = None, logprob_tolerance: float = 0.5):
         from llmgym.engines.openai_api import ModelNotServedError, OpenAIEngine, ServerError, bounded_http_client
 
         if isinstance(servers, str):
@@ -201,6 +236,15 @@ class FleetEngine:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if sync_timeout_s <= 0:
             raise ValueError(f"sync_timeout_s must be > 0, got {sync_timeout_s}")
+        if not logprob_tolerance > 0:
+            raise ValueError(f"logprob_tolerance must be > 0 (nats per token), got {logprob_tolerance}")
+        secret = secret if secret is not None else (os.environ.get("LLMGYM_SERVE_SECRET") or None)
+        self.logprob_tolerance = float(logprob_tolerance)
+        self.probe_gaps: dict[str, float] = {}  # the last sync's probe: mean |server - learner| per server
+        self.batch_gaps: dict[str, float] = {}  # the last check_logprobs: the same over a batch's tokens
+        # per generate call (the last 64: a pipelined batch, or a multi-turn episode's turns), the hash of each
+        # returned completion's (tokens, log-probs) -> the index of the server that sampled it
+        self._sampled_by: collections.deque[dict[int, tuple[int, float]]] = collections.deque(maxlen=64)
         self.tokenizer = tokenizer
         self.max_concurrency, self.sync_timeout_s, self.bucket_bytes = max_concurrency, sync_timeout_s, bucket_bytes
         self.sync_address = sync_address
@@ -212,11 +256,12 @@ class FleetEngine:
         self.last_sync_s = 0.0
         self._busy = threading.Lock()  # one generate or sync at a time: a batch never straddles a sync
         self._state = threading.Lock()  # the servers' lost flags, set from worker threads
-        self._unreported: list[str] = []
+        self._unreported: list[tuple[str, type]] = []
         try:
             for url in urls:
                 try:
-                    client = OpenAIEngine(api_root(url)[1], served_model, tokenizer, api_key=api_key, timeout=timeout,
+                    client = OpenAIEngine(api_root(url)[1], served_model, tokenizer, api_key=api_key or secret,
+                                          timeout=timeout,
                                           max_retries=max_retries, max_concurrency=max_concurrency,
                                           prompt_format="token_ids")
                 except ServerError as exc:
@@ -225,7 +270,7 @@ class FleetEngine:
                     raise FleetError(str(exc)) from None
                 # the control plane is bounded like sampling: one deadline per call (not per read), a size cap,
                 # no compressed reply, no redirect (a 300 KB gzip reply to /weight_info took 1.5 GB before)
-                server = _Server(url, client, bounded_http_client(timeout))
+                server = _Server(url, client, bounded_http_client(timeout), secret=secret, api_key=api_key)
                 self.servers.append(server)
                 if not client.server_is_vllm:
                     raise NotARolloutServerError(f"the server at {server.root} is not vLLM (its model list does not "
@@ -269,8 +314,8 @@ class FleetEngine:
     def _report(self) -> None:
         with self._state:
             messages, self._unreported = self._unreported, []
-        for message in messages:
-            warnings.warn(message, ServerLostWarning, stacklevel=3)
+        for message, category in messages:
+            warnings.warn(message, category, stacklevel=3)
 
     def _live_servers(self) -> list[_Server]:
         self._report()
@@ -280,15 +325,17 @@ class FleetEngine:
             raise FleetError(f"every rollout server is lost ({reasons}): restart them and resume the run")
         return live
 
-    def _lose(self, server: _Server, why: str) -> None:
+    def _lose(self, server: _Server, why: str, untrusted: bool = False) -> None:
         """Drop ``server`` (any thread); the calling thread of ``generate``/``sync_weights`` reports it."""
         with self._state:
             if server.lost is not None:
                 return
             server.lost = why
             left = sum(s.lost is None for s in self.servers)
-            self._unreported.append(f"rollout server {server.root} is lost ({why}); continuing on {left} of "
-                                    f"{len(self.servers)} servers")
+            what = "is not trusted" if untrusted else "is lost"
+            self._unreported.append((f"rollout server {server.root} {what} ({why}); continuing on {left} of "
+                                     f"{len(self.servers)} servers",
+                                     UntrustedServerWarning if untrusted else ServerLostWarning))
         if server.link is not None:
             with contextlib.suppress(Exception):
                 server.link.close()
@@ -365,6 +412,7 @@ class FleetEngine:
                                          f"{error}")
                     if error is not None:
                         self._lose(server, error)
+                self._verify(self._live_servers(), model, int(version))
                 self._live_servers()  # none left: FleetError
             distributed.barrier()  # no rank samples before rank 0's push has landed
             self.policy_version = int(version)
@@ -378,16 +426,9 @@ class FleetEngine:
             server.call("POST", "/pause", params={"mode": "wait"}, timeout=self.sync_timeout_s)
             paused = True
             server.call("POST", "/start_weight_update", timeout=self.sync_timeout_s)
-            with ThreadPoolExecutor(1) as pool:  # the server receives inside /update_weights
-                receiving = pool.submit(server.call, "POST", "/update_weights", json={"update_info": update_info},
-                                        timeout=self.sync_timeout_s)
-                try:
-                    server.link.send(pairs)
-                except TransferError as exc:
-                    with contextlib.suppress(Exception):
-                        receiving.result()
-                    return str(exc)
-                receiving.result()
+            error = self._transfer(server, pairs, update_info)
+            if error is not None:
+                return error
             server.call("POST", "/finish_weight_update", json={"weight_version": str(version)},
                         timeout=self.sync_timeout_s)
             server.call("POST", "/resume", timeout=self.sync_timeout_s)
@@ -401,6 +442,172 @@ class FleetEngine:
             if paused:
                 with contextlib.suppress(Exception):
                     server.call("POST", "/resume", timeout=10)
+
+    def _transfer(self, server: _Server, pairs, update_info: dict) -> str | None:
+        """Broadcast the weights while the server receives them inside ``/update_weights``; ``None`` when both
+        ends finished, else why not. A server that answers the route with an error has stopped receiving:
+        its answer is returned at once (gloo's send would wait out the whole time-out, then quote gloo); the
+        abandoned send ends at that time-out in a daemon thread that drops the link."""
+        link = server.link
+        sent: concurrent.futures.Future = concurrent.futures.Future()
+
+        def send() -> None:
+            try:
+                link.send(pairs)
+                sent.set_result(None)
+            except BaseException as exc:  # noqa: BLE001 (handed to the waiting thread)
+                sent.set_exception(exc)
+
+        sender = threading.Thread(target=send, name=f"llmgym-weights-{server.root}", daemon=True)
+        pool = ThreadPoolExecutor(1)
+        try:
+            receiving = pool.submit(server.call, "POST", "/update_weights", json={"update_info": update_info},
+                                    timeout=self.sync_timeout_s)
+            sender.start()
+            concurrent.futures.wait([receiving, sent], return_when=concurrent.futures.FIRST_COMPLETED)
+            if receiving.done() and receiving.exception() is not None and not sent.done():
+                server.link = None  # cut: the group cannot be reused (its close would wait out the send)
+                threading.Thread(target=lambda: (sent.exception(), link.close()), daemon=True).start()
+                raise receiving.exception()
+            try:
+                sent.result()
+            except TransferError as exc:
+                with contextlib.suppress(Exception):
+                    receiving.result()
+                return str(exc)
+            receiving.result()
+            return None
+        finally:
+            pool.shutdown(wait=False)
+
+    # -- trust: the servers' log-probs against the learner's -----------------------------------------
+    def _probe_ids(self, model: Any) -> list[int]:
+        import random
+
+        vocab = len(self.tokenizer) if self.tokenizer is not None else None
+        config_vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        sizes = [v for v in (vocab, config_vocab) if isinstance(v, int) and v > 1]
+        if not sizes:
+            raise ValueError("FleetEngine cannot verify the servers: neither the tokenizer nor the model says its "
+                             "vocabulary size")
+        rng = random.Random(int.from_bytes(os.urandom(8), "little"))  # unknown to a server until it is asked
+        return [rng.randrange(min(sizes)) for _ in range(PROBE_TOKENS)]
+
+    def _verify(self, live: list[_Server], model: Any, version: int) -> None:
+        """Ask every server for the log-probs of a fresh random sequence and compare them with ``model``'s own:
+        a server whose mean gap is over :attr:`logprob_tolerance` does not hold the weights just pushed (it
+        discarded them, or samples another model) and is dropped."""
+        import torch
+
+        from llmgym.engines.hf import sequence_logprobs
+
+        if distributed.is_fsdp_module(model):
+            return  # its forward is a collective of every rank, and only this one pushes: no probe (docs/scale.md)
+        module = getattr(model, "module", model)
+        ids = self._probe_ids(module)
+        device = next(iter(module.parameters())).device
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                tensor = torch.tensor([ids], device=device)
+                learner = sequence_logprobs(module, tensor, torch.ones_like(tensor))[0].float().cpu().tolist()
+        finally:
+            module.train(was_training)
+
+        def ask(server: _Server) -> list[float] | str:
+            try:
+                reply = server.call("POST", "/v1/completions", timeout=self.sync_timeout_s,
+                                    json={"model": server.client.model, "prompt": ids, "max_tokens": 1,
+                                          "temperature": 1.0, "prompt_logprobs": 0})
+                rows = reply["choices"][0]["prompt_logprobs"]
+                if not isinstance(rows, list) or len(rows) != len(ids):
+                    raise ValueError(f"{len(rows) if isinstance(rows, list) else 'no'} prompt log-probs for "
+                                     f"{len(ids)} tokens")
+                out = []
+                for token, entry in zip(ids[1:], rows[1:]):
+                    value = float(entry[str(token)]["logprob"])
+                    if value != value or value > 0:  # NaN, or not a log-probability
+                        raise ValueError(f"log-prob {value!r}")
+                    out.append(value)
+                return out
+            except FleetError as exc:
+                return _one_line(exc)
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                return f"{server.root}/v1/completions answered no usable prompt log-probs ({_one_line(exc)})"
+
+        with ThreadPoolExecutor(len(live)) as pool:
+            answers = list(pool.map(ask, live))
+        self.probe_gaps = {}
+        for server, answer in zip(live, answers):
+            if isinstance(answer, str):  # up but no usable answer to the probe: not to be trusted either
+                alive = server.alive()
+                self._lose(server, f"it could not be checked after the sync of version {version}: {answer}"
+                           if alive else answer, untrusted=alive)
+                continue
+            gap = sum(abs(a - b) for a, b in zip(answer, learner)) / len(learner)
+            self.probe_gaps[server.root] = gap
+            if not gap <= self.logprob_tolerance:
+                self._lose(server, f"after the sync of version {version} its log-probs differ from the learner's by "
+                                   f"{gap:.3g} nats per token (tolerance {self.logprob_tolerance:g}): it does not "
+                                   f"hold the learner's weights", untrusted=True)
+
+    def check_logprobs(self, batch: Any, learner_logprobs: Any, version: int | None = None) -> dict[str, float]:
+        """Compare the log-probs the servers reported for ``batch``'s tokens (``batch.old_logprobs``) with the
+        learner's recomputation (``learner_logprobs``, ``[N, L-1]`` as the batch's per-token tensors), on the
+        tokens sampled by ``version`` (the weights the learner still holds; default: every token). With
+        ``top_p < 1`` a server's log-prob may exceed the learner's by up to ``-log(top_p)`` (vLLM reports the
+        nucleus-renormalised one); only the part outside that range counts. A server
+        whose mean gap over its tokens is over :attr:`logprob_tolerance` is dropped
+        (:class:`UntrustedServerWarning`); with none left, :class:`FleetError`. The learner calls it with the
+        log-probs its update computes anyway. Returns ``{url: mean gap}`` of the servers checked.
+        """
+        import torch
+
+        import math
+
+        sums: dict[int, list[float]] = {}
+        # server - learner: with top-p < 1 vLLM reports the nucleus-renormalised log-prob, higher than the
+        # learner's full-softmax one by -log(nucleus mass) <= -log(top_p); only what lies outside that is a gap
+        signed = batch.old_logprobs.detach().float().cpu() - learner_logprobs.detach().float().cpu()
+        versions = getattr(batch, "policy_versions", None)
+        for row, episode in enumerate(getattr(batch, "episodes", None) or []):
+            mask = episode.action_mask
+            start = None
+            for p in range(len(mask) + 1):  # each run of sampled tokens is one completion
+                inside = p < len(mask) and mask[p] == 1
+                if inside and start is None:
+                    start = p
+                elif not inside and start is not None:
+                    key = hash((tuple(episode.token_ids[start:p]), tuple(episode.logprobs[start:p])))
+                    found = next((d[key] for d in reversed(self._sampled_by) if key in d), None)
+                    if found is not None and start >= 1:
+                        index, top_p = found
+                        slack = -math.log(top_p) if 0 < top_p < 1 else 0.0
+                        columns = torch.arange(start - 1, p - 1)
+                        d = signed[row, columns]
+                        chosen = (-d).clamp(min=0) + (d - slack).clamp(min=0)
+                        if versions is not None and version is not None:
+                            chosen = chosen[versions[row, columns] == int(version)]
+                        total = sums.setdefault(index, [0.0, 0.0])
+                        total[0] += float(chosen.sum())
+                        total[1] += int(chosen.numel())
+                    start = None
+        result = {}
+        for index, (gap_sum, count) in sums.items():
+            if count == 0:
+                continue
+            server = self.servers[index]
+            gap = gap_sum / count
+            result[server.root] = gap
+            if server.lost is None and not gap <= self.logprob_tolerance:
+                self._lose(server, f"the log-probs it reported for {int(count)} tokens of a batch differ from the "
+                                   f"learner's recomputation by {gap:.3g} nats per token (tolerance "
+                                   f"{self.logprob_tolerance:g}): it does not sample the learner's policy",
+                           untrusted=True)
+        self.batch_gaps = result
+        self._live_servers()  # report; none left: FleetError
+        return result
 
     # -- sampling -----------------------------------------------------------------------------------
     def generate(
@@ -419,11 +626,12 @@ class FleetEngine:
         with self._busy:
             version = self.policy_version
             flat: list[Completion | None] = [None] * len(rows)
+            origin: list[int] = [-1] * len(rows)
             pending = list(range(len(rows)))
             used: set[int] = set()
             while pending:
                 live = self._live_servers()
-                pending = self._sample_round(live, rows, keys, sampling, pending, flat, used)
+                pending = self._sample_round(live, rows, keys, sampling, pending, flat, used, origin)
             for i in sorted(used):
                 server = self.servers[i]
                 if server.lost is None and version is not None:
@@ -436,12 +644,15 @@ class FleetEngine:
                         raise FleetError(f"the server at {server.root} holds weight version {held!r}, not the "
                                          f"{version} this fleet synced: is another learner pushing to it?")
             self._report()
-        for c in flat:
+        sampled_by = {}  # which server sampled which completion (and its top-p), for check_logprobs
+        for c, server in zip(flat, origin):
             c.policy_version = version
+            sampled_by[hash((tuple(c.token_ids), tuple(c.logprobs)))] = (server, float(sampling.top_p))
+        self._sampled_by.append(sampled_by)
         return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
 
     def _sample_round(self, live: list[_Server], rows, keys, sampling, pending: list[int], flat: list,
-                      used: set[int]) -> list[int]:
+                      used: set[int], origin: list[int]) -> list[int]:
         """Sample the ``pending`` rows on the ``live`` servers; the rows a lost server left undone."""
         import openai
 
@@ -472,6 +683,7 @@ class FleetEngine:
                 with guard:
                     server.rows_served += 1
                     used.add(index)
+                    origin[i] = index
 
         # workers started server by server in turn, no more per server than its share of the rows: a small
         # batch is spread over every server rather than taken by the first one's workers

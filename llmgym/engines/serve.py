@@ -6,8 +6,12 @@ with what a learner needs to push weights into it — nothing is added to the se
 
 * ``VLLM_SERVER_DEV_MODE=1``: vLLM's RL routes (``/init_weight_transfer_engine``,
   ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``, ``/pause``,
-  ``/resume``, ``/weight_info``, ``/get_world_size``) and its development routes. **None of them
-  is guarded by ``--api-key``** (vLLM guards ``/v1`` only): serve on a private network;
+  ``/resume``, ``/weight_info``, ``/get_world_size``) — behind :mod:`llmgym.engines.serve_guard`
+  (vLLM's ``--middleware``): every route not on its allow-list (vLLM's development routes among
+  them: ``/collective_rpc``, ``/weight_checker``, ``/update_weight_version``, ...) answers 404,
+  and the control routes need the server's **secret** (``LLMGYM_SERVE_SECRET``, or
+  ``--secret-file``), which is also the generation routes' API key unless ``-- --api-key`` gives
+  another. Without a secret the server listens on loopback only;
 * ``--weight-transfer-config {"backend": "llmgym_gloo"}``: llmgym's backend
   (:mod:`llmgym.engines.vllm_plugin`), the weights over a ``torch.distributed`` gloo group — on CPUs,
   and on GPU servers through host memory (vLLM's own NCCL backend would be faster there; the
@@ -40,9 +44,16 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["PluginMissingError", "build_parser", "check_plugin", "main", "server_arguments", "server_environment"]
+__all__ = ["GUARD", "PluginMissingError", "SECRET_ENV", "build_parser", "check_plugin", "is_loopback", "main",
+           "read_secret", "server_arguments", "server_environment"]
 
 PLUGIN_ENTRY_POINT = "llmgym.engines.vllm_plugin:register"
+GUARD = "llmgym.engines.serve_guard.ControlPlaneGuard"
+"""vLLM's ``--middleware`` for every rollout server: the allow-list and the control routes' secret."""
+SECRET_ENV = "LLMGYM_SERVE_SECRET"
+"""The environment variable holding a rollout server's secret (the learner's ``FleetEngine`` reads it too)."""
+# vLLM options that would open another door, or move this one past the checks main() makes
+_REFUSED_EXTRA = ("--host", "--port", "--uds", "--grpc-port", "--api-server-count", "--headless")
 
 
 class PluginMissingError(RuntimeError):
@@ -88,7 +99,8 @@ def server_arguments(model: str, *, host: str = "127.0.0.1", port: int = 8000, s
 
         on_cpu = bool(current_platform.is_cpu())
     args = ["--model", str(model), "--host", host, "--port", str(int(port)), "--dtype", dtype, "--seed", str(seed),
-            "--logprobs-mode", "processed_logprobs", "--weight-transfer-config", json.dumps({"backend": BACKEND_NAME})]
+            "--logprobs-mode", "processed_logprobs", "--weight-transfer-config", json.dumps({"backend": BACKEND_NAME}),
+            "--middleware", GUARD]
     if served_model_name:
         args += ["--served-model-name", served_model_name]
     if on_cpu:
@@ -142,8 +154,8 @@ def build_parser(prog: str = "python -m llmgym.engines.serve") -> argparse.Argum
         epilog="Arguments after -- go to vLLM's server unchanged (e.g. -- --max-model-len 512).")
     parser.add_argument("--model", required=True, metavar="DIR", help="a local model directory (config, tokenizer, "
                         "weights): the learner's model architecture; the learner's weights replace these")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; the weight "
-                        "routes are unauthenticated: use a private network)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
+                        "needs a secret: LLMGYM_SERVE_SECRET or --secret-file)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: --model)")
     parser.add_argument("--dtype", default="auto", help="vLLM's --dtype (default auto: the checkpoint's; float32 "
@@ -151,7 +163,64 @@ def build_parser(prog: str = "python -m llmgym.engines.serve") -> argparse.Argum
     parser.add_argument("--kv-cache-memory-bytes", type=int, metavar="N",
                         help="KV cache size (on a CPU default 1 GiB; vLLM's default would reserve 92%% of RAM)")
     parser.add_argument("--seed", type=int, default=0, help="vLLM's engine seed (requests carry their own seeds)")
+    parser.add_argument("--secret-file", metavar="FILE", help="a file holding the secret the control routes (weight "
+                        "sync) require, at least 16 characters (default: the LLMGYM_SERVE_SECRET environment "
+                        "variable); the learner sets the same LLMGYM_SERVE_SECRET")
     return parser
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (only this machine's processes reach it).
+
+    Example:
+        >>> from llmgym.engines.serve import is_loopback
+        >>> is_loopback("127.0.0.1"), is_loopback("::1"), is_loopback("localhost"), is_loopback("0.0.0.0")
+        (True, True, True, False)
+    """
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def read_secret(secret_file: str | None = None) -> str | None:
+    """The control secret: ``secret_file``'s content (stripped), else ``LLMGYM_SERVE_SECRET``, else ``None``.
+
+    Raises ``ValueError`` for a file that cannot be read, an empty one, or a secret under 16 characters."""
+    if secret_file is not None:
+        try:
+            with open(secret_file, encoding="utf-8") as f:
+                secret = f.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--secret-file {secret_file}: cannot read it ({exc.__class__.__name__})") from None
+        if not secret:
+            raise ValueError(f"--secret-file {secret_file} is empty: put a secret in it (e.g. openssl rand -hex 32)")
+    else:
+        secret = os.environ.get(SECRET_ENV) or None
+    if secret is not None and (len(secret) < 16 or any(c.isspace() for c in secret)):
+        raise ValueError("the server's secret must be at least 16 characters without spaces (e.g. openssl rand -hex "
+                         "32)")
+    return secret
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise ``ValueError`` (one line) when ``host:port`` cannot be listened on (in use, or not this machine's)."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM binds: a port in TIME_WAIT is free
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ValueError(f"port {port} on {host} is in use (another server?): choose another --port") from None
+            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.engines.serve") -> int:
@@ -166,6 +235,19 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.engine
         if not os.path.isdir(args.model):
             raise ValueError(f"--model {args.model}: not a directory (a rollout server loads a local model: save "
                              f"it with save_pretrained first)")
+        for option in extra:
+            if option.split("=")[0] in _REFUSED_EXTRA:
+                raise ValueError(f"{option.split('=')[0]} after --: give llmgym serve's own --host/--port (a rollout "
+                                 f"server listens on one checked address, behind its guard)")
+        if os.environ.get("VLLM_USE_RUST_FRONTEND", "0") not in ("", "0"):
+            raise ValueError("VLLM_USE_RUST_FRONTEND is set: vLLM's Rust front end would not run the rollout server's "
+                             "guard; unset it")
+        secret = read_secret(args.secret_file)
+        if secret is None and not is_loopback(args.host):
+            raise ValueError(f"--host {args.host} without a secret: anyone who reaches the port could push weights "
+                             f"into the server; set {SECRET_ENV} (e.g. export {SECRET_ENV}=$(openssl rand -hex 32)) "
+                             f"or --secret-file, and the same {SECRET_ENV} for the learner")
+        check_port_free(args.host, args.port)
         try:
             import vllm  # noqa: F401
         except ImportError:
@@ -179,6 +261,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.engine
     except (ValueError, PluginMissingError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    from llmgym.engines import serve_guard
+
+    serve_guard.configure(secret)
+    if secret is None:
+        print(f"{prog}: warning: no secret ({SECRET_ENV} or --secret-file): the weight-sync routes are open to every "
+              f"process on this machine", file=sys.stderr)
+    elif not any(a.split("=")[0] == "--api-key" for a in extra) and not os.environ.get("VLLM_API_KEY"):
+        os.environ["VLLM_API_KEY"] = secret  # generation needs the secret too (vLLM guards /v1 with it)
     os.environ.update(server_environment(server_args))
     import runpy
 

@@ -13,12 +13,14 @@ Found by the fresh attacker's pass (each passed silently, or held a call, before
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import threading
 import time
 
 import pytest
+import torch
 
 pytest.importorskip("openai")
 
@@ -209,3 +211,285 @@ def test_a_fleet_s_control_plane_is_bounded_like_sampling(tok, monkeypatch):
         assert time.monotonic() - start < 6.0
     finally:
         rollout.close()
+
+
+# -- issue 38: a rollout server's word is not taken ----------------------------------------------------------
+
+
+class WeightServer:
+    """A loopback stand-in for ``llmgym serve`` that really joins the learner's gloo group and receives every
+    weight broadcast. ``keep`` loads what it receives into its own copy of the model (an honest server) or
+    discards it (the attacker's: it reports the version it was given and samples its own model); ``refuse``
+    answers ``/update_weights`` with HTTP 500 at once; sampling answers ``sample_logprob`` per token (a liar
+    claims near-certainty). Records the ``Authorization`` header of every request."""
+
+    def __init__(self, model, *, keep=True, refuse=False, sample_logprob=None):
+        from llmgym.engines.hf import sequence_logprobs
+        from llmgym.engines.weight_transfer import open_group, receive_named_tensors
+
+        self.model, self.keep, self.refuse, self.sample_logprob = model, keep, refuse, sample_logprob
+        self.version, self.group, self.auth, self.updates = "default", None, [], 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _send(self, status, body):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # noqa: N802
+                outer.auth.append((self.path.split("?")[0], self.headers.get("Authorization")))
+                path = self.path.split("?")[0]
+                if path == "/v1/models":
+                    self._send(200, MODELS)
+                elif path == "/weight_info":
+                    self._send(200, {"weight_version": outer.version})
+                elif path == "/get_world_size":
+                    self._send(200, {"world_size": 1})
+                else:
+                    self._send(200 if path == "/health" else 404, {})
+
+            def do_POST(self):  # noqa: N802
+                path = self.path.split("?")[0]
+                outer.auth.append((path, self.headers.get("Authorization")))
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if path == "/init_weight_transfer_engine":
+                    info = body["init_info"]
+                    outer.group, outer._store = open_group(info["master_address"], info["master_port"], 1, 2,
+                                                           timeout_s=info["timeout_s"])
+                    outer.bucket_bytes = info["bucket_bytes"]
+                    self._send(200, {})
+                elif path == "/update_weights":
+                    if outer.refuse:
+                        self._send(500, {"error": "size mismatch for model.embed_tokens.weight: copying a param "
+                                                  "with shape [512, 64]"})
+                        return
+                    info = body["update_info"]
+                    meta = [(n, getattr(torch, d), tuple(s))
+                            for n, d, s in zip(info["names"], info["dtype_names"], info["shapes"])]
+                    received = {}
+                    for bucket in receive_named_tensors(outer.group, meta, outer.bucket_bytes):
+                        received.update((n, t.clone()) for n, t in bucket)
+                    if outer.keep:
+                        outer.model.load_state_dict(received)
+                    outer.updates += 1
+                    self._send(200, {})
+                elif path == "/finish_weight_update":
+                    outer.version = body.get("weight_version") or outer.version
+                    self._send(200, {})
+                elif path == "/v1/completions" and body.get("prompt_logprobs") is not None:
+                    ids = torch.tensor([body["prompt"]])
+                    with torch.no_grad():
+                        lp = sequence_logprobs(outer.model, ids, torch.ones_like(ids))[0].tolist()
+                    rows = [None] + [{str(t): {"logprob": v, "rank": 1}} for t, v in zip(body["prompt"][1:], lp)]
+                    self._send(200, reply(token_ids=(5,), logprobs=(-0.5,), text="a", prompt_logprobs=rows))
+                elif path == "/v1/completions":
+                    n = min(int(body.get("max_tokens", 2)), 2)
+                    self._send(200, reply(token_ids=(5, 6)[:n], logprobs=(outer.sample_logprob,) * n, text="ab"[:n]))
+                else:
+                    self._send(200, {})
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        if self.group is not None:
+            with contextlib.suppress(Exception):
+                self.group.shutdown()
+
+
+@pytest.fixture()
+def learner(tok):
+    import torch
+
+    from llmgym.models import build_tiny_model
+
+    torch.manual_seed(0)
+    return build_tiny_model(tok)
+
+
+def test_a_server_that_discards_every_sync_and_reports_the_version_is_dropped_and_the_run_stops(tok, learner):
+    """The attacker's server joins the weight group, takes every broadcast, throws it away and answers
+    ``/weight_info`` with the version it was given: before, the fleet trained on its completions (5.68 nats
+    off the learner's). Now the probe after the sync sees its log-probs are not the learner's."""
+    import copy
+
+    from llmgym.engines.fleet import FleetEngine, FleetError, UntrustedServerWarning
+
+    liar = WeightServer(copy.deepcopy(learner), keep=False)
+    liar.model.model.embed_tokens.weight.data.normal_()  # its own model: another set of weights
+    try:
+        with pytest.warns(UntrustedServerWarning, match=r"is not trusted \(after the sync of version 0 its log-probs "
+                                                         r"differ from the learner's by [\d.]+ nats per token"), \
+                pytest.raises(FleetError, match="every rollout server is lost"):
+            FleetEngine([liar.url], tok, learner, max_retries=0, timeout=10, sync_timeout_s=30)
+        assert liar.updates == 1 and liar.version == "0"  # it did take the broadcast, and reported the version
+    finally:
+        liar.close()
+
+
+def test_an_honest_server_passes_the_probe_and_every_control_request_carries_the_secret(tok, learner):
+    from llmgym.engines.fleet import FleetEngine
+
+    honest = WeightServer(__import__("copy").deepcopy(learner))
+    secret = "s3cret-0123456789abcdef"
+    try:
+        with FleetEngine([honest.url], tok, learner, max_retries=0, timeout=10, sync_timeout_s=30,
+                         secret=secret) as fleet:
+            assert fleet.probe_gaps[honest.url] < 1e-5 and fleet.live == [honest.url]
+        control = [(p, a) for p, a in honest.auth if not p.startswith("/v1/") and p != "/health"]
+        assert {p for p, _ in control} >= {"/init_weight_transfer_engine", "/update_weights", "/finish_weight_update"}
+        assert all(a == f"Bearer {secret}" for _, a in honest.auth if _ != "/health"), honest.auth
+    finally:
+        honest.close()
+
+
+def test_a_server_whose_batches_carry_other_log_probs_is_dropped_by_the_learner_s_check(tok, learner):
+    """The server holds the learner's weights (it passes the probe) but reports log-probs of its own making
+    for what it samples: the update's recomputation disagrees, the server is dropped, and with none left
+    the run stops before the poisoned batch's step."""
+    import copy
+
+    import gymnasium as gym
+
+    from llmgym.agents import GRPO
+    from llmgym.engines.fleet import FleetEngine, FleetError, UntrustedServerWarning
+
+    liar = WeightServer(copy.deepcopy(learner), sample_logprob=-0.01)
+    try:
+        with FleetEngine([liar.url], tok, learner, max_retries=0, timeout=10, sync_timeout_s=30) as fleet:
+            before = copy.deepcopy(learner.state_dict())
+            agent = GRPO(learner, tok, engine=fleet, tasks_per_step=2, group_size=2, max_new_tokens=2, kl_coef=0.0)
+            with pytest.warns(UntrustedServerWarning, match=r"reported for \d+ tokens of a batch differ from the "
+                                                             r"learner's recomputation by [\d.]+ nats"), \
+                    pytest.raises(FleetError, match="every rollout server is lost"):
+                agent.learn(gym.make("llmgym/Copy-v0", tokenizer=tok), steps=1)
+            assert all(torch.equal(before[k], v) for k, v in learner.state_dict().items())  # no step taken
+    finally:
+        liar.close()
+
+
+def test_a_server_that_refuses_the_weights_fails_the_sync_at_once_quoting_its_reason(tok, learner):
+    """Before, a server answering ``/update_weights`` with HTTP 500 at once left the learner's broadcast
+    waiting out the whole sync time-out, and the error quoted gloo."""
+    from llmgym.engines.fleet import FleetEngine, FleetError
+
+    refuser = WeightServer(learner, refuse=True)
+    try:
+        start = time.monotonic()
+        with pytest.raises(FleetError, match=r"refused the weights of version 0: .*HTTP 500.*size mismatch") as info:
+            FleetEngine([refuser.url], tok, learner, max_retries=0, timeout=10, sync_timeout_s=30)
+        assert time.monotonic() - start < 10.0 and "gloo" not in str(info.value)
+    finally:
+        refuser.close()
+
+
+def test_the_guard_answers_only_the_fleet_s_routes_and_its_control_routes_need_the_secret():
+    """vLLM's development routes (``/collective_rpc`` wrote a file of the caller's choosing outside its folder,
+    ``/weight_checker`` zeroed the weights, ``/update_weight_version`` forged the version) are behind no key;
+    the guard's allow-list answers 404 for them, and 401 for a control route without the secret."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from llmgym.engines import serve_guard
+
+    def guarded_client():
+        app = FastAPI()
+        for method, path in [("POST", "/collective_rpc"), ("POST", "/weight_checker"),
+                             ("POST", "/update_weight_version"), ("POST", "/sleep"), ("GET", "/metrics"),
+                             ("POST", "/pause"), ("POST", "/update_weights"), ("GET", "/weight_info"),
+                             ("GET", "/health"), ("POST", "/v1/completions")]:
+            app.add_api_route(path, lambda: {"reached": True}, methods=[method])
+        app.add_middleware(serve_guard.ControlPlaneGuard)  # as vLLM's --middleware adds it
+        return TestClient(app)
+
+    secret = "0123456789abcdef-guard"
+    serve_guard.configure(secret)
+    try:
+        client = guarded_client()
+        good = {"Authorization": f"Bearer {secret}"}
+        for path in ("/collective_rpc", "/weight_checker", "/update_weight_version", "/sleep"):
+            assert client.post(path, headers=good).status_code == 404, path  # closed even with the secret
+        assert client.get("/metrics").status_code == 404
+        assert client.get("/pause").status_code == 404  # a listed path with another method
+        for path in ("/pause", "/update_weights"):
+            assert client.post(path).status_code == 401
+            assert client.post(path, headers={"Authorization": "Bearer " + secret[:-1] + "X"}).status_code == 401
+            assert client.post(path, headers={"Authorization": secret}).status_code == 401  # not a bearer token
+            assert client.post(path, headers=good).json() == {"reached": True}
+        assert client.get("/weight_info").status_code == 401 and client.get("/health").json() == {"reached": True}
+        serve_guard.configure(None)  # loopback without a secret: the allow-list still holds
+        client = guarded_client()
+        assert client.post("/collective_rpc").status_code == 404 and client.post("/pause").status_code == 200
+    finally:
+        serve_guard._state.clear()
+    with pytest.raises(ValueError, match="at least 16"):
+        serve_guard.configure("short")
+
+
+def test_the_batch_check_allows_the_nucleus_renormalisation_and_nothing_more(tok, learner):
+    """With top-p < 1 vLLM reports the nucleus-renormalised log-prob, above the learner's by up to -log(top_p):
+    an honest server there is within its rights; the same excess at top-p 1, or beyond -log(top_p), is not."""
+    import copy
+
+    from llmgym import Task
+    from llmgym.engines.batch import Batch
+    from llmgym.engines.fleet import FleetEngine, FleetError, UntrustedServerWarning
+    from llmgym.engines.rollout import Episode
+
+    def check(fleet, excess: float, top_p: float) -> dict:
+        reported = [-1.0 + excess, -2.0 + excess]  # what the server says of tokens 6, 7
+        episode = Episode(Task("p"), 0, [1, 5, 6, 7], [0, 0, 1, 1], [0.0, 0.0, *reported], [0, 0, 0, 1.0], 2)
+        fleet._sampled_by.append({hash(((6, 7), tuple(reported))): (0, top_p)})  # as generate records it
+        learner_logprobs = torch.tensor([[0.0, -1.0, -2.0]])  # columns 1, 2 score tokens 6, 7
+        return fleet.check_logprobs(Batch.from_episodes([episode]), learner_logprobs)
+
+    honest = WeightServer(copy.deepcopy(learner))
+    try:
+        for excess, top_p, dropped in [(0.6, 0.5, False), (-0.6, 0.5, True), (1.5, 0.5, True), (0.6, 1.0, True)]:
+            with FleetEngine([honest.url], tok, learner, max_retries=0, timeout=10, sync_timeout_s=30) as fleet:
+                if not dropped:  # 0.6 <= -log(0.5) = 0.693: the renormalisation, not a lie
+                    assert check(fleet, excess, top_p)[honest.url] == pytest.approx(0.0, abs=1e-6)
+                    continue
+                with pytest.warns(UntrustedServerWarning), pytest.raises(FleetError, match="every rollout server"):
+                    check(fleet, excess, top_p)
+                assert fleet.batch_gaps[honest.url] > 0.5 and fleet.live == [], (excess, top_p, fleet.batch_gaps)
+    finally:
+        honest.close()
+
+
+def test_a_server_that_answers_the_probe_with_garbage_is_not_trusted(tok, learner, monkeypatch):
+    import copy
+
+    from llmgym.engines.fleet import FleetEngine, FleetError, UntrustedServerWarning
+
+    garbled = WeightServer(copy.deepcopy(learner))
+    real = garbled.server.RequestHandlerClass.do_POST
+
+    def do_post(handler):
+        if handler.path.startswith("/v1/completions"):
+            handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
+            handler._send(200, reply(prompt_logprobs=[None, {"1": {"logprob": 0.5}}]))  # wrong token, positive
+            return
+        real(handler)
+
+    monkeypatch.setattr(garbled.server.RequestHandlerClass, "do_POST", do_post)
+    try:
+        with pytest.warns(UntrustedServerWarning, match=r"could not be checked after the sync of version 0: .*no "
+                                                         r"usable prompt log-probs"), \
+                pytest.raises(FleetError, match="every rollout server is lost"):
+            FleetEngine([garbled.url], tok, learner, max_retries=0, timeout=10, sync_timeout_s=30)
+    finally:
+        garbled.close()

@@ -2,7 +2,9 @@
 
 Two real servers on 127.0.0.1 for the module (vLLM's CPU build in the test environment), started at
 once by ``tests/served.py`` (one core each) when the first test needs them, shut down by their pids
-at the end; the learning test warms its model while they start. Their checkpoint is a random tiny
+at the end; the learning test warms its model while they start. They run with a secret (one reads it from
+``LLMGYM_SERVE_SECRET``, the other from ``--secret-file``), which the fixture puts in this process's
+``LLMGYM_SERVE_SECRET`` for the learner's side. Their checkpoint is a random tiny
 Llama of ``VLLM_SHAPE`` (head size 32): every test pushes its own learner's weights into them.
 
 The tests without servers (a fake HTTP server standing in for a plain OpenAI-compatible one, the
@@ -221,6 +223,47 @@ def test_serve_refuses_a_missing_model_in_one_line(capsys):
     assert "not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, env, expected", [
+    (["--host", "0.0.0.0"], {}, "--host 0.0.0.0 without a secret"),
+    (["--host", "10.1.2.3"], {}, "--host 10.1.2.3 without a secret"),
+    (["--", "--host", "0.0.0.0"], {}, "--host after --"),
+    (["--", "--uds=/tmp/x.sock"], {}, "--uds after --"),
+    ([], {"LLMGYM_SERVE_SECRET": "short"}, "at least 16 characters"),
+    (["--secret-file", "/no/such/secret"], {}, "--secret-file /no/such/secret: cannot read it"),
+], ids=["any-address", "lan-address", "host-after-dashes", "uds-after-dashes", "short-secret", "missing-secret-file"])
+def test_serve_refuses_an_open_door_in_one_line(flags, env, expected, tmp_path, capsys, monkeypatch):
+    """Beyond loopback a rollout server needs a secret (its weight-sync routes are the learner's run)."""
+    from llmgym.cli import main
+
+    monkeypatch.delenv("LLMGYM_SERVE_SECRET", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = main(["serve", "--model", str(tmp_path), *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and expected in err and len(err.splitlines()) == 1, err
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path, capsys):
+    import socket
+
+    from llmgym.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code = main(["serve", "--model", str(tmp_path), "--port", str(port)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"port {port} on 127.0.0.1 is in use" in err and len(err.splitlines()) == 1, err
+
+
+def test_every_rollout_server_runs_behind_the_guard():
+    from llmgym.engines.serve import GUARD, server_arguments
+
+    args = server_arguments("/m", on_cpu=False)
+    assert args[args.index("--middleware") + 1] == GUARD == "llmgym.engines.serve_guard.ControlPlaneGuard"
+
+
 # -- two servers on 127.0.0.1 -----------------------------------------------------------------------
 
 
@@ -233,7 +276,9 @@ def servers(tmp_path_factory, tokenizer):
                                 tmp_path_factory.mktemp("fleet") / "tiny")
     started = RolloutServers(directory, 2)
     try:
-        yield started
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("LLMGYM_SERVE_SECRET", started.secret)  # the learner's side: FleetEngine reads it
+            yield started
     finally:
         started.stop()
 
@@ -284,6 +329,9 @@ def test_after_k_updates_the_servers_logprobs_equal_the_learners_and_without_a_s
         moved = max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(), initial.parameters()))
         assert moved > 1e-3, "the updates did not change the weights: the test would prove nothing"
         served = fleet.rows_served()
+        # the learner's own checks agreed: the probe after each sync, and the update's recomputation of the batch
+        assert fleet.probe_gaps.keys() == set(servers.urls()) and max(fleet.probe_gaps.values()) < SYNC_TOL
+        assert fleet.batch_gaps and max(fleet.batch_gaps.values()) < SYNC_TOL, fleet.batch_gaps
         synced, versions = gap_and_versions(fleet, model, tokenizer)
         assert all(fleet.rows_served()[url] > served[url] for url in served), "a server sampled none of the rows"
         assert synced < SYNC_TOL, f"after 3 synced updates the servers' log-probs differ from the learner's by {synced:.3g}"
@@ -333,6 +381,37 @@ def test_train_engine_vllm_server_records_its_servers_and_resumes_through_them(s
     assert main(["train", "--resume", str(out), "--steps", "3"]) == 0  # the recorded servers, reconnected
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+@needs_vllm
+def test_a_client_without_the_secret_reaches_no_control_route_and_no_dev_route(servers, tokenizer):
+    """The attacker's pass, against the real servers: with no key it pushed weights, forged the version,
+    zeroed the weights, paused the run, and wrote a file of its choosing through /collective_rpc."""
+    import httpx
+
+    model = build_tiny_model(tokenizer, VLLM_SHAPE)
+    with FleetEngine(servers.urls(), tokenizer, model) as fleet:
+        versions = fleet.server_versions()
+        for url in servers.urls():  # one server read its secret from the environment, the other from a file
+            for auth in ({}, {"Authorization": "Bearer " + "0" * 32}, {"Authorization": f"Bearer {servers.secret}"}):
+                for path, body in [("/collective_rpc", {"method": "save_sharded_state",
+                                                        "kwargs": {"path": "/tmp", "pattern": "../x-{rank}"}}),
+                                   ("/weight_checker", {"action": "reset"}),
+                                   ("/update_weight_version", {"new_version": "999"}),
+                                   ("/reset_prefix_cache", {}), ("/sleep", {})]:
+                    response = httpx.post(url + path, json=body, headers=auth, timeout=30)
+                    assert response.status_code == 404, (url, path, auth, response.status_code)
+            for path, body in [("/pause?mode=keep", None), ("/init_weight_transfer_engine", {"init_info": {}}),
+                               ("/finish_weight_update", {"weight_version": "1"}), ("/start_weight_update", None),
+                               ("/v1/completions", {"model": "tiny", "prompt": [1, 2], "max_tokens": 1})]:
+                for auth in ({}, {"Authorization": "Bearer " + "0" * 32}):
+                    response = httpx.post(url + path, json=body, headers=auth, timeout=30)
+                    assert response.status_code == 401, (url, path, auth, response.status_code)
+            assert httpx.get(url + "/weight_info", timeout=30).status_code == 401
+            assert httpx.get(url + "/health", timeout=30).status_code == 200
+        assert fleet.server_versions() == versions == {url: "0" for url in servers.urls()}
+        synced, _ = gap_and_versions(fleet, model, tokenizer)  # still the learner's weights, still sampling
+        assert synced < SYNC_TOL
 
 
 @needs_vllm
