@@ -11,7 +11,8 @@ with what a learner needs to push weights into it — nothing is added to the se
   them: ``/collective_rpc``, ``/weight_checker``, ``/update_weight_version``, ...) answers 404,
   and the control routes need the server's **secret** (``LLMGYM_SERVE_SECRET``, or
   ``--secret-file``), which is also the generation routes' API key unless ``-- --api-key`` gives
-  another. Without a secret the server listens on loopback only;
+  another. Without a secret the server does not start (on loopback too: every local process, of every
+  user, reaches a loopback port);
 * ``--weight-transfer-config {"backend": "llmgym_gloo"}``: llmgym's backend
   (:mod:`llmgym.engines.vllm_plugin`), the weights over a ``torch.distributed`` gloo group — on CPUs,
   and on GPU servers through host memory (vLLM's own NCCL backend would be faster there; the
@@ -154,7 +155,7 @@ def build_parser(prog: str = "python -m llmgym.engines.serve") -> argparse.Argum
         epilog="Arguments after -- go to vLLM's server unchanged (e.g. -- --max-model-len 512).")
     parser.add_argument("--model", required=True, metavar="DIR", help="a local model directory (config, tokenizer, "
                         "weights): the learner's model architecture; the learner's weights replace these")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; every address "
                         "needs a secret: LLMGYM_SERVE_SECRET or --secret-file)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: --model)")
@@ -243,10 +244,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.engine
             raise ValueError("VLLM_USE_RUST_FRONTEND is set: vLLM's Rust front end would not run the rollout server's "
                              "guard; unset it")
         secret = read_secret(args.secret_file)
-        if secret is None and not is_loopback(args.host):
-            raise ValueError(f"--host {args.host} without a secret: anyone who reaches the port could push weights "
-                             f"into the server; set {SECRET_ENV} (e.g. export {SECRET_ENV}=$(openssl rand -hex 32)) "
-                             f"or --secret-file, and the same {SECRET_ENV} for the learner")
+        if secret is None:
+            where = "the port" if is_loopback(args.host) else f"{args.host}"
+            raise ValueError(f"no secret: anyone who reaches {where} (on loopback: any process of any user of this "
+                             f"machine) could push weights into the server; set {SECRET_ENV} (e.g. export "
+                             f"{SECRET_ENV}=$(openssl rand -hex 32)) or --secret-file, and the same {SECRET_ENV} "
+                             f"for the learner")
         check_port_free(args.host, args.port)
         try:
             import vllm  # noqa: F401
@@ -264,10 +267,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.engine
     from llmgym.engines import serve_guard
 
     serve_guard.configure(secret)
-    if secret is None:
-        print(f"{prog}: warning: no secret ({SECRET_ENV} or --secret-file): the weight-sync routes are open to every "
-              f"process on this machine", file=sys.stderr)
-    elif not any(a.split("=")[0] == "--api-key" for a in extra) and not os.environ.get("VLLM_API_KEY"):
+    if not any(a.split("=")[0] == "--api-key" for a in extra) and not os.environ.get("VLLM_API_KEY"):
         os.environ["VLLM_API_KEY"] = secret  # generation needs the secret too (vLLM guards /v1 with it)
     os.environ.update(server_environment(server_args))
     import runpy

@@ -10,9 +10,8 @@ the weights), ``/update_weight_version`` (forges the version), ``/sleep``, ``/re
 * an **allow-list** (:data:`ROUTES`): a request for any other method and path is answered 404 before
   vLLM sees it — a route vLLM adds in a later release stays closed until it is listed here;
 * the **control routes** (:data:`CONTROL_ROUTES`: weight transfer, pause/resume, the weight version
-  and world size reads) need ``Authorization: Bearer <secret>``, compared in constant time; without a
-  configured secret (loopback only: ``llmgym serve`` refuses another address) they are open to local
-  processes;
+  and world size reads) need ``Authorization: Bearer <secret>``, compared in constant time; there is
+  no guard without a secret (``llmgym serve`` refuses to start without one, on loopback too);
 * generation (``/v1/...``) is vLLM's ``--api-key`` (``llmgym serve`` makes the secret that key when
   no other is given); ``/health`` is open (it says only whether the engine is up).
 
@@ -48,16 +47,15 @@ OPEN_ROUTES = frozenset({
 ROUTES = CONTROL_ROUTES | OPEN_ROUTES
 """Every route a rollout server answers; anything else is 404."""
 
-_state: dict[str, bytes | None] = {}
+_state: dict[str, bytes] = {}
 
 
-def configure(secret: str | None) -> None:
-    """Set the secret the control routes require (``None``: none, for a server on loopback only).
-
-    ``llmgym serve`` calls it before vLLM builds its app; a guard built without it refuses to start."""
-    if secret is not None and len(secret) < 16:
-        raise ValueError("the control secret must be at least 16 characters (e.g. openssl rand -hex 32)")
-    _state["secret"] = None if secret is None else hashlib.sha256(secret.encode()).digest()
+def configure(secret: str) -> None:
+    """Set the secret the control routes require; ``llmgym serve`` calls it before vLLM builds its app
+    (a guard built without it refuses to start)."""
+    if not isinstance(secret, str) or len(secret) < 16:
+        raise ValueError("a rollout server's control secret must be at least 16 characters (e.g. openssl rand -hex 32)")
+    _state["secret"] = hashlib.sha256(secret.encode()).digest()
 
 
 def allowed(method: str, path: str) -> str | None:
@@ -99,7 +97,7 @@ class ControlPlaneGuard:
         if kind is None:
             await _answer(scope, send, 404, "Not Found")
             return
-        if kind == "control" and self.secret is not None:
+        if kind == "control":
             token = _bearer(scope)
             if token is None or not hmac.compare_digest(hashlib.sha256(token).digest(), self.secret):
                 await _answer(scope, send, 401, "this control route needs the server's secret "

@@ -224,15 +224,16 @@ def test_serve_refuses_a_missing_model_in_one_line(capsys):
 
 
 @pytest.mark.parametrize("flags, env, expected", [
-    (["--host", "0.0.0.0"], {}, "--host 0.0.0.0 without a secret"),
-    (["--host", "10.1.2.3"], {}, "--host 10.1.2.3 without a secret"),
+    ([], {}, "no secret: anyone who reaches the port (on loopback: any process of any user"),
+    (["--host", "0.0.0.0"], {}, "no secret: anyone who reaches 0.0.0.0"),
+    (["--host", "10.1.2.3"], {}, "no secret: anyone who reaches 10.1.2.3"),
     (["--", "--host", "0.0.0.0"], {}, "--host after --"),
     (["--", "--uds=/tmp/x.sock"], {}, "--uds after --"),
     ([], {"LLMGYM_SERVE_SECRET": "short"}, "at least 16 characters"),
     (["--secret-file", "/no/such/secret"], {}, "--secret-file /no/such/secret: cannot read it"),
-], ids=["any-address", "lan-address", "host-after-dashes", "uds-after-dashes", "short-secret", "missing-secret-file"])
+], ids=["loopback", "any-address", "lan-address", "host-after-dashes", "uds-after-dashes", "short-secret", "missing-secret-file"])
 def test_serve_refuses_an_open_door_in_one_line(flags, env, expected, tmp_path, capsys, monkeypatch):
-    """Beyond loopback a rollout server needs a secret (its weight-sync routes are the learner's run)."""
+    """A rollout server needs a secret, on loopback too (its weight-sync routes are the learner's run)."""
     from llmgym.cli import main
 
     monkeypatch.delenv("LLMGYM_SERVE_SECRET", raising=False)
@@ -243,10 +244,12 @@ def test_serve_refuses_an_open_door_in_one_line(flags, env, expected, tmp_path, 
     assert code == 2 and expected in err and len(err.splitlines()) == 1, err
 
 
-def test_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path, capsys):
+def test_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     import socket
 
     from llmgym.cli import main
+
+    monkeypatch.setenv("LLMGYM_SERVE_SECRET", "s" * 32)
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
