@@ -111,7 +111,7 @@ def train_run(
     out = Path(out_dir)
     agent_cls = require_agent(spec.agent)
     config = build_agent_config(agent_cls, spec.agent_config)
-    require_env(spec.env)
+    require_env(spec.env)  # before the model loads
     last = out / "checkpoints" / "last"
     if base_model is not None:
         model, tokenizer = base_model

@@ -113,12 +113,11 @@ class StopOnSignals:
             raise KeyboardInterrupt
         name = signal.Signals(signum).name
         self.request(name)
-        press = "press Ctrl-C again" if name == "SIGINT" else "a second signal or Ctrl-C stops"
-        what = "Ctrl-C" if name == "SIGINT" else name
+        what, again = ("Ctrl-C", "press Ctrl-C again") if name == "SIGINT" else (name, "send it again or press Ctrl-C")
         try:
             if self.console is not None:
                 self.console.print(f"[yellow]{what}: finishing this step, then saving a checkpoint "
-                                   f"({press} at once)[/]")
+                                   f"({again} to stop at once)[/]")
         except (OSError, ValueError):  # the terminal is gone (a hang-up): keep stopping cleanly
             pass
 
@@ -281,12 +280,15 @@ class Trainer:
         Raises :class:`~llmgym.train.checkpoint.CheckpointError` when there is no readable checkpoint.
         """
         from llmgym.runtime.logging import truncate_metrics
-        from llmgym.train.checkpoint import CheckpointError, load_checkpoint, load_pipeline_state
+        from llmgym.train.checkpoint import PIPELINE_STATE, CheckpointError, load_checkpoint, load_pipeline_state
 
         trainer = cls(agent, env, out_dir, **options)
         last = trainer.checkpoint_dir / "last"
         if not (last / "agent.pt").is_file():
             raise CheckpointError(f"no checkpoint to resume at {last}: was the run started with checkpoints?")
+        if trainer.max_staleness is None and (last / PIPELINE_STATE).is_file():
+            raise CheckpointError(f"{last} holds a pipelined run's batches sampled ahead: resume it with the "
+                                  f"max_staleness it ran with")
         load_checkpoint(agent, last)
         if trainer.max_staleness is not None:  # batches a stopped pipelined run had sampled ahead
             trainer._pipeline_state = load_pipeline_state(last)
@@ -403,6 +405,8 @@ class Trainer:
                         pipeline_state=self._pipeline_state)
                     self._pipeline_state = None
                     agent.learn(self.env, remaining, callback=on_step, **pipelined)
+                    if stop.requested and self.max_staleness is not None:  # a second run() continues exactly
+                        self._pipeline_state = getattr(agent, "pipeline_state", None)
                 interrupted = stop.requested
             except KeyboardInterrupt:
                 interrupted = True

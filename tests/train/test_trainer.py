@@ -75,17 +75,21 @@ def _stop_at_step_2(how: str):
 def test_an_interrupted_python_run_resumes_exactly(how, staleness, straight, saved_tiny_model_dir, tmp_path):
     previous = signal.getsignal(signal.SIGINT)
     agent, env = _objects(saved_tiny_model_dir)
-    result = Trainer(agent, env, tmp_path, checkpoint_every=100, max_staleness=staleness, progress=False,
-                     callback=_stop_at_step_2(how)).run(STEPS)
+    trainer = Trainer(agent, env, tmp_path, checkpoint_every=100, max_staleness=staleness, progress=False,
+                      callback=_stop_at_step_2(how))
+    result = trainer.run(STEPS)
     assert signal.getsignal(signal.SIGINT) is previous  # the run's handler is gone with the run
     assert result.interrupted and result.checkpoint_step == 2 and agent.step_count == 2
     assert (tmp_path / "checkpoints" / "last" / "step.txt").read_text().strip() == "2"
     if staleness is not None:  # stopped between drain points: the batches sampled ahead went with it
         assert (tmp_path / "checkpoints" / "last" / "pipeline.pt").is_file()
 
-    agent, env = _objects(saved_tiny_model_dir)  # a new process would rebuild them just so
-    resumed = Trainer.resume(tmp_path, agent, env, checkpoint_every=100, max_staleness=staleness,
-                             progress=False).run(STEPS)
+    if how == "callback":  # the same trainer, in the same process, carries on
+        resumed = trainer.run(STEPS)
+    else:  # from disk: a new process would rebuild the objects just so
+        agent, env = _objects(saved_tiny_model_dir)
+        resumed = Trainer.resume(tmp_path, agent, env, checkpoint_every=100, max_staleness=staleness,
+                                 progress=False).run(STEPS)
     assert not resumed.interrupted and resumed.checkpoint_step == STEPS
     assert _without_timing(resumed.rows) == _without_timing(straight[staleness])
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -101,3 +105,30 @@ def test_a_new_run_refuses_a_directory_that_holds_one_and_resume_needs_a_checkpo
         Trainer.resume(tmp_path, agent, env)
     with pytest.raises(ValueError, match="eval_every needs eval_env"):
         Trainer(agent, env, Path(tmp_path) / "other", eval_every=2)
+
+
+def test_the_stop_signals_ask_once_then_stop_at_once_and_a_dead_terminal_does_not_break_the_stop():
+    """A hang-up as a closed terminal sends it: the message cannot be printed (EIO), the stop is still
+    requested; the second signal is a ``KeyboardInterrupt``; the previous handlers come back."""
+    from llmgym.train import StopOnSignals
+
+    class GoneTerminal:
+        def print(self, *args, **kwargs):
+            raise OSError(5, "Input/output error")
+
+    before = {name: signal.getsignal(getattr(signal, name)) for name in ("SIGINT", "SIGTERM", "SIGHUP")}
+    with StopOnSignals(GoneTerminal()) as stop:
+        signal.raise_signal(signal.SIGHUP)
+        assert stop.requested and stop.reason == "SIGHUP"
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+    assert {name: signal.getsignal(getattr(signal, name)) for name in before} == before
+
+
+def test_resuming_a_stopped_pipelined_run_without_its_staleness_is_refused(saved_tiny_model_dir, tmp_path):
+    (tmp_path / "checkpoints" / "last").mkdir(parents=True)
+    for name in ("agent.pt", "pipeline.pt"):
+        (tmp_path / "checkpoints" / "last" / name).write_bytes(b"")
+    agent, env = _objects(saved_tiny_model_dir)
+    with pytest.raises(CheckpointError, match="resume it with the max_staleness it ran with"):
+        Trainer.resume(tmp_path, agent, env)
