@@ -137,10 +137,11 @@ def train_run(
     engine = build_engine(spec.engine, spec.engine_args, model, tokenizer)  # after the cheap checks: vLLM starts
     try:
         agent = construct_agent(agent_cls, model, tokenizer, config, engine=engine)
-        options = dict(eval_env=eval_env, eval_every=spec.eval_every, eval_tasks=eval_tasks if eval_tasks is not None else spec.eval_tasks,
+        options = dict(eval_env=eval_env, eval_every=spec.eval_every,
+                       eval_tasks=eval_tasks if eval_tasks is not None else spec.eval_tasks,
                        checkpoint_every=spec.checkpoint_every if checkpoints else None, trackers=spec.log_to,
                        max_staleness=spec.max_staleness, verify_workers=spec.verify_workers, config=spec.to_json(),
-                       console=console, progress=progress, description=description or f"{spec.agent} on {spec.env}")
+                       env_id=spec.env, console=console, progress=progress, description=description)
         if resume:
             try:
                 trainer = Trainer.resume(out, agent, env, **options)

@@ -180,6 +180,8 @@ class Trainer:
             synchronous loop.
         config: what ``config.json`` records (and the trackers get); default: agent, env, the agent's
             config and these settings.
+        env_id: the env's name in labels (progress bar, curves' title, tracker run); default its
+            Gymnasium id (``env.spec.id``), else its class name.
         callback: called with each step's row once it is logged; returning ``False`` stops the run
             there, as Ctrl-C does (checkpoint saved, ``interrupted=True``).
         console, progress, description: where messages and the progress bar go (a ``rich`` console; a
@@ -210,7 +212,8 @@ class Trainer:
     def __init__(self, agent, env, out_dir: str | os.PathLike, *, eval_env=None, eval_every: int = 0,
                  eval_tasks: int | Sequence[Any] = 32, checkpoint_every: int | None = 50,
                  trackers: Sequence[str] = (), max_staleness: int | None = None, verify_workers: int | None = None,
-                 config: dict[str, Any] | None = None, callback: Callable[[dict[str, Any]], Any] | None = None,
+                 config: dict[str, Any] | None = None, env_id: str | None = None,
+                 callback: Callable[[dict[str, Any]], Any] | None = None,
                  console=None, progress=None, description: str | None = None,
                  signals: Iterable[str] = STOP_SIGNALS):
         if eval_every < 0:
@@ -236,7 +239,7 @@ class Trainer:
         self.checkpoint_every = checkpoint_every
         self.trackers = list(trackers)
         self.max_staleness, self.verify_workers = max_staleness, verify_workers
-        self.env_id = _env_id(env)
+        self.env_id = env_id or _env_id(env)
         self.config = config if config is not None else self._default_config()
         self.callback = callback
         self.console = console
