@@ -428,10 +428,13 @@ class Agent(abc.ABC):
         resumes exactly) are the pipeline's. ``None`` (the default): this synchronous loop.
         A pipelined run that a callback stops leaves :attr:`pipeline_state` (a
         :class:`~llmgym.agents.pipeline.PipelineState`, or ``None``), which ``pipeline_state=`` takes to
-        continue it exactly.
+        continue it exactly (the state itself, or its ``state_dict()`` as a checkpoint keeps it).
         """
         if max_staleness is not None:
-            from llmgym.agents.pipeline import Pipeline
+            from llmgym.agents.pipeline import Pipeline, PipelineState
+
+            if isinstance(pipeline_state, dict):  # as saved in a checkpoint (llmgym.train.checkpoint)
+                pipeline_state = PipelineState.from_state_dict(pipeline_state)
 
             pipeline = Pipeline(self, env, max_staleness=max_staleness, verify_workers=verify_workers,
                                 drain_every=drain_every)

@@ -22,8 +22,9 @@ What the commands share, each in a module of public names: :mod:`llmgym.cli.comm
 ``--set``, ``--device``, scale options, ``--import``), :mod:`llmgym.cli.usage` (the usage error, exit
 codes), :mod:`llmgym.cli.console` (what they print), :mod:`llmgym.cli.resolve` (env, agent and model from
 their names), :mod:`llmgym.cli.run_files` (a run's directory), :mod:`llmgym.cli.engine_options`
-(``--engine``) and :mod:`llmgym.cli.training` (the training loop :func:`train_run`; checkpoints are the
-library's, :mod:`llmgym.agents.checkpoint`). A new command is a module with an
+(``--engine``) and :mod:`llmgym.cli.training` (:func:`train_run`: a run's names made into objects and
+handed to the library's run loop, :class:`llmgym.train.Trainer`, which owns checkpoints, resume and
+interrupts). A new command is a module with an
 ``add_parser(subparsers, common)`` function that sets ``handler``, listed in ``COMMANDS`` below.
 
 ``train``, ``compare`` and ``bench`` take ``--engine hf|vllm`` (``train`` and ``compare`` also
@@ -53,7 +54,8 @@ from llmgym.cli.common import check_spaced_pairs, import_user_modules, parse_ove
 from llmgym.cli.resolve import build_agent_config
 from llmgym.cli.usage import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from llmgym.cli.quickstart import QUICKSTART_SETTINGS, quickstart_base_model
-from llmgym.cli.training import RunSpec, TrainResult, train_run
+from llmgym.cli.training import RunSpec, train_run
+from llmgym.train import TrainResult
 from llmgym.runtime.threads import passive_openmp
 
 __all__ = [

@@ -16,13 +16,14 @@ import shutil
 from typing import Any
 
 from llmgym.cli.common import apply_scale_options, check_device, parse_overrides, scale_options
-from llmgym.cli.console import files_table, format_value, reward_progress
+from llmgym.cli.console import files_table, format_value
 from llmgym.cli.engine_options import check_engine, engine_arguments, engine_options
 from llmgym.cli.resolve import build_agent_config, check_env_makes, check_model, require_agent, require_env
 from llmgym.cli.run_files import atomic_write_text, check_out_dir
 from llmgym.cli.usage import UsageError
 from llmgym.runtime.display import make_console
-from llmgym.cli.training import RunSpec, samples_per_step, train_run
+from llmgym.cli.training import RunSpec, train_run
+from llmgym.train import reward_progress, samples_per_step
 
 __all__ = ["add_parser", "cmd_compare", "compute_fair_settings"]
 

@@ -1,4 +1,4 @@
-"""What the commands print: numbers, the training progress bar, the table of a run's files.
+"""What the commands print: numbers (:func:`~llmgym.runtime.display.format_value`), the table of a run's files.
 
 Example:
     >>> from llmgym.cli.console import format_value
@@ -8,24 +8,12 @@ Example:
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["format_value", "reward_progress", "files_table", "summary_window"]
+from llmgym.runtime.display import format_value
 
-def format_value(value: Any, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "—"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def reward_progress(console):
-    from llmgym.runtime.display import make_progress
-
-    return make_progress(console, "reward {task.fields[reward]}", "avg {task.fields[avg]}", "kl {task.fields[kl]}")
+__all__ = ["format_value", "files_table", "summary_window"]
 
 
 def files_table(title: str, files: dict[str, Path | None]):

@@ -161,7 +161,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             spec.log_to = list(args.log_to)
         check_engine(spec.engine, spec.engine_args, spec.model, level=spec.level,
                      lora=int(spec.agent_config.get("lora_r") or 0) > 0)  # the recorded engine must still work
-        from llmgym.agents.checkpoint import checkpoint_step
+        from llmgym.train import checkpoint_step
 
         done = checkpoint_step(out / "checkpoints" / "last")
         if done is None:

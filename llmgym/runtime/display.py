@@ -27,16 +27,32 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-__all__ = ["PIPE_WIDTH", "LineProgress", "is_live", "make_console", "make_progress", "quiet_hf_progress"]
+__all__ = ["PIPE_WIDTH", "LineProgress", "format_value", "is_live", "make_console", "make_progress", "quiet_hf_progress"]
 
 PIPE_WIDTH = 400
 """Columns a table may use when the output is a pipe or a file and ``$COLUMNS`` is not set."""
+
+
+def format_value(value: Any, digits: int = 3) -> str:
+    """A number as the tables and progress bars show it: ``digits`` decimals, ``—`` for none or NaN.
+
+    Example:
+        >>> from llmgym.runtime.display import format_value
+        >>> format_value(0.12345), format_value(float("nan")), format_value(3)
+        ('0.123', '—', '3')
+    """
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
 
 
 def is_live(console) -> bool:

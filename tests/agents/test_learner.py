@@ -641,8 +641,8 @@ def test_each_agents_loss_is_its_formula_composed_by_hand(name):
 
 
 def test_a_checkpoint_round_trips_in_the_library_and_a_damaged_one_is_a_typed_error(tmp_path):
-    """Checkpoints are the library's (``llmgym.agents.checkpoint``), not the command line's."""
-    from llmgym.agents.checkpoint import CheckpointError, checkpoint_step, load_checkpoint, save_checkpoint
+    """Checkpoints are the library's (``llmgym.train.checkpoint``), not the command line's."""
+    from llmgym.train.checkpoint import CheckpointError, checkpoint_step, load_checkpoint, save_checkpoint
 
     model, tok = _tiny()
     agent = GRPO(model, tok, group_size=GROUP, max_new_tokens=8, kl_coef=0.0)

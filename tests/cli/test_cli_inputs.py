@@ -266,7 +266,7 @@ def test_compute_fair_settings_equalise_completions_per_step():
     from llmgym.agents import GRPO, PPO, REINFORCE, RLOO
     from llmgym.cli.compare import compute_fair_settings
     from llmgym.cli.resolve import build_agent_config
-    from llmgym.cli.training import samples_per_step
+    from llmgym.train import samples_per_step
 
     agents = [GRPO, RLOO, PPO, REINFORCE]
     budget, fields, sentence = compute_fair_settings(agents, {}, None)

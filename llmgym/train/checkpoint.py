@@ -3,14 +3,16 @@
 ``save_checkpoint`` writes a directory atomically (a crash leaves the previous one whole); ``load_checkpoint``
 restores an agent built with the same settings exactly (optimiser, counters, RNG, extras), reading no
 pickled code (``weights_only=True``). A pipelined run stopped between drain points also saves the batches it
-had sampled ahead (``pipeline.pt``). ``llmgym train --resume`` is built on these.
+had sampled ahead (``pipeline.pt``). :class:`llmgym.train.Trainer` (and so ``llmgym train --resume``) is built
+on these. They use only the agent's public interface (``state_dict``, ``load_state_dict``, ``model``,
+``step_count``), so they live with the run, not with the algorithms.
 
 Example:
     >>> import tempfile
     >>> from pathlib import Path
     >>> from llmgym.runtime.models import load_model
     >>> from llmgym.agents import GRPO
-    >>> from llmgym.agents.checkpoint import checkpoint_step, load_checkpoint, save_checkpoint
+    >>> from llmgym.train.checkpoint import checkpoint_step, load_checkpoint, save_checkpoint
     >>> model, tok = load_model("tiny")
     >>> agent = GRPO(model, tok, tasks_per_step=2, group_size=2, max_new_tokens=4, kl_coef=0.0)
     >>> folder = save_checkpoint(agent, tok, Path(tempfile.mkdtemp()) / "last")
@@ -48,7 +50,8 @@ def _merged_lora_model(peft_model):
 
 PIPELINE_STATE = "pipeline.pt"
 """A checkpoint's file for a pipelined run stopped between drain points: the batches sampled ahead
-(:class:`llmgym.agents.pipeline.PipelineState`), so ``--resume`` continues exactly."""
+(the ``state_dict()`` of :attr:`Agent.pipeline_state <llmgym.agents.base.Agent.pipeline_state>`), so a
+resumed run continues exactly."""
 
 
 def save_checkpoint(agent, tokenizer, directory: Path, pipeline_state: Any = None) -> Path:
@@ -118,8 +121,11 @@ def load_checkpoint(agent, directory: Path) -> None:
     agent.load_state_dict(state)
 
 
-def load_pipeline_state(directory: Path):
-    """The :class:`~llmgym.agents.pipeline.PipelineState` saved in a checkpoint, or ``None`` (``weights_only``)."""
+def load_pipeline_state(directory: Path) -> dict[str, Any] | None:
+    """The pipelined learner's saved state in a checkpoint (``weights_only``), or ``None`` if it has none.
+
+    Returned as the plain ``state_dict()`` it was saved from: ``agent.learn(..., pipeline_state=...)``
+    takes it as it is."""
     import pickle
 
     import torch
@@ -127,13 +133,14 @@ def load_pipeline_state(directory: Path):
     path = Path(directory) / PIPELINE_STATE
     if not path.is_file():
         return None
-    from llmgym.agents.pipeline import PipelineState
-
     try:
-        return PipelineState.from_state_dict(torch.load(path, weights_only=True))
-    except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, TypeError) as exc:
+        state = torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise CheckpointError(f"cannot read {path} ({first})") from None
+    if not (isinstance(state, dict) and isinstance(state.get("pending"), dict) and "schedule_start" in state):
+        raise CheckpointError(f"cannot read {path} (not a pipelined run's saved state)")
+    return state
 
 
 def checkpoint_step(directory: Path) -> int | None:
