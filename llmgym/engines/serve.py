@@ -40,12 +40,14 @@ import os
 import sys
 from collections.abc import Sequence
 
+from llmgym.errors import LLMGymError
+
 __all__ = ["PluginMissingError", "build_parser", "check_plugin", "main", "server_arguments", "server_environment"]
 
 PLUGIN_ENTRY_POINT = "llmgym.engines.vllm_plugin:register"
 
 
-class PluginMissingError(RuntimeError):
+class PluginMissingError(LLMGymError, RuntimeError):
     """vLLM would not find llmgym's weight-transfer backend in the processes it starts."""
 
 

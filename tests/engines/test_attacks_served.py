@@ -36,7 +36,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def tok():
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     return build_tokenizer()
 
