@@ -74,6 +74,7 @@ from typing import Any, Callable, Iterable
 import gymnasium as gym
 import torch
 
+from llmgym.errors import LLMGymError
 from llmgym.runtime import distributed
 from llmgym.engines import HFEngine
 from llmgym.engines.base import sync_engine_weights
@@ -233,7 +234,7 @@ class PipelineState:
         return cls(int(state["schedule_start"]), {int(k): _batch_from_state(b) for k, b in state["pending"].items()})
 
 
-class PipelineStopped(RuntimeError):
+class PipelineStopped(LLMGymError, RuntimeError):
     """A rollout was waiting when the run ended (finished, stopped by its callback, or failed)."""
 
 

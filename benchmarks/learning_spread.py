@@ -348,7 +348,7 @@ def explore(argv: list[str]) -> None:
 
     recipe = importlib.import_module(args.recipe)  # the learning test's own recipe (agents, steps, held-out set)
     make_env = getattr(recipe, "make_env", lambda tok: gym.make("llmgym/Copy-v0", tokenizer=tok))
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     tokenizer = build_tokenizer()
     started = time.process_time()

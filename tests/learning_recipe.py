@@ -13,8 +13,8 @@ import gymnasium as gym
 import llmgym  # noqa: F401  (registers the envs)
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.envs.toy import sample_tasks
-from llmgym.models import build_tiny_model, supervised_warmup
-from llmgym.rollout import evaluate
+from llmgym.runtime.models import build_tiny_model, supervised_warmup
+from llmgym.engines.rollout import evaluate
 
 __all__ = ["BATCH", "HELD_OUT", "MAX_NEW_TOKENS", "SAMPLING", "SEED", "WARMUP_STEPS", "held_out_reward",
            "warm_model"]
@@ -34,7 +34,7 @@ def warm_model(tokenizer, tiny_config, steps: int = WARMUP_STEPS):
 
     Example:
         >>> from learning_recipe import warm_model
-        >>> from llmgym.models import TinyModelConfig, build_tokenizer
+        >>> from llmgym.runtime.models import TinyModelConfig, build_tokenizer
         >>> model = warm_model(build_tokenizer(), TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64),
         ...                    steps=1)
         >>> model.config.num_hidden_layers

@@ -68,7 +68,7 @@ def cached_warmup(name: str, build: Callable[[], object], tokenizer,
 
     Example:
         >>> import tempfile, torch
-        >>> from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+        >>> from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
         >>> from warm_cache import cached_warmup
         >>> tok = build_tokenizer()
         >>> build = lambda: build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
@@ -80,7 +80,7 @@ def cached_warmup(name: str, build: Callable[[], object], tokenizer,
         >>> all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values()))
         True
     """
-    from llmgym.models import cache_dir, load_model, save_pretrained, supervised_warmup
+    from llmgym.runtime.models import cache_dir, load_model, save_pretrained, supervised_warmup
 
     model = build()
     key = {

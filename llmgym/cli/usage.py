@@ -8,6 +8,8 @@ Example:
 
 from __future__ import annotations
 
+from llmgym.errors import LLMGymError
+
 __all__ = ["EXIT_USAGE", "EXIT_INTERRUPTED", "LIST_HINT", "UsageError", "first_line"]
 
 EXIT_USAGE = 2
@@ -21,7 +23,7 @@ EXIT_INTERRUPTED = 130
 LIST_HINT = "run `llmgym list` to see the registered envs and agents"
 
 
-class UsageError(Exception):
+class UsageError(LLMGymError):
     """A mistake the user can fix: printed as one line on stderr; the command exits with code 2."""
 
 

@@ -13,17 +13,21 @@
 ``VLLMEngine``, ``OpenAIEngine`` and ``FleetEngine`` are imported on first use (their packages are
 optional extras).
 Modules depend one way: ``sampling``, ``batching``, ``static_decode`` → ``base`` → ``session`` →
-``hf``; ``vllm`` and ``openai_api`` build on ``base`` only; ``fleet`` on ``openai_api`` and
+``hf`` → ``check`` (:func:`check_engine`, the contract every engine passes); ``vllm`` and ``openai_api`` build on ``base`` only; ``fleet`` on ``openai_api`` and
 ``weight_transfer`` (tests/project/test_packaging.py checks it).
 
 Example:
     >>> from llmgym.engines import Engine, HFEngine, SamplingParams
-    >>> issubclass(HFEngine, Engine)
-    True
+    >>> from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
+    >>> tok = build_tokenizer()
+    >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
+    >>> isinstance(engine, Engine), len(engine.generate([tok.encode("1+1=")], SamplingParams(n=2, seed=0))[0])
+    (True, 2)
 """
 
 from llmgym.engines.base import Completion, DecodeSession, Engine, SamplingParams
 from llmgym.engines.batching import pad_left
+from llmgym.engines.check import EngineContractError, check_engine
 from llmgym.engines.hf import HFEngine, sequence_logprobs
 from llmgym.engines.sampling import row_keys, sample_next_token
 from llmgym.engines.session import TokenStepper, open_decode_session
@@ -31,6 +35,8 @@ from llmgym.engines.session import TokenStepper, open_decode_session
 __all__ = [
     "Completion",
     "Engine",
+    "check_engine",
+    "EngineContractError",
     "SamplingParams",
     "DecodeSession",
     "open_decode_session",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from llmgym.engines.sampling import row_keys
 
-__all__ = ["SamplingParams", "Completion", "Engine", "DecodeSession", "expand_rows", "sync_engine_weights"]
+__all__ = ["SamplingParams", "Completion", "Engine", "OPTIONAL_MEMBERS", "optional_member", "DecodeSession", "expand_rows",
+           "sync_engine_weights"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,13 +81,21 @@ class Completion:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What an agent needs from a rollout engine.
+    """What an agent needs from a rollout engine: the required members.
 
     ``generate`` returns, for each prompt, ``n`` completions (a list per prompt, in prompt order).
     ``keys`` optionally fixes the per-row sampling keys (``len(prompts) * n`` of them, prompt-major),
     which makes a row's tokens independent of the batch it is generated in.
     ``sync_weights(model)`` makes the engine sample from ``model``'s current weights.
+    ``tokenizer`` is the tokenizer whose ids the engine reads and writes; ``pad_id`` the id it pads with.
+
+    An engine may also have any of the :data:`OPTIONAL_MEMBERS` (read through :func:`optional_member`,
+    which gives the declared default where an engine has none); :func:`llmgym.engines.check_engine`
+    checks both kinds, as ``check_env`` checks an env.
     """
+
+    tokenizer: Any
+    pad_id: int
 
     def generate(
         self,
@@ -97,6 +106,39 @@ class Engine(Protocol):
     ) -> list[list[Completion]]: ...
 
     def sync_weights(self, model) -> None: ...
+
+
+OPTIONAL_MEMBERS: dict[str, tuple[Any, str]] = {
+    "eos_ids": ((), "token ids that end a completion besides the tokenizer's EOS (a chat template's end of turn)"),
+    "max_batch_size": (0, "the most rows one ``generate`` call takes (0: any number); a rollout splits a turn so"),
+    "policy_version": (None, "the version of the weights the engine samples from now (``None``: it does not say)"),
+    "versioned_weights": (False, "``sync_weights(model, version=N)`` records N as the policy version"),
+    "top_p_renormalised_logprobs": (False, "with ``top_p < 1`` a log-prob is under the renormalised nucleus"),
+    "generation_done": (None, "``generation_done()``: the rollout is done generating for now (a colocated "
+                              "engine may free memory while completions are verified)"),
+    "open_session": (None, "``open_session(contexts) -> DecodeSession``: incremental decoding for token level"),
+    "next_token_logits": (None, "``next_token_logits(contexts) -> [N, V]``: recomputed next-token logits"),
+    "close": (None, "``close()``: release the engine's memory, processes or connections"),
+}
+"""The members an engine may have, each with the default a rollout assumes where it has none, and its meaning."""
+
+_CALLABLE_MEMBERS = ("generation_done", "open_session", "next_token_logits", "close")
+
+
+def optional_member(engine: Any, name: str) -> Any:
+    """``engine.<name>`` for one of :data:`OPTIONAL_MEMBERS`, or its declared default where the engine has none.
+
+    Example:
+        >>> from llmgym.engines.base import optional_member
+        >>> class Minimal:
+        ...     max_batch_size = 8
+        >>> optional_member(Minimal(), "max_batch_size"), optional_member(Minimal(), "eos_ids")
+        (8, ())
+    """
+    if name not in OPTIONAL_MEMBERS:
+        raise KeyError(f"{name!r} is not an optional engine member (OPTIONAL_MEMBERS: {', '.join(OPTIONAL_MEMBERS)})")
+    value = getattr(engine, name, None)
+    return OPTIONAL_MEMBERS[name][0] if value is None else value
 
 
 @runtime_checkable
@@ -183,7 +225,7 @@ def sync_engine_weights(engine, model, version: int) -> None:
         >>> engine.version
         3
     """
-    if getattr(engine, "versioned_weights", False):
+    if optional_member(engine, "versioned_weights"):
         engine.sync_weights(model, version=int(version))
     else:
         engine.sync_weights(model)

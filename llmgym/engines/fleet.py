@@ -69,6 +69,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from llmgym.errors import LLMGymError, LLMGymWarning
 from llmgym.runtime import distributed
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 from llmgym.engines.weight_transfer import DEFAULT_BUCKET_BYTES, GlooSender, TransferError, local_address_towards
@@ -77,7 +78,7 @@ __all__ = ["FleetEngine", "FleetError", "NotARolloutServerError", "PROBE_TOKENS"
            "UntrustedServerWarning", "api_root"]
 
 
-class FleetError(ConnectionError):
+class FleetError(LLMGymError, ConnectionError):
     """The fleet cannot go on: no server left, a server that does not answer at start, or a server whose
     weights are not the version the fleet gave it."""
 
@@ -86,7 +87,7 @@ class NotARolloutServerError(FleetError):
     """The server answers, but cannot take a learner's weights (not started with ``llmgym serve``)."""
 
 
-class ServerLostWarning(UserWarning):
+class ServerLostWarning(LLMGymWarning):
     """A rollout server stopped answering; the fleet goes on without it."""
 
 

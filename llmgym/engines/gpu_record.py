@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from llmgym.errors import LLMGymError
 from llmgym.engines.static_decode import DECODE_MODES
 
 __all__ = [
@@ -51,7 +52,7 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
-class GPURecordError(ValueError):
+class GPURecordError(LLMGymError, ValueError):
     """The GPU record (or a GPU check's verdicts) is malformed; the message names the field."""
 
 

@@ -66,6 +66,7 @@ try:
 except ImportError as err:  # pragma: no cover - exercised where openai is absent
     raise ImportError("llmgym.engines.openai_api needs the openai client: pip install 'llmgym[openai]'") from err
 
+from llmgym.errors import LLMGymError
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
 __all__ = ["ModelNotServedError", "OpenAIEngine", "ServedChoice", "ServerError", "bounded_http_client", "check_options",
@@ -76,11 +77,11 @@ MAX_SERVER_STOPS = 4
 """Stop strings the OpenAI API takes per request; with more, the engine cuts the completion itself."""
 
 
-class ServerError(ConnectionError):
+class ServerError(LLMGymError, ConnectionError):
     """The server did not answer (after the retries), or answered with an error the engine cannot use."""
 
 
-class ModelNotServedError(ValueError):
+class ModelNotServedError(LLMGymError, ValueError):
     """The server answers but does not serve the requested model."""
 
 

@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from llmgym.engines.base import Completion, SamplingParams
+from llmgym.engines.base import Completion, SamplingParams, optional_member
 from llmgym.engines.sampling import row_keys, sample_next_token
 from llmgym.env.types import Task
 from llmgym.env.verifiers import Verifier
@@ -252,7 +252,7 @@ class _Timer:
 
 
 def _generation_done(engine: Any) -> None:
-    done = getattr(engine, "generation_done", None)
+    done = optional_member(engine, "generation_done")
     if done is not None:
         done()
 
@@ -317,12 +317,12 @@ def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, ma
     for e in envs:  # a turn the engine stopped on one of its ids is a turn the model closed (chat replies)
         inner = e.unwrapped
         if hasattr(inner, "stop_token_ids"):
-            inner.stop_token_ids = set(inner.stop_token_ids) | set(getattr(engine, "eos_ids", ()))
+            inner.stop_token_ids = set(inner.stop_token_ids) | set(optional_member(engine, "eos_ids"))
     live = list(range(len(envs)))
     turn = 0
     per_turn = dataclasses.replace(sampling, n=1)
     # the engine's own batches (an engine without max_batch_size takes the whole turn at once)
-    chunk = int(getattr(engine, "max_batch_size", 0) or 0) or max(1, len(envs))
+    chunk = int(optional_member(engine, "max_batch_size")) or max(1, len(envs))
     while live and turn < max_turns:
         keys_all = _row_keys(seed, first_row, len(envs), turn)
         still = []
@@ -331,7 +331,7 @@ def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, ma
             prompts = [observations[i]["prompt_ids"].tolist() for i in rows]
             with clock.generating():
                 groups = engine.generate(prompts, per_turn, keys=[keys_all[i] for i in rows])
-            version = getattr(engine, "policy_version", None)
+            version = optional_member(engine, "policy_version")
             if one_turn and start + chunk >= len(live):
                 _generation_done(engine)  # the engine is free while these completions are verified
             with clock.verifying():
@@ -382,7 +382,7 @@ def _token_wrapper(env: gym.Env):
 
 
 def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock, first_row=0) -> None:
-    if not (hasattr(engine, "open_session") or hasattr(engine, "next_token_logits")):
+    if optional_member(engine, "open_session") is None and optional_member(engine, "next_token_logits") is None:
         raise TypeError(
             f"{type(engine).__name__} cannot drive a token-level env (it has neither open_session nor "
             f"next_token_logits); use HFEngine, or the sequence-level env"
@@ -393,9 +393,9 @@ def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_t
     for e in envs:  # the agent's budget and stop tokens rule, as at sequence level
         wrapper = _token_wrapper(e)
         wrapper.max_new_tokens = sampling.max_new_tokens
-        wrapper.stop_token_ids = wrapper.stop_token_ids | set(getattr(engine, "eos_ids", ()))
+        wrapper.stop_token_ids = wrapper.stop_token_ids | set(optional_member(engine, "eos_ids"))
     # rows are independent (keyed sampling, one env each): a session per engine batch bounds the cache
-    chunk = max(1, int(getattr(engine, "max_batch_size", len(envs)) or len(envs)))
+    chunk = max(1, int(optional_member(engine, "max_batch_size")) or len(envs))
     for start in range(0, len(envs), chunk):
         _run_token_rows(list(range(start, min(start + chunk, len(envs)))), envs, episodes, observations, engine,
                         sampling, seed, max_turns, clock, first_row)
@@ -407,7 +407,7 @@ def _run_token_rows(live, envs, episodes, observations, engine, sampling, seed, 
 
     with clock.generating():
         session = open_decode_session(engine, [observations[i]["prompt_ids"] for i in live])
-    version = getattr(engine, "policy_version", None)
+    version = optional_member(engine, "policy_version")
     with session:  # eval mode held for the whole rollout, not switched per token
         _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock, version, first_row)
 

@@ -45,6 +45,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from llmgym.errors import LLMGymError
+
 __all__ = ["GUARD", "PluginMissingError", "SECRET_ENV", "build_parser", "check_plugin", "is_loopback", "main",
            "read_secret", "server_arguments", "server_environment"]
 
@@ -57,7 +59,7 @@ SECRET_ENV = "LLMGYM_SERVE_SECRET"
 _REFUSED_EXTRA = ("--host", "--port", "--uds", "--grpc-port", "--api-server-count", "--headless")
 
 
-class PluginMissingError(RuntimeError):
+class PluginMissingError(LLMGymError, RuntimeError):
     """vLLM would not find llmgym's weight-transfer backend in the processes it starts."""
 
 

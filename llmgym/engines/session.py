@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from llmgym.engines.base import DecodeSession
+from llmgym.engines.base import DecodeSession, optional_member
 from llmgym.engines.batching import cache_of, pad_left
 
 __all__ = ["HFDecodeSession", "RecomputeSession", "TokenStepper", "open_decode_session", "token_stepper",
@@ -493,13 +493,13 @@ def open_decode_session(engine, contexts: Sequence[Sequence[int]] = ()) -> Decod
         >>> type(session).__name__, session.logits().shape[0]
         ('HFDecodeSession', 2)
     """
-    opener = getattr(engine, "open_session", None)
+    opener = optional_member(engine, "open_session")
     if opener is not None:
         try:
             return opener(contexts)
         except NotImplementedError:
             pass
-    if hasattr(engine, "next_token_logits"):
+    if optional_member(engine, "next_token_logits") is not None:
         return RecomputeSession(engine, contexts)
     raise TypeError(
         f"{type(engine).__name__} cannot step one token at a time (it has neither open_session nor "

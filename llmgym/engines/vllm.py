@@ -119,6 +119,7 @@ except ImportError as err:  # pragma: no cover - exercised where vLLM is absent
         "docs/scale.md#vllmengine). Without vLLM use llmgym.engines.HFEngine."
     ) from err
 
+from llmgym.errors import LLMGymError
 from llmgym.env.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
@@ -132,11 +133,11 @@ CPU_KV_CACHE_BYTES = 1 << 30
 _SEED_MASK = (1 << 63) - 1
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(LLMGymError, ValueError):
     """vLLM on this platform cannot run this model (its architecture or attention head size)."""
 
 
-class EngineArgumentError(ValueError):
+class EngineArgumentError(LLMGymError, ValueError):
     """A ``VLLMEngine`` keyword or vLLM engine argument with a value vLLM would refuse (found before it starts)."""
 
 

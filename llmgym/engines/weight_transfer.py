@@ -36,6 +36,8 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from llmgym.errors import LLMGymError
+
 __all__ = [
     "BACKEND_NAME",
     "DEFAULT_BUCKET_BYTES",
@@ -58,7 +60,7 @@ DEFAULT_BUCKET_BYTES = 256 << 20
 Meta = tuple[str, torch.dtype, tuple[int, ...]]
 
 
-class TransferError(RuntimeError):
+class TransferError(LLMGymError, RuntimeError):
     """The weight transfer could not start or was cut (a peer died, a time-out, mismatched metadata)."""
 
 

@@ -20,6 +20,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Sequence, Union
 
+from llmgym.errors import LLMGymError
 from llmgym.sandbox import SandboxError
 from llmgym.sandbox.killable import call_in_killable_child, in_killable_child, start_child_process
 from llmgym.sandbox.killable import mark_killable_child as mark_time_limited_child
@@ -49,7 +50,7 @@ __all__ = [
 VerifierLike = Union["Verifier", Callable[[Task, str], Union[float, Score]]]
 
 
-class VerifierUnavailableError(RuntimeError):
+class VerifierUnavailableError(LLMGymError, RuntimeError):
     """The verifier itself cannot run (a dependency, a worker, the sandbox): raised, never scored 0."""
 
 

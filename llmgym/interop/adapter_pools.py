@@ -43,6 +43,7 @@ import threading
 import types
 from typing import Any
 
+from llmgym.errors import LLMGymError
 import llmgym.interop.in_sandbox as in_sandbox
 from llmgym.sandbox import SandboxError
 from llmgym.sandbox.killable import in_killable_child
@@ -61,7 +62,7 @@ _PACKAGES = {"verifiers": "verifiers", "textarena": "textarena"}
 _INSTALL = {"verifiers": "pip install 'llmgym[verifiers]'", "textarena": "pip install 'llmgym[textarena]'"}
 
 
-class EpisodeError(RuntimeError):
+class EpisodeError(LLMGymError, RuntimeError):
     """An episode's call failed (the env's code raised, timed out, crashed or sent bad data): the completion's 0."""
 
 

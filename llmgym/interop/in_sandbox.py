@@ -55,6 +55,8 @@ import sys
 import types
 from typing import Any, Callable
 
+from llmgym.errors import LLMGymError
+
 __all__ = [
     "KIND_ENV",
     "MODULE",
@@ -95,7 +97,7 @@ def run_coroutine(coroutine: Any) -> Any:
 # replaying an episode: its state is its seed and its completions
 
 
-class NotReproducible(RuntimeError):
+class NotReproducible(LLMGymError, RuntimeError):
     """A replayed episode showed the policy something other than what it was shown the first time."""
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from llmgym.errors import LLMGymError, LLMGymWarning
+
 __all__ = [
     "ALLOW_UNSANDBOXED_ENV",
     "DEFAULT_PYTHON",
@@ -63,7 +65,7 @@ INSTALL_HINTS = {
 WORKDIR_IN_SANDBOX = "/tmp"
 
 
-class SandboxError(RuntimeError):
+class SandboxError(LLMGymError, RuntimeError):
     """The sandbox itself failed (could not start, bad arguments) -- not the sandboxed program."""
 
 
@@ -92,5 +94,5 @@ class SandboxUnavailableError(SandboxError):
         super().__init__("\n".join(lines))
 
 
-class SandboxWarning(UserWarning):
+class SandboxWarning(LLMGymWarning):
     """Code runs with less isolation than the full sandbox (an explicit opt-out is in force)."""

@@ -17,6 +17,8 @@ import math
 import os
 from typing import Any, Callable, Mapping
 
+from llmgym.errors import LLMGymError
+
 __all__ = ["Tool", "ToolResult", "ToolSetupError", "as_tool", "DEFAULT_TIME_LIMIT", "ERROR_KINDS"]
 
 DEFAULT_TIME_LIMIT = 10.0
@@ -26,7 +28,7 @@ DEFAULT_TIME_LIMIT = 10.0
 ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", "exception", "timeout", "crashed", "over_limit")
 
 
-class ToolSetupError(RuntimeError):
+class ToolSetupError(LLMGymError, RuntimeError):
     """A tool env's set-up failed, not the completion: a tool the worker cannot load, a template that cannot
     render tool turns. Raised from ``step`` (never a silent tool error), with what to do."""
 

@@ -26,13 +26,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from llmgym.errors import LLMGymError
 from llmgym.runtime.display import quiet_hf_progress
 
 __all__ = ["CHECKPOINT_FORMAT", "PIPELINE_STATE", "CheckpointError", "checkpoint_step", "load_checkpoint",
            "load_pipeline_state", "save_checkpoint"]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(LLMGymError, ValueError):
     """A checkpoint that cannot be read (a damaged or foreign ``agent.pt`` / ``pipeline.pt``)."""
 
 

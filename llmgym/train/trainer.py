@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmgym.errors import LLMGymError
 from llmgym.runtime.display import format_value, make_console, make_progress
 
 __all__ = ["EVAL_SEED", "RolloutsLost", "RunExistsError", "StopOnSignals", "TrainResult", "Trainer",
@@ -36,11 +37,11 @@ EVAL_SEED = 1_000_003
 """Seed of the evaluation tasks of ``eval_every`` (a stream apart from the training draws' seeds)."""
 
 
-class RunExistsError(FileExistsError):
+class RunExistsError(LLMGymError, FileExistsError):
     """A new run's directory already holds a run (resume it, or choose another directory)."""
 
 
-class RolloutsLost(ConnectionError):
+class RolloutsLost(LLMGymError, ConnectionError):
     """The rollouts stopped coming (e.g. every rollout server of a fleet is gone); the run saved what it could.
 
     Attributes: ``completed_step`` (the last step done), ``checkpoint`` and ``checkpoint_step`` (what

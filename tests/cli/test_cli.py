@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from llmgym.cli import main
-from llmgym.logging import TIMING_FIELDS, read_metrics
+from llmgym.runtime.logging import TIMING_FIELDS, read_metrics
 
 ENV = "llmgym/Copy-v0"
 SMALL = ["--set", "tasks_per_step=2", "--set", "group_size=2", "--set", "max_new_tokens=4"]
@@ -38,7 +38,7 @@ def isolated_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> str:
     """A 1-layer random-init model saved with save_pretrained (what ``--model PATH`` takes)."""
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained
 
     tok = build_tokenizer()
     model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
@@ -86,7 +86,7 @@ def test_train_writes_metrics_curves_config_and_checkpoints(straight_run):
 
 
 def test_trained_checkpoint_loads_as_a_model(straight_run):
-    from llmgym.models import load_model
+    from llmgym.runtime.models import load_model
 
     model, tok = load_model(straight_run / "checkpoints" / "last")
     assert model.config.vocab_size == len(tok)
@@ -106,7 +106,7 @@ def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(model_dir, straig
 
 def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_identically(model_dir, straight_run, tmp_path, monkeypatch):
     """A SIGINT during step 2: the step finishes, a checkpoint is saved, exit 130; resume completes."""
-    import llmgym.logging as run_logging
+    import llmgym.runtime.logging as run_logging
 
     original_log = run_logging.MetricsLogger.log
 
@@ -193,7 +193,7 @@ def test_train_config_file_and_set_precedence(model_dir, tmp_path):
 
 
 def test_bench_reports_pass_at_k_reward_ci_and_tokens_per_s(model_dir, tmp_path, capsys):
-    from llmgym.metrics import pass_at_k
+    from llmgym.runtime.metrics import pass_at_k
 
     out = tmp_path / "bench.json"
     assert main(["bench", "--env", ENV, "--model", model_dir, "--samples", "4", "--tasks", "3",
@@ -407,11 +407,11 @@ def test_doctests_of_cli_and_logging():
     import pkgutil
 
     import llmgym.cli
-    import llmgym.logging
+    import llmgym.runtime.logging
 
     cli_modules = [importlib.import_module(m.name) for m in pkgutil.iter_modules(llmgym.cli.__path__, "llmgym.cli.")]
     assert {"llmgym.cli.train", "llmgym.cli.bench", "llmgym.cli.common"} <= {m.__name__ for m in cli_modules}
-    for module in (llmgym.cli, *cli_modules, llmgym.logging):
+    for module in (llmgym.cli, *cli_modules, llmgym.runtime.logging):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, module.__name__
 
@@ -420,7 +420,7 @@ def test_metrics_logger_mirrors_numbers_to_tensorboard_when_importable(tmp_path,
     """TensorBoard is optional: with a (stand-in) ``torch.utils.tensorboard`` every number is mirrored."""
     import types
 
-    from llmgym.logging import MetricsLogger
+    from llmgym.runtime.logging import MetricsLogger
 
     calls = []
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from llmgym.cli import main
-from llmgym.logging import TIMING_FIELDS
+from llmgym.runtime.logging import TIMING_FIELDS
 
 SLOW_ODD = '''
 import time
@@ -112,7 +112,7 @@ def test_a_stopped_pipeline_continues_exactly_from_its_saved_state(tmp_path):
 
     from llmgym.agents import GRPO
     from llmgym.agents.pipeline import PipelineState
-    from llmgym.models import TinyModelConfig, build_tiny_model, build_tokenizer
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
 
     tok = build_tokenizer()
     base = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))

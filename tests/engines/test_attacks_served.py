@@ -38,7 +38,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def tok():
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     return build_tokenizer()
 
@@ -314,7 +314,7 @@ class WeightServer:
 def learner(tok):
     import torch
 
-    from llmgym.models import build_tiny_model
+    from llmgym.runtime.models import build_tiny_model
 
     torch.manual_seed(0)
     return build_tiny_model(tok)

@@ -19,6 +19,7 @@ computed the same way from the teacher-forced logits.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import sys
@@ -258,3 +259,56 @@ def test_decode_session_follows_the_context_or_refuses_clearly(setup):
     rows = [a, b, d]
     want = setup.engine.next_token_logits([session.context(r) for r in rows])
     assert (session.logits(rows) - want).abs().max() < setup.tol
+
+
+def test_check_engine_passes(setup):
+    """The shipped checker (llmgym.engines.check_engine) holds every engine of the suite to the contract."""
+    from llmgym.engines import check_engine
+
+    check_engine(setup.engine, model=setup.learner, logprob_tol=setup.tol,
+                 min_agreement=1.0 if setup.exact else 0.75)
+
+
+def _broken_engine(**changes):
+    """An HFEngine whose completions are altered after generation (one broken promise each)."""
+    import dataclasses as dc
+
+    from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
+
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64, seed=1))
+
+    class Broken(HFEngine):
+        def generate(self, prompt_ids, sampling=None, *, keys=None):
+            groups = super().generate(prompt_ids, sampling, keys=keys)
+            return [[dc.replace(c, **{k: f(c) for k, f in changes.items()}) for c in g] for g in groups]
+
+    return Broken(model, tok), model
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(logprobs=lambda c: [-1e300] * len(c.logprobs)), "not a log-probability"),
+    (dict(logprobs=lambda c: [lp - 0.5 for lp in c.logprobs]), "teacher-forced"),
+    (dict(logprobs=lambda c: c.logprobs[:-1]), "log-probs for"),
+    (dict(finish_reason=lambda c: "eos"), "finish_reason"),
+    (dict(finish_reason=lambda c: "length" if c.finish_reason == "stop" else "stop"), "finish_reason"),
+    (dict(text=lambda c: c.text + "!"), "decoded"),
+    (dict(prompt_ids=lambda c: c.prompt_ids[1:]), "prompt_ids"),
+])
+def test_check_engine_names_the_broken_promise(changes, message):
+    from llmgym.engines import EngineContractError, check_engine
+
+    engine, model = _broken_engine(**changes)
+    with pytest.raises(EngineContractError, match=message):
+        check_engine(engine, model=model, max_new_tokens=16)
+
+
+def test_check_engine_refuses_an_engine_that_ignores_its_seed():
+    from llmgym.engines import EngineContractError, check_engine
+
+    engine, _ = _broken_engine()
+    inner = engine.generate
+    engine.generate = lambda prompt_ids, sampling=None, *, keys=None: inner(
+        prompt_ids, dataclasses.replace(sampling or SamplingParams(), seed=0), keys=None)
+    with pytest.raises(EngineContractError, match="seed"):
+        check_engine(engine)

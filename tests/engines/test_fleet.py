@@ -30,7 +30,7 @@ from conftest import vllm_missing_reason
 from llmgym.agents import GRPO
 from llmgym.engines import SamplingParams, sequence_logprobs
 from llmgym.engines.fleet import FleetEngine, FleetError, NotARolloutServerError, ServerLostWarning
-from llmgym.models import build_tiny_model, save_pretrained
+from llmgym.runtime.models import build_tiny_model, save_pretrained
 from test_vllm import DRIFT_MIN, SYNC_TOL, VLLM_SHAPE
 
 reason = vllm_missing_reason()

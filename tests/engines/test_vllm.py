@@ -20,7 +20,7 @@ import llmgym  # noqa: F401
 from conftest import vllm_missing_reason
 from llmgym.agents import GRPO
 from llmgym.engines import SamplingParams, sequence_logprobs
-from llmgym.models import TinyModelConfig, build_tiny_model
+from llmgym.runtime.models import TinyModelConfig, build_tiny_model
 
 reason = vllm_missing_reason()
 pytestmark = pytest.mark.skipif(reason is not None, reason=reason or "")
@@ -97,7 +97,7 @@ class TestOneEngine:
             self, engine, tokenizer):
         """vLLM is an engine of its own: the pipeline loads every version a batch needs into it (from a
         rollout thread), K=0 trains exactly as the synchronous loop, and K=1 samples one update behind."""
-        from llmgym.logging import TIMING_FIELDS
+        from llmgym.runtime.logging import TIMING_FIELDS
 
         base = build_tiny_model(tokenizer, VLLM_SHAPE)
         prompts = [tokenizer.encode(t) for t in ("copy: 417", "copy: 90")]
@@ -244,7 +244,7 @@ def spread(seed: int):
     ``benchmarks/learning_spread.py``: ``value`` is compared with ``bound``."""
     import learning_recipe as recipe
 
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     tokenizer = build_tokenizer()
     base = recipe.warm_model(tokenizer, VLLM_SHAPE)
@@ -264,7 +264,7 @@ def test_train_and_bench_take_engine_vllm_and_resume_keeps_it(tokenizer, tmp_pat
     import json
 
     from llmgym.cli import main
-    from llmgym.models import save_pretrained
+    from llmgym.runtime.models import save_pretrained
 
     model_dir = str(save_pretrained(build_tiny_model(tokenizer, VLLM_SHAPE), tokenizer, tmp_path / "model"))
     small = ["--set", "tasks_per_step=2", "--set", "group_size=2", "--set", "max_new_tokens=4"]

@@ -135,7 +135,7 @@ def spread(seed: int):
     ``value`` is what a test compares with its ``bound`` (the test runs ``seed=SEED``)."""
     from conftest import tiny_shape
 
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     tokenizer = build_tokenizer()
     base = warm_model(tokenizer, tiny_shape())

@@ -27,9 +27,9 @@ from llmgym import SequenceEnv
 from llmgym.agents import CISPO, GDPO, SAPO
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.envs.toy import positional_match, sample_tasks
-from llmgym.models import build_tiny_model, supervised_warmup
-from llmgym.rollout import evaluate
-from llmgym.verifiers import WeightedSum, exact_match
+from llmgym.runtime.models import build_tiny_model, supervised_warmup
+from llmgym.engines.rollout import evaluate
+from llmgym.env.verifiers import WeightedSum, exact_match
 
 # tests/learning/test_learning.py's recipe, written out (not imported: each file's spread is measured for its own code)
 WARMUP_STEPS = 80
@@ -93,7 +93,7 @@ def spread(seed: int):
     ``benchmarks/learning_spread.py``: ``value`` is compared with ``bound``."""
     from conftest import tiny_shape
 
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     tokenizer = build_tokenizer()
     base = warm_model(tokenizer, tiny_shape())

@@ -46,8 +46,8 @@ import llmgym  # noqa: F401
 from llmgym.agents import GRPO
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.envs.tools.calculator import multiplication_task
-from llmgym.models import build_tiny_model
-from llmgym.rollout import evaluate
+from llmgym.runtime.models import build_tiny_model
+from llmgym.engines.rollout import evaluate
 from llmgym.tools import ToolCall, write_tool_calls
 from warm_cache import cached_warmup  # tests/ is on sys.path
 
@@ -132,7 +132,7 @@ def test_grpo_raises_the_calculator_reward(cls, config, warm_base, tokenizer):
 
 def test_the_tool_task_benches_and_trains_from_the_command_line(warm_base, tokenizer, tmp_path, capsys):
     from llmgym.cli import main
-    from llmgym.models import save_pretrained
+    from llmgym.runtime.models import save_pretrained
 
     model, before = warm_base
     model_dir = str(save_pretrained(model, tokenizer, tmp_path / "warm"))
@@ -154,7 +154,7 @@ def spread(seed: int):
     ``benchmarks/learning_spread.py``: ``value`` is compared with ``bound``."""
     from conftest import tiny_shape
 
-    from llmgym.models import build_tokenizer
+    from llmgym.runtime.models import build_tokenizer
 
     tokenizer = build_tokenizer()
     base = warm_model(tokenizer, tiny_shape())

@@ -39,9 +39,9 @@ def test_openai_engine_checks_its_options_itself():
 @pytest.mark.parametrize("fast", [False, True])
 def test_bf16_on_a_cpu_without_bf16_instructions_is_said_to_be_slow(fast, saved_tiny_model_dir, tmp_path,
                                                                      monkeypatch, capsys):
-    import llmgym.threads
+    import llmgym.runtime.threads
 
-    monkeypatch.setattr(llmgym.threads, "cpu_has_fast_bf16", lambda: fast)
+    monkeypatch.setattr(llmgym.runtime.threads, "cpu_has_fast_bf16", lambda: fast)
     assert main(["train", "--env", "llmgym/Copy-v0", "--agent", "grpo", "--model", saved_tiny_model_dir, "--steps", "1",
                  "--out", str(tmp_path / "run"), "--dtype", "bf16-mixed", "--set", "tasks_per_step=1",
                  "--set", "group_size=2", "--set", "max_new_tokens=2", "--device", "cpu"]) == 0

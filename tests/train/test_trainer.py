@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmgym import SequenceEnv, Task
-from llmgym.logging import TIMING_FIELDS
+from llmgym.runtime.logging import TIMING_FIELDS
 from llmgym.train import CheckpointError, RunExistsError, Trainer
 
 STEPS = 5
