@@ -17,6 +17,7 @@ from llmgym.cli.common import plugin_options
 from llmgym.cli.usage import UsageError
 from llmgym.runtime.display import make_console
 from llmgym.runtime.display import is_live
+from llmgym.runtime.install import install_hint
 
 __all__ = ["WIDE", "add_parser", "cmd_list", "adapter_rows"]
 
@@ -133,7 +134,7 @@ def adapter_rows() -> list[tuple[str, str, str]]:
 
     versions = adapter_versions()
     return [(f"{a.name}:{a.target}",
-             f"{a.distribution} {versions[a.name]}" if versions[a.name] else f"missing: pip install 'llmgym[{a.name}]'",
+             f"{a.distribution} {versions[a.name]}" if versions[a.name] else f"missing: {install_hint(a.name)}",
              a.description) for a in ADAPTERS.values()]
 
 

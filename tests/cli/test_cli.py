@@ -20,6 +20,7 @@ import pytest
 
 from llmgym.cli import main
 from llmgym.logging import TIMING_FIELDS, read_metrics
+from llmgym.runtime.install import install_hint
 
 ENV = "llmgym/Copy-v0"
 SMALL = ["--set", "tasks_per_step=2", "--set", "group_size=2", "--set", "max_new_tokens=4"]
@@ -382,7 +383,7 @@ def test_env_needing_a_missing_package_says_what_to_install(command, env_needing
     argv += ["--agent", "grpo", "--out", str(tmp_path / "o")] if command == "train" else []
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "surely_not_an_installed_package" in err and "pip install 'llmgym[math]'" in err
+    assert "surely_not_an_installed_package" in err and install_hint("math") in err
     assert err.count("\n") == 1
 
 

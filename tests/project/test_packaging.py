@@ -20,7 +20,7 @@ def test_the_wheel_has_llmgym_as_its_only_top_level_package(tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (wheel,) = tmp_path.glob("llmgym-*.whl")
+    (wheel,) = tmp_path.glob("llmgym_rl-*.whl")  # the distribution llmgym-rl
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"llmgym"}, top
