@@ -262,10 +262,23 @@ def test_list_family_shows_every_env_with_its_multi_turn_flag(capsys):
     lines = [line for line in printed.splitlines() if "llmgym/" in line]
     assert {"llmgym/Addition-v0", "llmgym/Copy-v0", "llmgym/Reverse-v0", "llmgym/CopyRetry-v0"} <= {
         word for line in lines for word in line.replace("│", " ").split()}
-    assert "yes" in next(line for line in lines if "CopyRetry-v0" in line)
-    assert "yes" not in next(line for line in lines if "llmgym/Copy-v0" in line)
+    assert "multi-turn" in next(line for line in lines if "CopyRetry-v0" in line)
+    assert "multi-turn" not in next(line for line in lines if "llmgym/Copy-v0" in line)
     for name in AGENTS:
         assert name in printed
+
+
+def test_list_into_a_pipe_prints_paragraphs_whatever_columns_says(monkeypatch, capsys):
+    # a pipe or a file gets one paragraph per row, never a table (COLUMNS is 160 in this module; try wider)
+    from llmgym.env.registry import registered_envs
+
+    monkeypatch.setenv("COLUMNS", "186")
+    assert main(["list"]) == 0
+    printed = capsys.readouterr().out
+    assert not set("┏┃│└━─") & set(printed), "a table in a pipe"
+    heads = {line.split()[0] for line in printed.splitlines() if line and not line.startswith(" ")}
+    assert {"llmgym/Copy-v0", "verifiers:<module>", "textarena:<game", "grpo"} <= heads
+    assert {i.id for i in registered_envs("toy")} <= heads
 
 
 # -- quickstart ---------------------------------------------------------------------------------
