@@ -36,7 +36,7 @@ __all__ = ["QUICKSTART_SETTINGS", "add_parser", "cmd_quickstart", "quickstart_ba
 
 QUICKSTART_SETTINGS: dict[str, dict[str, Any]] = {
     # the default: a clear improvement in about two minutes on 2 quiet CPU cores (measured with the head-32
-    # base model on the 2-core AMD EPYC, 2026-11-27: sampled mean reward 0.59 -> 0.84, greedy 0.74 -> 0.83; README)
+    # base model on the 2-core AMD EPYC, 2026-11-27: sampled mean reward 0.59 -> 0.84, greedy 0.74 -> 0.83; docs/benchmarks.md)
     "default": {"steps": 600, "lr": 1e-3, "tasks_per_step": 16, "group_size": 8, "seed": 0},
     # --quick: seconds, for tests and a first look
     "quick": {"steps": 50, "lr": 1e-3, "tasks_per_step": 16, "group_size": 8, "seed": 0},

@@ -133,7 +133,7 @@ def test_test_files_are_in_folders_by_subsystem_under_unique_names():
     names = [p.name for p in TEST_FILES]
     assert len(names) > 50 and len(set(names)) == len(names), sorted(n for n in names if names.count(n) > 1)
     loose = [p.name for p in TEST_FILES if p.parent == ROOT / "tests"]
-    assert loose == [], f"{loose}: put each test file in the folder of its subsystem (README, 'tests/')"
+    assert loose == [], f"{loose}: put each test file in the folder of its subsystem (docs/concepts.md, 'The source layout')"
 
 
 def test_the_slow_table_names_real_tests_and_holds_every_learning_test():

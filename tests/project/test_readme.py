@@ -62,3 +62,12 @@ def test_readme_snippet_runs(index, capsys, tmp_path, monkeypatch):
         pytest.skip("llmgym.train (the Trainer) is not in this tree")
     monkeypatch.chdir(tmp_path)  # a snippet that writes runs/ writes it here
     exec(compile(snippet, f"README.md snippet {index}", "exec"), {"__name__": "__readme__"})
+
+
+@pytest.mark.parametrize("page", [p.relative_to(ROOT).as_posix() for p in (README, *sorted((ROOT / "docs").glob("*.md")))])
+def test_every_relative_link_names_a_file_that_exists(page):
+    path = ROOT / page
+    links = re.findall(r"\]\(([^)\s]+)\)", path.read_text())
+    missing = [link for link in links if not re.match(r"[a-z]+:|#", link)
+               and not (path.parent / link.split("#", 1)[0]).exists()]
+    assert not missing, f"{page} links to files that do not exist: {missing}"
