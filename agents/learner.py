@@ -59,6 +59,7 @@ from llmgym.agents.corrections import ImportanceWeightStats, stale_token_mask, t
 from llmgym.agents.fused_head import TILE_ELEMENTS, head_logprobs_and_entropy, logit_transform
 from llmgym.agents.shared_prefix import shared_prefix_hidden, shared_prefixes, supports_shared_prefixes
 from llmgym.engines.batch import Batch
+from llmgym.runtime.install import install_hint
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmgym.agents.base import Agent
@@ -344,7 +345,7 @@ def _lora_config(config, model):
     try:
         import peft
     except ImportError as err:  # pragma: no cover - peft is in the dev environment
-        raise ImportError("LoRA (lora_r > 0) needs peft: pip install 'llmgym[peft]'") from err
+        raise ImportError(f"LoRA (lora_r > 0) needs peft: {install_hint('peft')}") from err
     return peft, peft.LoraConfig(
         r=config.lora_r,
         lora_alpha=config.lora_alpha if config.lora_alpha is not None else 2 * config.lora_r,

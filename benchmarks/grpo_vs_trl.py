@@ -27,7 +27,7 @@ second half of its steps (``settled_step_s``) next to the median after the first
 reported for the whole run and for the steps after the first (``peak_gpu_mib_steady``: compilation
 and the optimiser state's creation happen in step 1).
 
-Usage (TRL is a benchmark-only extra: ``pip install 'llmgym[bench]'``)::
+Usage (TRL is a benchmark-only extra: ``pip install -e '.[bench]'`` from the checkout)::
 
     python benchmarks/grpo_vs_trl.py                   # CPU: tiny (1.1M) and 10M Llama + memory table
     python benchmarks/grpo_vs_trl.py --device cuda     # GPU: the same, on the GPU

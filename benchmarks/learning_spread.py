@@ -7,10 +7,10 @@ amplifies it, as a new seed does. torch lets one machine run another family's ke
 thread count changes kernels too. So every learning assertion of the suite is run here under each
 kernel family the CPU can execute, each thread count and several seeds, every run in a fresh
 process (the variables act when torch loads), and a table shows each statistic's spread against the
-bound its test asserts (``docs/learning_tests.md``).
+bound its test asserts (``benchmarks/make_page.py`` puts it into ``docs/benchmarks.md``).
 
     python benchmarks/learning_spread.py                       # everything: resumable, then the table
-    python benchmarks/learning_spread.py --docs docs/learning_tests.md   # ... and the table into the docs
+    python benchmarks/make_page.py                             # ... and the table into docs/benchmarks.md
     python benchmarks/learning_spread.py --recipes tools --families default --threads 1 --seeds 0
     python benchmarks/learning_spread.py --table-only          # the table of what is recorded
 

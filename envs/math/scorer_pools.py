@@ -36,6 +36,7 @@ import math
 from typing import Any
 
 from llmgym.envs.math import math_verify_scorer, reasoning_gym_scorer
+from llmgym.runtime.install import install_hint
 from llmgym.sandbox import SandboxError
 from llmgym.sandbox.killable import in_killable_child
 from llmgym.sandbox.pool import DEFAULT_POOL_SIZE, WorkerPool, WorkerPools
@@ -45,8 +46,8 @@ from llmgym.env.verifiers import VerifierUnavailableError
 __all__ = ["ANSWER_FORMS", "DEFAULT_CONCURRENCY", "MATH_VERIFY_MAX_NUMBER_BITS", "MATH_VERIFY_WORKER", "REASONING_GYM_WORKER", "close_workers", "math_verify_equal", "reasoning_gym_score"]
 
 _INSTALL = {
-    "math_verify": "pip install 'llmgym[math]' (or pip install math-verify)",
-    "reasoning_gym": "pip install 'llmgym[math]' (or pip install reasoning-gym)",
+    "math_verify": f"{install_hint('math')} (or pip install math-verify)",
+    "reasoning_gym": f"{install_hint('math')} (or pip install reasoning-gym)",
 }
 
 MATH_VERIFY_MAX_NUMBER_BITS = math_verify_scorer.MAX_NUMBER_BITS

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from llmgym.cli import bench, compare, listing, quickstart, rm, serve, train
 from llmgym.cli.common import check_spaced_pairs, import_user_modules, parse_overrides, plugin_options
 from llmgym.cli.resolve import build_agent_config
-from llmgym.cli.usage import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from llmgym.cli.usage import EXIT_INTERRUPTED, EXIT_USAGE, UsageError, invoked_as
 from llmgym.cli.quickstart import QUICKSTART_SETTINGS, quickstart_base_model
 from llmgym.cli.training import RunSpec, train_run
 from llmgym.train import TrainResult
@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         resume_dir = getattr(args, "resume_dir", None)
         if resume_dir is not None and (resume_dir / "checkpoints" / "last" / "step.txt").is_file():
-            print(f"llmgym: interrupted; continue with: llmgym train --resume {resume_dir}", file=sys.stderr)
+            print(f"llmgym: interrupted; continue with: {invoked_as()} train --resume {resume_dir}", file=sys.stderr)
         else:
             print("llmgym: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

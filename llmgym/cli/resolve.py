@@ -20,6 +20,7 @@ from typing import Any
 
 from llmgym.cli.usage import LIST_HINT, UsageError
 from llmgym.runtime.display import quiet_hf_progress
+from llmgym.runtime.install import install_hint
 from llmgym.runtime.threads import set_torch_threads
 
 __all__ = ["require_env", "ENV_ARG_RESERVED", "make_run_env", "require_agent", "MODEL_HINT", "resolve_model", "load_run_model", "apply_threads", "check_model", "build_agent_config", "construct_agent", "check_env_makes"]
@@ -47,7 +48,7 @@ def require_env(env_id: str):
     missing = [m for m in info.requires if importlib.util.find_spec(m.split(".")[0]) is None]
     if missing:
         extra = {"math": "math", "code": "code"}.get(info.family)
-        how = f"pip install 'llmgym[{extra}]'" if extra else f"pip install {' '.join(missing)}"
+        how = install_hint(extra) if extra else f"pip install {' '.join(missing)}"
         raise UsageError(f"{env_id} needs the Python package(s) {', '.join(missing)}, not installed here: {how}")
     return info
 

@@ -32,7 +32,7 @@ from llmgym.cli.console import files_table, format_value, summary_window
 from llmgym.cli.engine_options import bf16_on_slow_cpu, check_engine, engine_arguments, engine_options
 from llmgym.cli.resolve import build_agent_config, check_model, require_agent, require_env
 from llmgym.cli.run_files import RUN_FILES, check_out_dir, existing_files
-from llmgym.cli.usage import EXIT_INTERRUPTED, UsageError
+from llmgym.cli.usage import EXIT_INTERRUPTED, UsageError, invoked_as
 from llmgym.runtime.display import make_console
 from llmgym.cli.training import RunSpec, train_run
 from llmgym.runtime.logging import TRACKERS
@@ -264,7 +264,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.interrupted:
         if result.checkpoint is not None:
             console.print(f"[yellow]interrupted; checkpoint saved at step {result.checkpoint_step}. Continue with: "
-                          f"llmgym train --resume {out}[/]")
+                          f"{invoked_as()} train --resume {out}[/]")
         else:
             console.print("[yellow]interrupted; no checkpoint to continue from[/]")
         return EXIT_INTERRUPTED

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from llmgym.errors import LLMGymError
 
-__all__ = ["EXIT_USAGE", "EXIT_INTERRUPTED", "LIST_HINT", "UsageError", "first_line"]
+__all__ = ["EXIT_USAGE", "EXIT_INTERRUPTED", "LIST_HINT", "UsageError", "first_line", "invoked_as"]
 
 EXIT_USAGE = 2
 """Exit code of a usage error (what argparse uses too)."""
@@ -21,6 +21,30 @@ EXIT_INTERRUPTED = 130
 
 
 LIST_HINT = "run `llmgym list` to see the registered envs and agents"
+
+
+def invoked_as() -> str:
+    """How to run ``llmgym`` again, for the commands a command prints (``next: ... bench ...``): ``llmgym``
+    where that name finds this very script on ``$PATH``, else the path it was started by
+    (``.venv/bin/llmgym`` when the venv is not activated).
+
+    Example:
+        >>> from llmgym.cli.usage import invoked_as
+        >>> invoked_as()  # under the doctest runner: not the llmgym script
+        'llmgym'
+    """
+    import os
+    import shlex
+    import shutil
+    import sys
+
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) != "llmgym":
+        return "llmgym"
+    found = shutil.which("llmgym")
+    if found and os.path.realpath(found) == os.path.realpath(argv0):
+        return "llmgym"
+    return shlex.quote(argv0)
 
 
 class UsageError(LLMGymError):

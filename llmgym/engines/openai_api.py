@@ -1,8 +1,8 @@
 """Rollouts and evaluation against any OpenAI-compatible server: ``vllm serve``, SGLang, a hosted API.
 
 :class:`OpenAIEngine` implements the :class:`~llmgym.engines.Engine` contract over the *completions*
-endpoint (``POST {base_url}/completions``) with the ``openai`` client (``pip install
-'llmgym[openai]'``; vLLM installs it too):
+endpoint (``POST {base_url}/completions``) with the ``openai`` client (the ``openai`` extra; vLLM installs it
+too):
 
 * **prompts as token ids** where the server accepts them (the completions API allows an array of
   ids; vLLM and SGLang do), so the model sees exactly the env's tokens; a server that refuses them
@@ -59,12 +59,14 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+from llmgym.runtime.install import install_hint
+
 try:
     import httpcore
     import httpx
     import openai
 except ImportError as err:  # pragma: no cover - exercised where openai is absent
-    raise ImportError("llmgym.engines.openai_api needs the openai client: pip install 'llmgym[openai]'") from err
+    raise ImportError(f"llmgym.engines.openai_api needs the openai client: {install_hint('openai')}") from err
 
 from llmgym.errors import LLMGymError
 from llmgym.engines.base import Completion, SamplingParams, expand_rows

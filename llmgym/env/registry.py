@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
+from llmgym.runtime.install import install_hint
+
 __all__ = [
     "ENTRY_POINT_GROUP", "EnvInfo", "register_env", "make_env", "registered_envs", "env_info", "load_plugins",
     "REASONING_GYM_DATASETS",
@@ -122,7 +124,7 @@ def _load(factory: str | Callable[..., gym.Env]) -> Callable[..., gym.Env]:
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
             f"this env needs the Python module {exc.name!r}, which is not installed: "
-            f"pip install 'llmgym[math,code]' (or the package that provides {exc.name!r})"
+            f"{install_hint('math', 'code')} (or the package that provides {exc.name!r})"
         ) from exc
     for part in qualname.split("."):
         obj = getattr(obj, part)

@@ -44,6 +44,8 @@ import types
 from typing import Any
 
 from llmgym.errors import LLMGymError
+from llmgym.runtime.install import install_hint
+
 import llmgym.interop.in_sandbox as in_sandbox
 from llmgym.sandbox import SandboxError
 from llmgym.sandbox.killable import in_killable_child
@@ -59,7 +61,7 @@ INTEROP_LIMITS = dataclasses.replace(WORKER_LIMITS, max_output_kb=2048)
 """Limits of each call: :data:`~llmgym.sandbox.worker.WORKER_LIMITS`, with room for an episode's reply."""
 
 _PACKAGES = {"verifiers": "verifiers", "textarena": "textarena"}
-_INSTALL = {"verifiers": "pip install 'llmgym[verifiers]'", "textarena": "pip install 'llmgym[textarena]'"}
+_INSTALL = {"verifiers": install_hint("verifiers"), "textarena": install_hint("textarena")}
 
 
 class EpisodeError(LLMGymError, RuntimeError):

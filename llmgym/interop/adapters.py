@@ -22,6 +22,8 @@ import importlib.metadata
 import importlib.util
 from typing import Any
 
+from llmgym.runtime.install import install_hint
+
 __all__ = ["Adapter", "ADAPTERS", "adapter_versions", "import_package", "parse_env_spec", "check_env_spec",
            "make_adapted_env"]
 
@@ -83,7 +85,7 @@ def import_package(name: str, module: str | None = None) -> Any:
         return importlib.import_module(module or adapter.module)
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(f"the {name} adapter needs the {adapter.distribution} package ({exc.name} is "
-                                  f"missing): pip install 'llmgym[{name}]'", name=exc.name) from exc
+                                  f"missing): {install_hint(name)}", name=exc.name) from exc
 
 
 def parse_env_spec(spec: str) -> tuple[Adapter, str] | None:
@@ -115,7 +117,7 @@ def check_env_spec(spec: str) -> tuple[Adapter, str]:
         raise ValueError(f"{adapter.name}: names no {what}: give {adapter.name}:{adapter.target}, e.g. {example}")
     if importlib.util.find_spec(adapter.module) is None:
         raise ValueError(f"{spec} needs the Python package {adapter.distribution!r}, not installed here: "
-                         f"pip install 'llmgym[{adapter.name}]'")
+                         + install_hint(adapter.name))
     if adapter.name == "verifiers":
         module = target.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()  # verifiers' own id rule
         _search_current_folder()  # a module of the user's, as --import finds one (the `llmgym` script has not)

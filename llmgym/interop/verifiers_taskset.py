@@ -29,11 +29,13 @@ import itertools
 import sys
 from typing import Any
 
+from llmgym.runtime.install import install_hint
+
 try:
     import verifiers.v1 as vf
 except ModuleNotFoundError as exc:  # a plugin module: without verifiers there is nothing to define
     raise ModuleNotFoundError(f"llmgym's verifiers taskset needs the verifiers package ({exc.name} is missing): "
-                              f"pip install 'llmgym[verifiers]'", name=exc.name) from exc
+                              + install_hint("verifiers"), name=exc.name) from exc
 
 from llmgym.env.types import Task
 

@@ -121,7 +121,7 @@ def test_memory_timeline_reports_every_phase_on_cpu(tmp_path):
 
 
 def test_memory_timeline_measures_trl_with_the_same_instrument(tmp_path):
-    pytest.importorskip("trl", reason="TRL is the benchmark-only extra: pip install 'llmgym[bench]'")
+    pytest.importorskip("trl", reason="TRL is the benchmark-only extra: the bench extra")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import memory_timeline
 

@@ -20,6 +20,7 @@ import pytest
 
 from llmgym.cli import main
 from llmgym.runtime.logging import TIMING_FIELDS, read_metrics
+from llmgym.runtime.install import install_hint
 
 ENV = "llmgym/Copy-v0"
 SMALL = ["--set", "tasks_per_step=2", "--set", "group_size=2", "--set", "max_new_tokens=4"]
@@ -261,10 +262,23 @@ def test_list_family_shows_every_env_with_its_multi_turn_flag(capsys):
     lines = [line for line in printed.splitlines() if "llmgym/" in line]
     assert {"llmgym/Addition-v0", "llmgym/Copy-v0", "llmgym/Reverse-v0", "llmgym/CopyRetry-v0"} <= {
         word for line in lines for word in line.replace("│", " ").split()}
-    assert "yes" in next(line for line in lines if "CopyRetry-v0" in line)
-    assert "yes" not in next(line for line in lines if "llmgym/Copy-v0" in line)
+    assert "multi-turn" in next(line for line in lines if "CopyRetry-v0" in line)
+    assert "multi-turn" not in next(line for line in lines if "llmgym/Copy-v0" in line)
     for name in AGENTS:
         assert name in printed
+
+
+def test_list_into_a_pipe_prints_paragraphs_whatever_columns_says(monkeypatch, capsys):
+    # a pipe or a file gets one paragraph per row, never a table (COLUMNS is 160 in this module; try wider)
+    from llmgym.env.registry import registered_envs
+
+    monkeypatch.setenv("COLUMNS", "186")
+    assert main(["list"]) == 0
+    printed = capsys.readouterr().out
+    assert not set("┏┃│└━─") & set(printed), "a table in a pipe"
+    heads = {line.split()[0] for line in printed.splitlines() if line and not line.startswith(" ")}
+    assert {"llmgym/Copy-v0", "verifiers:<module>", "textarena:<game", "grpo"} <= heads
+    assert {i.id for i in registered_envs("toy")} <= heads
 
 
 # -- quickstart ---------------------------------------------------------------------------------
@@ -382,7 +396,7 @@ def test_env_needing_a_missing_package_says_what_to_install(command, env_needing
     argv += ["--agent", "grpo", "--out", str(tmp_path / "o")] if command == "train" else []
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "surely_not_an_installed_package" in err and "pip install 'llmgym[math]'" in err
+    assert "surely_not_an_installed_package" in err and install_hint("math") in err
     assert err.count("\n") == 1
 
 

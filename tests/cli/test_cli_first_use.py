@@ -391,3 +391,23 @@ def slow_env():
 @pytest.fixture()
 def coin_env():
     yield from _registered("FirstHourCoin", _make_coin_env)
+
+
+def test_printed_follow_on_commands_run_the_script_that_was_started(tmp_path, monkeypatch):
+    """After `bash scripts/setup.sh`, `.venv/bin/llmgym` is not on $PATH: the commands a command prints
+    (`next: ... bench`, `... train --resume`) name the script as it was started, so they run as printed."""
+    from llmgym.cli.usage import invoked_as
+
+    script = tmp_path / "venv" / "bin" / "llmgym"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setattr("sys.argv", [str(script), "quickstart"])
+    monkeypatch.setenv("PATH", str(tmp_path / "elsewhere"))
+    assert invoked_as() == str(script)
+    monkeypatch.setenv("PATH", str(script.parent))  # activated: the bare name finds this very script
+    assert invoked_as() == "llmgym"
+    monkeypatch.setattr("sys.argv", ["/some where/llmgym"])  # quoted for the shell
+    assert invoked_as() == "'/some where/llmgym'"
+    monkeypatch.setattr("sys.argv", ["/x/pytest"])
+    assert invoked_as() == "llmgym"

@@ -25,7 +25,7 @@ from llmgym.interop import from_textarena, from_verifiers
 from llmgym.sandbox import SandboxError, SandboxUnavailableError, SandboxWarning, check_sandbox
 from llmgym.env.verifiers import VerifierUnavailableError
 
-vf = pytest.importorskip("verifiers.v1", reason="the verifiers adapter tests need verifiers >= 0.4 (llmgym[verifiers])")
+vf = pytest.importorskip("verifiers.v1", reason="the verifiers adapter tests need verifiers >= 0.4 (the verifiers extra)")
 sympy = pytest.importorskip("sympy")
 
 INFO = check_sandbox()

@@ -15,7 +15,7 @@ from llmgym.cli import main
 from llmgym.interop import from_textarena, make_adapted_env
 from llmgym.interop.adapters import check_env_spec
 
-ta = pytest.importorskip("textarena", reason="the TextArena adapter tests need textarena (llmgym[textarena])")
+ta = pytest.importorskip("textarena", reason="the TextArena adapter tests need textarena (the textarena extra)")
 # gymnasium warns that a wrapped env is checked: checking what users get (the wrappers) is the point
 pytestmark = pytest.mark.filterwarnings("ignore:.*different from the unwrapped version:UserWarning")
 

@@ -23,7 +23,7 @@ from llmgym import SequenceEnv, Task
 from llmgym.cli import main
 from llmgym.interop import from_verifiers, make_adapted_env, to_verifiers, trl_dataset, trl_reward_funcs
 
-vf = pytest.importorskip("verifiers.v1", reason="the verifiers adapter tests need verifiers >= 0.4 (llmgym[verifiers])")
+vf = pytest.importorskip("verifiers.v1", reason="the verifiers adapter tests need verifiers >= 0.4 (the verifiers extra)")
 # gymnasium warns that a wrapped env is checked: checking what users get (the wrappers) is the point
 pytestmark = pytest.mark.filterwarnings("ignore:.*different from the unwrapped version:UserWarning")
 

@@ -20,7 +20,7 @@ def test_the_wheel_has_llmgym_as_its_only_top_level_package(tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (wheel,) = tmp_path.glob("llmgym-*.whl")
+    (wheel,) = tmp_path.glob("llmgym_rl-*.whl")  # the distribution llmgym-rl
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"llmgym"}, top
@@ -133,7 +133,7 @@ def test_test_files_are_in_folders_by_subsystem_under_unique_names():
     names = [p.name for p in TEST_FILES]
     assert len(names) > 50 and len(set(names)) == len(names), sorted(n for n in names if names.count(n) > 1)
     loose = [p.name for p in TEST_FILES if p.parent == ROOT / "tests"]
-    assert loose == [], f"{loose}: put each test file in the folder of its subsystem (README, 'tests/')"
+    assert loose == [], f"{loose}: put each test file in the folder of its subsystem (docs/concepts.md, 'The source layout')"
 
 
 def test_the_slow_table_names_real_tests_and_holds_every_learning_test():
