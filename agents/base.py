@@ -22,13 +22,13 @@ from llmgym.agents import functional as F
 from llmgym.agents.corrections import TIS_LEVELS
 from llmgym.agents.learner import ForwardOutput, Learner, check_learner_config, micro_batches
 from llmgym.runtime import distributed
-from llmgym.engines.batch import Batch
+from llmgym.rollout.batch import Batch
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.engines.base import sync_engine_weights
 from llmgym.engines.session import token_stepper
 from llmgym.engines.sampling import row_keys, sample_next_token
 from llmgym.runtime.models import flush_denormals
-from llmgym.engines.rollout import collect_episodes, draw_tasks, is_token_level
+from llmgym.rollout.episodes import collect_episodes, draw_tasks, is_token_level
 
 __all__ = ["AgentConfig", "Agent", "ForwardOutput"]
 
@@ -247,7 +247,7 @@ class Agent(abc.ABC):
         Tasks and tokens are seeded by ``(seed, step, draw)``; ``draw`` numbers extra draws within
         one step (DAPO's dynamic sampling). ``engine`` (default ``self.engine``) and ``step`` (default
         ``step_count``) are what the pipelined learner passes for a batch it rolls out ahead of the
-        update; ``rollout`` goes to :func:`~llmgym.engines.rollout.collect_episodes` (``step_pool``,
+        update; ``rollout`` goes to :func:`~llmgym.rollout.episodes.collect_episodes` (``step_pool``,
         ``observer``). Subclasses that override this pass all three on.
         """
         engine = self.engine if engine is None else engine

@@ -37,9 +37,9 @@ import torch
 from llmgym.runtime import distributed
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.engines.batch import Batch
+from llmgym.rollout.batch import Batch
 from llmgym.rlhf.preferences import PreferencePair, encode_pair, load_preferences
-from llmgym.engines.rollout import Episode
+from llmgym.rollout.episodes import Episode
 from llmgym.env.types import Task
 
 __all__ = ["DPOConfig", "DPO", "pair_batch"]

@@ -58,7 +58,7 @@ from llmgym.agents import functional as F
 from llmgym.agents.corrections import ImportanceWeightStats, stale_token_mask, truncated_importance_weights
 from llmgym.agents.fused_head import TILE_ELEMENTS, head_logprobs_and_entropy, logit_transform
 from llmgym.agents.shared_prefix import shared_prefix_hidden, shared_prefixes, supports_shared_prefixes
-from llmgym.engines.batch import Batch
+from llmgym.rollout.batch import Batch
 from llmgym.runtime.install import install_hint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -319,8 +319,8 @@ def micro_batches(batch: Batch, size: int | None, rows_per_example: int = 1) -> 
 
     Example:
         >>> import torch
-        >>> from llmgym.engines.batch import Batch
-        >>> from llmgym.engines.rollout import Episode
+        >>> from llmgym.rollout.batch import Batch
+        >>> from llmgym.rollout.episodes import Episode
         >>> from llmgym import Task
         >>> ep = Episode(Task("p"), 0, [1, 5, 6, 2], [0, 0, 1, 1], [0, 0, -0.5, -0.1], [0, 0, 0, 1.0], 2)
         >>> [len(b) for b in micro_batches(Batch.from_episodes([ep] * 5), 2)]

@@ -147,7 +147,7 @@ class StageMeter:
 
 
 class _Stages:
-    """The observer :func:`~llmgym.engines.rollout.collect_episodes` reports its spans to, plus the learner's."""
+    """The observer :func:`~llmgym.rollout.episodes.collect_episodes` reports its spans to, plus the learner's."""
 
     def __init__(self) -> None:
         self.meters = {name: StageMeter() for name in STAGES}
@@ -195,8 +195,8 @@ def _batch_state(batch) -> dict[str, Any]:
 
 
 def _batch_from_state(state: dict[str, Any]):
-    from llmgym.engines.batch import Batch
-    from llmgym.engines.rollout import Episode
+    from llmgym.rollout.batch import Batch
+    from llmgym.rollout.episodes import Episode
     from llmgym.env.types import Task
 
     episodes = []

@@ -12,8 +12,8 @@ import torch
 
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.engines.batch import Batch
-from llmgym.engines.rollout import collect_episodes
+from llmgym.rollout.batch import Batch
+from llmgym.rollout.episodes import collect_episodes
 
 __all__ = ["REINFORCEConfig", "REINFORCE", "ReMaxConfig", "ReMax"]
 

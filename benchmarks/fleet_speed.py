@@ -86,7 +86,7 @@ def run_shape(shape: str, *, batch: int, new_tokens: int, repeats: int, syncs: i
 
     from served import RolloutServers
 
-    from llmgym.engines.fleet import FleetEngine
+    from llmgym.fleet.fleet_engine import FleetEngine
     from llmgym.engines.vllm import VLLMEngine
     from llmgym.runtime.models import save_pretrained
 

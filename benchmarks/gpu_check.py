@@ -345,9 +345,9 @@ def update_memory(rows: int = 32, prompt: int = 32, completion: int = 128) -> di
 
     from llmgym import Task
     from llmgym.agents import GRPO
-    from llmgym.engines.batch import Batch
+    from llmgym.rollout.batch import Batch
     from llmgym.runtime.models import build_tokenizer
-    from llmgym.engines.rollout import Episode
+    from llmgym.rollout.episodes import Episode
 
     vocab = QWEN2_05B["vocab_size"]
     g = torch.Generator().manual_seed(1)

@@ -373,7 +373,7 @@ def explore(argv: list[str]) -> None:
             if args.engine == "vllm":
                 engine = test_vllm.make_engine(model, tokenizer)
             elif args.engine == "fleet":
-                from llmgym.engines.fleet import FleetEngine
+                from llmgym.fleet.fleet_engine import FleetEngine
 
                 engine = FleetEngine(args.server, tokenizer, model)
             agent = cls(model, tokenizer, max_new_tokens=recipe.MAX_NEW_TOKENS, seed=seed, engine=engine, **config)

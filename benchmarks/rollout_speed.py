@@ -31,7 +31,7 @@ from rich.table import Table
 import llmgym  # noqa: F401
 from llmgym.engines import HFEngine, SamplingParams, TokenStepper, pad_left
 from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
-from llmgym.engines.rollout import collect_episodes
+from llmgym.rollout.episodes import collect_episodes
 
 
 def median_time(fn, repeats: int) -> float:

@@ -13,7 +13,7 @@ import llmgym  # noqa: F401
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.runtime.metrics import pass_at_k, reward_interval
 from llmgym.runtime.models import load_model
-from llmgym.engines.rollout import collect_episodes
+from llmgym.rollout.episodes import collect_episodes
 from llmgym.runtime.threads import set_torch_threads
 
 parser = argparse.ArgumentParser()

@@ -31,7 +31,7 @@ from llmgym.rlhf.llm_judges import JudgeVerifier
 from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained, supervised_warmup
 from llmgym.rlhf.preferences import PreferencePair, save_preferences, split_preferences
 from llmgym.rlhf.reward_models import RewardModelVerifier, reward_model_from_causal_lm, train_reward_model
-from llmgym.engines.rollout import collect_episodes
+from llmgym.rollout.episodes import collect_episodes
 from llmgym.runtime.threads import set_torch_threads
 from llmgym.env.verifiers import AllOf, RegexFormat
 

@@ -66,7 +66,7 @@ def main(argv=None) -> None:
         distributed.apply_fsdp(model)
     engine = None
     if args.server:
-        from llmgym.engines.fleet import FleetEngine
+        from llmgym.fleet.fleet_engine import FleetEngine
 
         engine = FleetEngine(args.server, tokenizer, model)  # rank 0 pushes version 0; every rank samples
     agent = AGENTS[args.agent](model, tokenizer, tasks_per_step=args.tasks_per_step, group_size=args.group_size,

@@ -9,7 +9,7 @@ from llmgym.agents import REINFORCE
 from llmgym.envs.toy import sample_tasks
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer, supervised_warmup
-from llmgym.engines.rollout import evaluate
+from llmgym.rollout import evaluate
 from llmgym.runtime.threads import set_torch_threads
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -27,8 +27,8 @@ supervised_warmup(model, tokenizer, [(t.prompt, t.answer) for t in sample_tasks(
 env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
 held_out = sample_tasks("copy", 16 if args.quick else 64, seed=999) * (1 if args.quick else 4)
 sampling = SamplingParams(max_new_tokens=6)
-before = evaluate(env, HFEngine(model, tokenizer), held_out, sampling, seed=3)["mean_reward"]
+before = evaluate(env, HFEngine(model, tokenizer), held_out, sampling, seed=3)["reward_mean"]
 agent = REINFORCE(model, tokenizer, lr=1e-3, tasks_per_step=16, group_size=8, max_new_tokens=6)
 history = agent.learn(env, steps=steps, progress=True)
-after = evaluate(env, agent.engine, held_out, sampling, seed=3)["mean_reward"]
+after = evaluate(env, agent.engine, held_out, sampling, seed=3)["reward_mean"]
 print(f"REINFORCE: held-out reward {before:.3f} -> {after:.3f} in {steps} steps")

@@ -14,7 +14,7 @@ import llmgym  # noqa: F401  (registers the envs)
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.envs.toy import sample_tasks
 from llmgym.runtime.models import build_tiny_model, supervised_warmup
-from llmgym.engines.rollout import evaluate
+from llmgym.rollout import evaluate
 
 __all__ = ["BATCH", "HELD_OUT", "MAX_NEW_TOKENS", "SAMPLING", "SEED", "WARMUP_STEPS", "held_out_reward",
            "warm_model"]
@@ -50,4 +50,4 @@ def held_out_reward(model, tokenizer, seed: int = SEED) -> float:
     """The mean reward of ``model``'s sampled completions on the fixed held-out set (``HELD_OUT``), sampled with
     :class:`~llmgym.engines.HFEngine` (the learner's own policy) and sampling seed ``1000 + seed``."""
     env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
-    return evaluate(env, HFEngine(model, tokenizer), HELD_OUT, SAMPLING, seed=1000 + seed)["mean_reward"]
+    return evaluate(env, HFEngine(model, tokenizer), HELD_OUT, SAMPLING, seed=1000 + seed)["reward_mean"]

@@ -128,7 +128,7 @@ def vllm_server(model_dir: str | Path, served_name: str = "tiny", *, dtype: str 
 
 class RolloutServers:
     """Rollout servers (``llmgym serve``) started at once (their start-ups overlap); :meth:`urls` waits for
-    them. Even-numbered ones start as ``python -m llmgym.engines.serve`` with the secret :attr:`secret` in
+    them. Even-numbered ones start as ``python -m llmgym.fleet.serve`` with the secret :attr:`secret` in
     ``LLMGYM_SERVE_SECRET``, odd ones as ``python -m llmgym serve --secret-file FILE``."""
 
     def __init__(self, model_dir: str | Path, count: int, *, dtype: str = "float32", kv_cache_bytes: int = 64 << 20,
@@ -146,8 +146,8 @@ class RolloutServers:
             self.bases.append(f"http://127.0.0.1:{port}")
             log = tempfile.NamedTemporaryFile(prefix=f"llmgym-serve-{i}-", suffix=".log", delete=False)
             self.logs.append(log)
-            # both documented entry points: python -m llmgym.engines.serve, and the command line's llmgym serve
-            entry = ["llmgym", "serve"] if i % 2 else ["llmgym.engines.serve"]
+            # both documented entry points: python -m llmgym.fleet.serve, and the command line's llmgym serve
+            entry = ["llmgym", "serve"] if i % 2 else ["llmgym.fleet.serve"]
             command = [sys.executable, "-m", *entry, "--model", str(model_dir), "--port", str(port),
                        "--dtype", dtype, "--kv-cache-memory-bytes", str(kv_cache_bytes)]
             # one core per server (vLLM's CPU worker binds its threads; by default every server would take core 0)

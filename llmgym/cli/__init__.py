@@ -68,7 +68,6 @@ __all__ = [
     "UsageError",
     "build_agent_config",
     "build_parser",
-    "evaluate_held_out",
     "main",
     "parse_overrides",
     "quickstart_base_model",
@@ -157,11 +156,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
-
-def __getattr__(name: str):
-    # llmgym.cli.evaluate_held_out, as before it moved to llmgym.engines.rollout; imported on use (torch)
-    if name == "evaluate_held_out":
-        from llmgym.engines.rollout import evaluate_held_out
-
-        return evaluate_held_out
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -325,7 +325,7 @@ def _sample_all(args, console, env, engine, tasks, todo, sampling, tokenizer, mu
     """Sample every task index in ``todo`` in parts of about :data:`CHUNK_ROWS` completions; each part's records go
     to ``sink`` as soon as it is done. Returns the summed timing stats."""
     from llmgym.runtime.display import make_progress
-    from llmgym.engines.rollout import collect_episodes
+    from llmgym.rollout.episodes import collect_episodes
 
     n = args.samples
     per_part = max(1, CHUNK_ROWS // n)
@@ -367,7 +367,7 @@ def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env
 
     from llmgym.env.core import MultiTurnEnv
     from llmgym.runtime.metrics import pass_at_k, reward_interval
-    from llmgym.engines.rollout import distinct_tasks
+    from llmgym.rollout import distinct_tasks
 
     try:
         tasks, how = distinct_tasks(env, requested, seed=args.seed)

@@ -89,7 +89,7 @@ def _engine_parameters(kind: str) -> set[str]:
     import inspect
 
     if kind == "vllm-server":
-        from llmgym.engines.fleet import FleetEngine
+        from llmgym.fleet.fleet_engine import FleetEngine
 
         return set(inspect.signature(FleetEngine.__init__).parameters) - {"self", "tokenizer", "model"}
     if kind == "openai":
@@ -178,7 +178,7 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
 
 
 def _check_servers(servers, lora: bool) -> None:
-    from llmgym.engines.fleet import api_root
+    from llmgym.fleet.fleet_engine import api_root
 
     if not servers:
         raise UsageError("--engine vllm-server needs --server URL (repeatable): the rollout servers, each started with "
@@ -226,7 +226,7 @@ def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer):
     if kind == "hf":
         return None
     if kind == "vllm-server":
-        from llmgym.engines.fleet import FleetEngine, FleetError
+        from llmgym.fleet.fleet_engine import FleetEngine, FleetError
 
         options = dict(engine_args)
         try:

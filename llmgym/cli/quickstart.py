@@ -103,7 +103,8 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from llmgym.envs.toy import sample_tasks
-    from llmgym.engines.rollout import evaluate_held_out
+    from llmgym.engines import HFEngine, SamplingParams
+    from llmgym.rollout import evaluate as evaluate_tasks
 
     console = make_console()
     mode = "quick" if args.quick else "default"
@@ -130,8 +131,10 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     samples = 4
 
     def evaluate(m) -> dict[str, dict[str, float]]:
-        return {"greedy": evaluate_held_out(m, tokenizer, eval_env, held_out, temperature=0.0),
-                "sampled": evaluate_held_out(m, tokenizer, eval_env, held_out, temperature=1.0, samples=samples)}
+        engine = HFEngine(m, tokenizer)
+        return {"greedy": evaluate_tasks(eval_env, engine, held_out, SamplingParams(temperature=0.0, max_new_tokens=6)),
+                "sampled": evaluate_tasks(eval_env, engine, held_out,
+                                          SamplingParams(temperature=1.0, n=samples, max_new_tokens=6))}
 
     before = evaluate(model)
     kept = None

@@ -1,6 +1,6 @@
 """``llmgym serve``: a rollout server — vLLM's OpenAI-compatible server that takes a learner's weights.
 
-The same as ``python -m llmgym.engines.serve`` (:mod:`llmgym.engines.serve`): vLLM's own server, with
+The same as ``python -m llmgym.fleet.serve`` (:mod:`llmgym.fleet.serve`): vLLM's own server, with
 its weight-update routes on and llmgym's gloo weight transfer; a learner
 samples from it and pushes every new policy into it with ``llmgym train --engine vllm-server
 --server URL``. Options after ``--`` go to vLLM unchanged.
@@ -19,7 +19,7 @@ __all__ = ["add_parser", "cmd_serve"]
 
 
 def add_parser(subparsers, common) -> None:
-    from llmgym.engines.serve import build_parser
+    from llmgym.fleet.serve import build_parser
 
     template = build_parser("llmgym serve")
     parser = subparsers.add_parser(
@@ -33,7 +33,7 @@ def add_parser(subparsers, common) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``llmgym serve``: runs the server until it is stopped (Ctrl-C or SIGTERM)."""
-    from llmgym.engines.serve import main
+    from llmgym.fleet.serve import main
 
     argv = ["--model", args.model, "--host", args.host, "--port", str(args.port), "--dtype", args.dtype,
             "--seed", str(args.seed)]

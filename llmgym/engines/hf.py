@@ -9,12 +9,12 @@ import torch
 
 from llmgym.env.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
-from llmgym.engines.batching import cache_argument, cache_of, pad_left, position_ids
+from llmgym.engines.model_inputs import cache_argument, cache_of, pad_left, position_ids
 from llmgym.engines.sampling import keyed_uniforms, sample_next_token
 from llmgym.engines.session import HFDecodeSession
 from llmgym.engines.static_decode import DECODE_MODES, StaticCacheDecoder, last_logits_only
 
-__all__ = ["HFEngine", "sequence_logprobs", "pad_left"]  # pad_left lives in llmgym.engines.batching
+__all__ = ["HFEngine", "sequence_logprobs", "pad_left"]  # pad_left lives in llmgym.engines.model_inputs
 
 
 def sequence_logprobs(

@@ -35,7 +35,7 @@ get the plain OpenAI fields. For log-probs that include the temperature, as the 
 vLLM with ``--logprobs-mode processed_logprobs`` (its default, raw, ignores the temperature).
 
 A server holds its own weights: :meth:`OpenAIEngine.sync_weights` raises (train with
-``VLLMEngine``, or with :class:`~llmgym.engines.fleet.FleetEngine` over servers started with ``llmgym
+``VLLMEngine``, or with :class:`~llmgym.fleet.fleet_engine.FleetEngine` over servers started with ``llmgym
 serve``; use this engine for evaluation, judges and frozen policies). Chat-only endpoints
 (``/chat/completions`` without ``/completions``) are not supported: token-exact prompts need the
 completions endpoint.
@@ -539,7 +539,7 @@ class OpenAIEngine:
     def sync_weights(self, model) -> None:
         """Not possible through this engine: the server holds its own weights. A server started with
         ``llmgym serve`` (an llmgym rollout server) takes them through
-        :class:`~llmgym.engines.fleet.FleetEngine`; for any other, train with ``VLLMEngine`` or
+        :class:`~llmgym.fleet.fleet_engine.FleetEngine`; for any other, train with ``VLLMEngine`` or
         ``HFEngine`` and use this engine for evaluation, judges and frozen policies."""
         raise NotImplementedError(
             f"OpenAIEngine samples from the weights of the server at {self.base_url}; it cannot take the learner's: "
@@ -567,7 +567,7 @@ class OpenAIEngine:
 
     def sample_row(self, row: Sequence[int], sampling: SamplingParams, key: int) -> Completion:
         """One completion of the prompt ``row`` sampled with the row key ``key`` (one request; what
-        ``generate`` sends per row). :class:`~llmgym.engines.fleet.FleetEngine` spreads rows over
+        ``generate`` sends per row). :class:`~llmgym.fleet.fleet_engine.FleetEngine` spreads rows over
         servers with it."""
         return self._sample([int(t) for t in row], sampling, int(key))
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from llmgym.engines.base import DecodeSession, optional_member
-from llmgym.engines.batching import cache_of, pad_left
+from llmgym.engines.model_inputs import cache_of, pad_left
 
 __all__ = ["HFDecodeSession", "RecomputeSession", "TokenStepper", "open_decode_session", "token_stepper",
            "weights_version"]

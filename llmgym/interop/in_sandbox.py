@@ -55,7 +55,12 @@ import sys
 import types
 from typing import Any, Callable
 
-from llmgym.errors import LLMGymError
+try:  # on the host: llmgym's error base; inside the sandbox llmgym is not importable (see above), nor needed
+    from llmgym.errors import LLMGymError
+except ImportError:  # pragma: no cover - the sandbox's side
+
+    class LLMGymError(Exception):  # type: ignore[no-redef]
+        """Stands in for llmgym's error base inside the sandbox."""
 
 __all__ = [
     "KIND_ENV",

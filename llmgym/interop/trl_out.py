@@ -92,7 +92,7 @@ def trl_dataset(env: Any, num_tasks: int | None = None, seed: int = 0) -> Any:
     """
     from datasets import Dataset
 
-    from llmgym.engines.rollout import distinct_tasks
+    from llmgym.rollout import distinct_tasks
 
     seeds: list[int] = []
     try:

@@ -129,7 +129,7 @@ class LlmgymTaskset(vf.Taskset[LlmgymTask, LlmgymTasksetConfig]):
     """The tasks of an llmgym env (see :class:`LlmgymTasksetConfig`)."""
 
     def load(self) -> list[LlmgymTask]:
-        from llmgym.engines.rollout import distinct_tasks
+        from llmgym.rollout import distinct_tasks
 
         env = _llmgym_env(self.config)
         tasks, _ = distinct_tasks(env, self.config.num_tasks, seed=self.config.seed)

@@ -161,7 +161,7 @@ def reward_scores(model, tokenizer, prompts: Sequence[Prompt], completions: Sequ
         >>> reward_scores(rm, tok, ["q", "q"], ["a", "bb"]).tolist()  # a fresh head scores 0
         [0.0, 0.0]
     """
-    from llmgym.engines.batching import pad_left
+    from llmgym.engines.model_inputs import pad_left
 
     if len(prompts) != len(completions):
         raise ValueError(f"reward_scores got {len(prompts)} prompts but {len(completions)} completions")

@@ -19,7 +19,7 @@ the tasks, losses are scaled so the gradient is the single-process gradient of t
 and DDP (or FSDP) averages gradients across ranks. See ``docs/scale.md``.
 
 Example (single process: every helper degrades gracefully):
-    >>> from llmgym import distributed as dist
+    >>> from llmgym.runtime import distributed as dist
     >>> dist.is_distributed(), dist.rank(), dist.world_size()
     (False, 0, 1)
     >>> dist.shard(list(range(5)), rank=1, world_size=2)

@@ -231,7 +231,7 @@ class Trainer:
                 raise ValueError("eval_every needs eval_env=: an env of its own (the training env's task stream "
                                  "stays untouched)")
             if isinstance(eval_tasks, int):
-                from llmgym.engines.rollout import distinct_tasks
+                from llmgym.rollout import distinct_tasks
 
                 if eval_tasks < 1:
                     raise ValueError(f"eval_tasks must be >= 1, got {eval_tasks}")
@@ -372,11 +372,12 @@ class Trainer:
                 row = {**row, "samples_total": samples_total, "tokens_total": tokens_total}
                 step = int(row["step"])
                 if self.eval_tasks is not None and (step % self.eval_every == 0 or step == steps):
-                    from llmgym.engines.rollout import evaluate_held_out
+                    from llmgym.engines import HFEngine, SamplingParams
+                    from llmgym.rollout import evaluate
 
-                    result = evaluate_held_out(agent.model, agent.tokenizer, self.eval_env, self.eval_tasks,
-                                               temperature=0.0, max_new_tokens=agent.config.max_new_tokens,
-                                               seed=EVAL_SEED)
+                    greedy = SamplingParams(temperature=0.0, max_new_tokens=agent.config.max_new_tokens)
+                    result = evaluate(self.eval_env, HFEngine(agent.model, agent.tokenizer), self.eval_tasks, greedy,
+                                      seed=EVAL_SEED)
                     row["eval_reward"], row["eval_exact_match"] = result["reward_mean"], result["exact_match"]
                 rows.append(row)
                 logger.log(row)

@@ -185,7 +185,7 @@ def test_kl_in_the_reward_changes_the_advantages(cls, tiny_model, tokenizer):
 def test_dense_token_rewards_are_kept_at_token_level(tiny_model, tokenizer):
     from llmgym import TokenLevel
     from llmgym.engines import HFEngine, SamplingParams
-    from llmgym.engines.rollout import collect_episodes
+    from llmgym.rollout.episodes import collect_episodes
 
     class Dense(TokenLevel):
         def step(self, action):

@@ -185,7 +185,7 @@ def test_bench_in_parts_samples_what_one_rollout_would_and_times_the_warm_up_apa
 
     from llmgym.engines import HFEngine, SamplingParams
     from llmgym.runtime.models import load_model
-    from llmgym.engines.rollout import collect_episodes, distinct_tasks
+    from llmgym.rollout import collect_episodes, distinct_tasks
 
     import time
 

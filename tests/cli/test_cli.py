@@ -329,7 +329,7 @@ def spread(seed: int):
 
 @pytest.fixture()
 def env_needing_a_missing_package(monkeypatch):
-    from llmgym import registry
+    from llmgym.env import registry
 
     env_id = "llmgym/NeedsMissingPackage-v0"
     monkeypatch.setitem(registry._INFO, env_id, registry.EnvInfo(

@@ -208,7 +208,7 @@ def test_bench_refuses_to_replace_an_earlier_benchmark(saved_tiny_model_dir, tmp
 @pytest.mark.parametrize("level", ["sequence", "token"])
 def test_collect_episodes_reports_every_episode_once_and_the_hook_changes_nothing(tiny_model, tokenizer, level):
     from llmgym.engines import HFEngine, SamplingParams
-    from llmgym.engines.rollout import collect_episodes
+    from llmgym.rollout.episodes import collect_episodes
 
     env = gymnasium.make(ENV, tokenizer=tokenizer, level=level, max_new_tokens=4)
     engine = HFEngine(tiny_model, tokenizer, max_batch_size=4)  # 12 rows: three engine batches

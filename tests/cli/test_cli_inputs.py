@@ -239,7 +239,7 @@ def test_bench_takes_n_distinct_tasks_without_replacement(model_dir, tmp_path):
 
 def test_distinct_tasks_of_a_list_are_a_seeded_subset(tmp_path):
     from llmgym import SequenceEnv, Task
-    from llmgym.engines.rollout import distinct_tasks
+    from llmgym.rollout import distinct_tasks
 
     env = SequenceEnv([Task(str(i), id=f"t{i}") for i in range(10)], lambda t, c: 0.0)
     subset, how = distinct_tasks(env, 4, seed=1)
@@ -252,7 +252,7 @@ def test_distinct_tasks_of_a_list_are_a_seeded_subset(tmp_path):
 
 def test_distinct_tasks_of_a_small_procedural_space_stop_and_say_how_many():
     from llmgym import SequenceEnv, Task
-    from llmgym.engines.rollout import distinct_tasks
+    from llmgym.rollout import distinct_tasks
 
     env = SequenceEnv(lambda rng: Task(str(int(rng.integers(3))), id=str(int(rng.integers(3)))), lambda t, c: 0.0)
     with pytest.raises(ValueError, match=r"found only \d+ distinct tasks in \d+ draws"):

@@ -61,7 +61,7 @@ def slow_odd(tmp_path, monkeypatch):
     """The env module saved in the run's folder (``--import slow_odd``), unregistered afterwards."""
     import gymnasium
 
-    from llmgym import registry
+    from llmgym.env import registry
 
     (tmp_path / "slow_odd.py").write_text(SLOW_ODD)
     monkeypatch.chdir(tmp_path)

@@ -191,7 +191,7 @@ def test_a_fleet_s_control_plane_is_bounded_like_sampling(tok, monkeypatch):
     """``FleetEngine`` read its control routes (``/weight_info``, ``/get_world_size``, the sync routes) with a
     plain httpx client: a 300 KB gzip reply inflated to 1.5 GB of the learner's memory in 10 s, and a reply
     dripped one byte every 0.5 s held a call far past its timeout (the timeout was per read)."""
-    from llmgym.engines.fleet import FleetEngine, FleetError
+    from llmgym.fleet.fleet_engine import FleetEngine, FleetError
 
     rollout = RolloutServer()
     try:
@@ -225,7 +225,7 @@ class WeightServer:
 
     def __init__(self, model, *, keep=True, refuse=False, sample_logprob=None):
         from llmgym.engines.hf import sequence_logprobs
-        from llmgym.engines.weight_transfer import open_group, receive_named_tensors
+        from llmgym.fleet.weight_transfer import open_group, receive_named_tensors
 
         self.model, self.keep, self.refuse, self.sample_logprob = model, keep, refuse, sample_logprob
         self.version, self.group, self.auth, self.updates = "default", None, [], 0
@@ -326,7 +326,7 @@ def test_a_server_that_discards_every_sync_and_reports_the_version_is_dropped_an
     off the learner's). Now the probe after the sync sees its log-probs are not the learner's."""
     import copy
 
-    from llmgym.engines.fleet import FleetEngine, FleetError, UntrustedServerWarning
+    from llmgym.fleet.fleet_engine import FleetEngine, FleetError, UntrustedServerWarning
 
     liar = WeightServer(copy.deepcopy(learner), keep=False)
     liar.model.model.embed_tokens.weight.data.normal_()  # its own model: another set of weights
@@ -341,7 +341,7 @@ def test_a_server_that_discards_every_sync_and_reports_the_version_is_dropped_an
 
 
 def test_an_honest_server_passes_the_probe_and_every_control_request_carries_the_secret(tok, learner):
-    from llmgym.engines.fleet import FleetEngine
+    from llmgym.fleet.fleet_engine import FleetEngine
 
     honest = WeightServer(__import__("copy").deepcopy(learner))
     secret = "s3cret-0123456789abcdef"
@@ -365,7 +365,7 @@ def test_a_server_whose_batches_carry_other_log_probs_is_dropped_by_the_learner_
     import gymnasium as gym
 
     from llmgym.agents import GRPO
-    from llmgym.engines.fleet import FleetEngine, FleetError, UntrustedServerWarning
+    from llmgym.fleet.fleet_engine import FleetEngine, FleetError, UntrustedServerWarning
 
     liar = WeightServer(copy.deepcopy(learner), sample_logprob=-0.01)
     try:
@@ -384,7 +384,7 @@ def test_a_server_whose_batches_carry_other_log_probs_is_dropped_by_the_learner_
 def test_a_server_that_refuses_the_weights_fails_the_sync_at_once_quoting_its_reason(tok, learner):
     """Before, a server answering ``/update_weights`` with HTTP 500 at once left the learner's broadcast
     waiting out the whole sync time-out, and the error quoted gloo."""
-    from llmgym.engines.fleet import FleetEngine, FleetError
+    from llmgym.fleet.fleet_engine import FleetEngine, FleetError
 
     refuser = WeightServer(learner, refuse=True)
     try:
@@ -443,9 +443,9 @@ def test_the_batch_check_allows_the_nucleus_renormalisation_and_nothing_more(tok
     import copy
 
     from llmgym import Task
-    from llmgym.engines.batch import Batch
-    from llmgym.engines.fleet import FleetEngine, FleetError, UntrustedServerWarning
-    from llmgym.engines.rollout import Episode
+    from llmgym.rollout.batch import Batch
+    from llmgym.fleet.fleet_engine import FleetEngine, FleetError, UntrustedServerWarning
+    from llmgym.rollout.episodes import Episode
 
     def check(fleet, excess: float, top_p: float) -> dict:
         reported = [-1.0 + excess, -2.0 + excess]  # what the server says of tokens 6, 7
@@ -471,7 +471,7 @@ def test_the_batch_check_allows_the_nucleus_renormalisation_and_nothing_more(tok
 def test_a_server_that_answers_the_probe_with_garbage_is_not_trusted(tok, learner, monkeypatch):
     import copy
 
-    from llmgym.engines.fleet import FleetEngine, FleetError, UntrustedServerWarning
+    from llmgym.fleet.fleet_engine import FleetEngine, FleetError, UntrustedServerWarning
 
     garbled = WeightServer(copy.deepcopy(learner))
     real = garbled.server.RequestHandlerClass.do_POST

@@ -12,7 +12,7 @@ import torch
 import llmgym  # noqa: F401
 from llmgym.engines import HFEngine, SamplingParams, TokenStepper, open_decode_session
 from llmgym.engines.session import HFDecodeSession, RecomputeSession
-from llmgym.engines.rollout import collect_episodes
+from llmgym.rollout.episodes import collect_episodes
 
 ATOL = 1e-4
 

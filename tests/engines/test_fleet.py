@@ -29,7 +29,7 @@ import llmgym  # noqa: F401
 from conftest import vllm_missing_reason
 from llmgym.agents import GRPO
 from llmgym.engines import SamplingParams, sequence_logprobs
-from llmgym.engines.fleet import FleetEngine, FleetError, NotARolloutServerError, ServerLostWarning
+from llmgym.fleet.fleet_engine import FleetEngine, FleetError, NotARolloutServerError, ServerLostWarning
 from llmgym.runtime.models import build_tiny_model, save_pretrained
 from test_vllm import DRIFT_MIN, SYNC_TOL, VLLM_SHAPE
 
@@ -114,7 +114,7 @@ def test_server_lists_are_checked(tokenizer):
 
 
 def test_the_gloo_transport_carries_any_dtype_in_buckets_and_a_missing_peer_is_a_timeout():
-    from llmgym.engines.weight_transfer import GlooSender, TransferError, metadata, open_group, receive_named_tensors
+    from llmgym.fleet.weight_transfer import GlooSender, TransferError, metadata, open_group, receive_named_tensors
 
     pairs = [("a", torch.randn(40, 3)), ("b", torch.arange(7)), ("big", torch.randn(100)),
              ("c", torch.randn(30).to(torch.bfloat16))]
@@ -261,10 +261,10 @@ def test_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path, capsys, monkeyp
 
 
 def test_every_rollout_server_runs_behind_the_guard():
-    from llmgym.engines.serve import GUARD, server_arguments
+    from llmgym.fleet.serve import GUARD, server_arguments
 
     args = server_arguments("/m", on_cpu=False)
-    assert args[args.index("--middleware") + 1] == GUARD == "llmgym.engines.serve_guard.ControlPlaneGuard"
+    assert args[args.index("--middleware") + 1] == GUARD == "llmgym.fleet.guard.ControlPlaneGuard"
 
 
 # -- two servers on 127.0.0.1 -----------------------------------------------------------------------

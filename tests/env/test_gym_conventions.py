@@ -210,7 +210,7 @@ def test_a_rollout_runs_gymnasiums_passive_checks_once_not_once_per_row(level, m
 
     from llmgym.engines import HFEngine, SamplingParams
     from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
-    from llmgym.engines.rollout import collect_episodes
+    from llmgym.rollout.episodes import collect_episodes
 
     calls = {"reset": 0, "step": 0}
     real_reset, real_step = common.env_reset_passive_checker, common.env_step_passive_checker

@@ -262,3 +262,16 @@ def test_a_script_without_a_main_guard_runs_once_from_standard_input():
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stderr.count("top level ran") == 1, result.stderr[-2000:]
     assert result.stdout.strip() == "opponent played: True"  # the opponent from __main__ played, in the sandbox
+
+
+def test_the_sandboxed_source_imports_no_llmgym_at_module_level():
+    """in_sandbox.py runs as the sandbox worker's source, where llmgym cannot be imported: every llmgym
+    import in it sits in a try whose except keeps the source running without llmgym."""
+    import ast
+
+    import llmgym.interop.in_sandbox as in_sandbox
+
+    tree = ast.parse(open(in_sandbox.__file__, encoding="utf-8").read())
+    bare = [node.lineno for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+            and any((getattr(node, "module", None) or alias.name).startswith("llmgym") for alias in node.names)]
+    assert bare == [], f"in_sandbox.py imports llmgym outside a try at line(s) {bare}"

@@ -28,7 +28,7 @@ from llmgym.agents import CISPO, GDPO, SAPO
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.envs.toy import positional_match, sample_tasks
 from llmgym.runtime.models import build_tiny_model, supervised_warmup
-from llmgym.engines.rollout import evaluate
+from llmgym.rollout import evaluate
 from llmgym.env.verifiers import WeightedSum, exact_match
 
 # tests/learning/test_learning.py's recipe, written out (not imported: each file's spread is measured for its own code)
@@ -62,7 +62,7 @@ def warm_model(tokenizer, tiny_config):
 
 def held_out_reward(model, tokenizer, seed: int = SEED) -> float:
     env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
-    return evaluate(env, HFEngine(model, tokenizer), HELD_OUT, SAMPLING, seed=1000 + seed)["mean_reward"]
+    return evaluate(env, HFEngine(model, tokenizer), HELD_OUT, SAMPLING, seed=1000 + seed)["reward_mean"]
 
 
 def train_and_score(name, warm_base, tokenizer, seed: int = SEED, steps: int = STEPS):

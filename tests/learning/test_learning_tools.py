@@ -47,7 +47,7 @@ from llmgym.agents import GRPO
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.envs.tools.calculator import multiplication_task
 from llmgym.runtime.models import build_tiny_model
-from llmgym.engines.rollout import evaluate
+from llmgym.rollout import evaluate
 from llmgym.tools import ToolCall, write_tool_calls
 from warm_cache import cached_warmup  # tests/ is on sys.path
 
@@ -105,7 +105,7 @@ def warm_model(tokenizer, tiny_config, steps: int = WARMUP_STEPS):
 
 
 def held_out_reward(model, tokenizer, seed: int = SEED) -> float:
-    return evaluate(make_env(tokenizer), HFEngine(model, tokenizer), HELD_OUT, SAMPLING, seed=1000 + seed)["mean_reward"]
+    return evaluate(make_env(tokenizer), HFEngine(model, tokenizer), HELD_OUT, SAMPLING, seed=1000 + seed)["reward_mean"]
 
 
 def train(cls, config, model, tokenizer, seed: int = SEED, steps: int = STEPS):

@@ -31,7 +31,7 @@ from llmgym.engines import HFEngine, SamplingParams
 from llmgym.runtime.models import build_tiny_model, supervised_warmup
 from llmgym.rlhf.preferences import PreferencePair, split_preferences
 from llmgym.rlhf.reward_models import RewardModelVerifier, pairwise_accuracy, reward_model_from_causal_lm, train_reward_model
-from llmgym.engines.rollout import collect_episodes
+from llmgym.rollout.episodes import collect_episodes
 
 LETTERS, DIGITS = "abcdef", "0123456789"
 PROMPTS = [Task(f"say{i}:", id=f"say-{i}") for i in range(16)]

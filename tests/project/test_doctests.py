@@ -22,7 +22,7 @@ import llmgym.envs
 # vLLM is installed, as in the test environment); __main__ runs the CLI
 SKIP = {"llmgym.__main__"} | ({"llmgym.engines.vllm"} if importlib.util.find_spec("vllm") is None else set())
 # the interop adapters' examples run the adapted package itself (an optional extra; verifiers needs Python >= 3.11)
-NEEDS = {"llmgym.engines.vllm_plugin": "vllm", "llmgym.engines.serve": "vllm",
+NEEDS = {"llmgym.fleet.vllm_plugin": "vllm", "llmgym.fleet.serve": "vllm",
          "llmgym.interop.verifiers_in": "verifiers", "llmgym.interop.verifiers_out": "verifiers",
          "llmgym.interop.verifiers_taskset": "verifiers", "llmgym.interop.textarena_in": "textarena",
          "llmgym.interop.adapters": "textarena", "llmgym.interop.trl_out": "datasets",

@@ -33,7 +33,7 @@ def test_every_llmgym_exception_derives_from_the_one_base(name):
 
 def test_the_base_keeps_the_builtin_types():
     from llmgym.cli.usage import UsageError
-    from llmgym.engines.fleet import FleetError
+    from llmgym.fleet.fleet_engine import FleetError
     from llmgym.sandbox.policy import SandboxUnavailableError
 
     assert issubclass(FleetError, ConnectionError) and issubclass(SandboxUnavailableError, RuntimeError)

@@ -177,7 +177,8 @@ def test_no_private_name_is_imported_across_modules(folder):
 
 
 # the core's subpackages by concept, lowest first: a package imports only packages of a lower layer
-LAYERS = {"sandbox": 0, "runtime": 0, "env": 1, "engines": 2, "tools": 2, "rlhf": 3, "interop": 3, "train": 4,
+LAYERS = {"sandbox": 0, "runtime": 0, "env": 1, "engines": 2, "tools": 2, "rollout": 3, "fleet": 3, "rlhf": 3, "interop": 4,
+          "train": 4,
           "cli": 9}
 
 

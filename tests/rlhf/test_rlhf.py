@@ -492,7 +492,7 @@ def test_a_rollout_scores_a_turn_with_one_batched_reward_model_call(tiny_model, 
     # env.step scores one completion; the rollout hands the reward model the whole turn first
     from llmgym.engines import HFEngine, SamplingParams
     from llmgym.rlhf.reward_models import reward_model_from_causal_lm
-    from llmgym.engines.rollout import collect_episodes
+    from llmgym.rollout.episodes import collect_episodes
 
     torch.manual_seed(0)
     rm = reward_model_from_causal_lm(tiny_model)

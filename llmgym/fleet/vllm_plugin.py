@@ -7,7 +7,7 @@ the RL routes of its server (``VLLM_SERVER_DEV_MODE=1``): ``/init_weight_transfe
 server's weight version), ``/pause`` and ``/resume``. Its built-in backends (NCCL, CUDA IPC, ...)
 need GPUs. :class:`GlooWeightTransferEngine` is the same contract over a ``torch.distributed``
 gloo group, so it runs on vLLM's CPU build (and on GPUs, through host memory); the learner's end is
-:class:`llmgym.engines.weight_transfer.GlooSender`.
+:class:`llmgym.fleet.weight_transfer.GlooSender`.
 
 The received tensors are loaded the way vLLM's own NCCL backend loads them: between
 ``initialize_layerwise_reload`` (at ``start_weight_update``) and ``finalize_layerwise_reload`` (at
@@ -15,14 +15,14 @@ The received tensors are loaded the way vLLM's own NCCL backend loads them: betw
 re-runs its kernels' weight processing (the CPU backend repacks linear layers for oneDNN).
 
 :func:`register` adds the backend to vLLM's ``WeightTransferEngineFactory`` under
-:data:`~llmgym.engines.weight_transfer.BACKEND_NAME`. vLLM calls it in every process it starts
+:data:`~llmgym.fleet.weight_transfer.BACKEND_NAME`. vLLM calls it in every process it starts
 (API server, engine core, workers) because the package declares it as a ``vllm.general_plugins``
 entry point; it only registers a name (the module below is imported when a server asks for the
 backend), so it costs nothing to a vLLM that does not use it.
 
 Example:
-    >>> from llmgym.engines.vllm_plugin import register
-    >>> from llmgym.engines.weight_transfer import BACKEND_NAME
+    >>> from llmgym.fleet.vllm_plugin import register
+    >>> from llmgym.fleet.weight_transfer import BACKEND_NAME
     >>> from vllm.config.weight_transfer import WeightTransferConfig
     >>> register(); register()  # idempotent
     >>> WeightTransferConfig(backend=BACKEND_NAME).backend
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
 
-from llmgym.engines.weight_transfer import (
+from llmgym.fleet.weight_transfer import (
     BACKEND_NAME,
     DEFAULT_BUCKET_BYTES,
     TransferError,
@@ -165,7 +165,7 @@ def compile_helpers_eagerly_on_generic_kernels() -> bool:
     Returns whether it switched (only on vLLM's CPU platform under the generic kernels).
 
     Example:
-        >>> from llmgym.engines.vllm_plugin import compile_helpers_eagerly_on_generic_kernels
+        >>> from llmgym.fleet.vllm_plugin import compile_helpers_eagerly_on_generic_kernels
         >>> import torch
         >>> compile_helpers_eagerly_on_generic_kernels() == (torch.backends.cpu.get_cpu_capability() == "DEFAULT")
         True

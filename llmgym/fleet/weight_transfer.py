@@ -1,8 +1,8 @@
 """Weights from the learner to rollout servers over a ``torch.distributed`` gloo group (torch only).
 
-Both ends of :class:`~llmgym.engines.fleet.FleetEngine`'s weight sync use this module: the learner
+Both ends of :class:`~llmgym.fleet.fleet_engine.FleetEngine`'s weight sync use this module: the learner
 (:class:`GlooSender`) and, inside each vLLM server, the weight-transfer backend that
-``llmgym serve`` registers with vLLM (:mod:`llmgym.engines.vllm_plugin`). The protocol is vLLM's
+``llmgym serve`` registers with vLLM (:mod:`llmgym.fleet.vllm_plugin`). The protocol is vLLM's
 own (``/init_weight_transfer_engine``, ``/start_weight_update``, ``/update_weights``,
 ``/finish_weight_update``): this module is only its data plane on CPUs, where vLLM's NCCL and
 CUDA-IPC backends cannot run.
@@ -17,7 +17,7 @@ CUDA-IPC backends cannot run.
 
 Example:
     >>> import torch
-    >>> from llmgym.engines.weight_transfer import pack_bucket, plan_buckets, unpack_bucket
+    >>> from llmgym.fleet.weight_transfer import pack_bucket, plan_buckets, unpack_bucket
     >>> names = ["a", "b", "c"]
     >>> tensors = [torch.ones(2, 3), torch.arange(4, dtype=torch.int64), torch.zeros(5, dtype=torch.bfloat16)]
     >>> meta = [(n, t.dtype, tuple(t.shape)) for n, t in zip(names, tensors)]
@@ -76,7 +76,7 @@ def plan_buckets(meta: Sequence[Meta], bucket_bytes: int = DEFAULT_BUCKET_BYTES)
 
     Example:
         >>> import torch
-        >>> from llmgym.engines.weight_transfer import plan_buckets
+        >>> from llmgym.fleet.weight_transfer import plan_buckets
         >>> plan_buckets([("w", torch.float32, (10,)), ("b", torch.float32, (2,))], bucket_bytes=16)
         [[0], [1]]
     """
@@ -117,7 +117,7 @@ def local_address_towards(host: str, port: int = 9) -> str:
     """This machine's address on the interface that routes to ``host`` (no packet is sent).
 
     Example:
-        >>> from llmgym.engines.weight_transfer import local_address_towards
+        >>> from llmgym.fleet.weight_transfer import local_address_towards
         >>> local_address_towards("127.0.0.1")
         '127.0.0.1'
     """
@@ -176,7 +176,7 @@ class GlooSender:
     server joins); :meth:`send` broadcasts ``(name, tensor)`` pairs in :func:`plan_buckets`' buckets.
 
     Example:
-        >>> from llmgym.engines.weight_transfer import GlooSender
+        >>> from llmgym.fleet.weight_transfer import GlooSender
         >>> sender = GlooSender("127.0.0.1", world_size=2, timeout_s=5)
         >>> info = sender.rendezvous()
         >>> sorted(info), info["rank_offset"], info["world_size"]

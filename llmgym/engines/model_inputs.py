@@ -5,7 +5,7 @@ it imports nothing else from :mod:`llmgym.engines`, so ``hf`` and ``session`` ca
 without importing each other's internals.
 
 Example:
-    >>> from llmgym.engines.batching import pad_left, position_ids
+    >>> from llmgym.engines.model_inputs import pad_left, position_ids
     >>> ids, mask = pad_left([[5, 6, 7], [8]], pad_id=0)
     >>> position_ids(mask).tolist()
     [[0, 1, 2], [0, 0, 0]]
@@ -25,7 +25,7 @@ def pad_left(sequences: Sequence[Sequence[int]], pad_id: int, device=None) -> tu
     """Left-pad id lists into ``(input_ids [B, L], attention_mask [B, L])``.
 
     Example:
-        >>> from llmgym.engines.batching import pad_left
+        >>> from llmgym.engines.model_inputs import pad_left
         >>> ids, mask = pad_left([[5, 6], [7]], pad_id=0)
         >>> ids.tolist(), mask.tolist()
         ([[5, 6], [0, 7]], [[1, 1], [0, 1]])
@@ -45,7 +45,7 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
     Example:
         >>> import torch
-        >>> from llmgym.engines.batching import position_ids
+        >>> from llmgym.engines.model_inputs import position_ids
         >>> position_ids(torch.tensor([[0, 1, 1], [1, 1, 0]])).tolist()
         [[0, 0, 1], [0, 1, 1]]
     """
@@ -65,7 +65,7 @@ def cache_argument(model) -> str:
 
     Example:
         >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
-        >>> from llmgym.engines.batching import cache_argument
+        >>> from llmgym.engines.model_inputs import cache_argument
         >>> model = build_tiny_model(build_tokenizer(), TinyModelConfig(hidden_size=32, num_layers=1))
         >>> cache_argument(model) in ("cache", "past_key_values")
         True

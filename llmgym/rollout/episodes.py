@@ -8,7 +8,7 @@ sampling, so the same seed yields the same tokens and rewards at both levels; a 
 (:func:`llmgym.engines.open_decode_session`) keeps the KV cache between steps, so each context token
 — prompt, sampled token, a multi-turn env's reply — goes through the model once.
 
-The result is a list of :class:`Episode`; :class:`llmgym.engines.batch.Batch` pads them into tensors.
+The result is a list of :class:`Episode`; :class:`llmgym.rollout.batch.Batch` pads them into tensors.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from llmgym.env.types import Task
 from llmgym.env.verifiers import Verifier
 from llmgym.env.vector import clone_envs
 
-__all__ = ["Episode", "collect_episodes", "evaluate", "evaluate_held_out", "draw_tasks", "distinct_tasks", "turn_keys", "is_token_level",
-           "at_most_one_turn"]
+__all__ = ["Episode", "collect_episodes", "draw_tasks", "turn_keys", "is_token_level", "at_most_one_turn"]
 
 
 @dataclasses.dataclass
@@ -92,7 +91,7 @@ def turn_keys(seed: int, num_rows: int, turn: int) -> list[int]:
     """Sampling keys of every row for one turn: distinct per (seed, row, turn).
 
     Example:
-        >>> from llmgym.engines.rollout import turn_keys
+        >>> from llmgym.rollout.episodes import turn_keys
         >>> turn_keys(0, 2, 0) != turn_keys(0, 2, 1)
         True
     """
@@ -109,7 +108,7 @@ def draw_tasks(env: gym.Env, num_tasks: int, seed: int | None = None) -> list[Ta
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.engines.rollout import draw_tasks
+        >>> from llmgym.rollout.episodes import draw_tasks
         >>> env = gymnasium.make("llmgym/Copy-v0")
         >>> [t.id for t in draw_tasks(env, 2, seed=0)] == [t.id for t in draw_tasks(env, 2, seed=0)]
         True
@@ -179,7 +178,7 @@ def collect_episodes(
         >>> import gymnasium, llmgym
         >>> from llmgym.runtime.models import load_model
         >>> from llmgym.engines import HFEngine, SamplingParams
-        >>> from llmgym.engines.rollout import collect_episodes
+        >>> from llmgym.rollout.episodes import collect_episodes
         >>> model, tok = load_model("tiny")
         >>> env = gymnasium.make("llmgym/Copy-v0", tokenizer=tok)
         >>> episodes, stats = collect_episodes(env, HFEngine(model, tok), num_tasks=2, group_size=3,
@@ -263,7 +262,7 @@ def at_most_one_turn(env: gym.Env) -> bool:
 
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.engines.rollout import at_most_one_turn
+        >>> from llmgym.rollout.episodes import at_most_one_turn
         >>> at_most_one_turn(gymnasium.make("llmgym/Copy-v0")), at_most_one_turn(gymnasium.make("llmgym/CodeRetry-v0"))
         (True, False)
     """
@@ -472,144 +471,3 @@ def _new_ids(session, row: int, context, token: int) -> list[int] | None:
         return [token]  # the common step: the observation grew by the sampled token
     ids = [int(t) for t in context]
     return ids[n:] if len(ids) > n and ids[:n] == session.context(row) else None
-
-
-def evaluate(
-    env: gym.Env,
-    engine: Any,
-    tasks: Sequence[Task],
-    sampling: SamplingParams | None = None,
-    seed: int = 0,
-    success_reward: float = 1.0,
-) -> dict[str, float]:
-    """Mean episode reward and success rate (reward ≥ ``success_reward``) on fixed ``tasks``.
-
-    Greedy decoding by default, so before/after comparisons are not sampling noise.
-
-    Example:
-        >>> import gymnasium, llmgym
-        >>> from llmgym import Task
-        >>> from llmgym.runtime.models import load_model
-        >>> from llmgym.engines import HFEngine
-        >>> from llmgym.engines.rollout import evaluate
-        >>> model, tok = load_model("tiny")
-        >>> env = gymnasium.make("llmgym/Copy-v0", tokenizer=tok)
-        >>> sorted(evaluate(env, HFEngine(model, tok), [Task("copy:12=", answer="12")]))
-        ['mean_reward', 'success_rate']
-    """
-    sampling = sampling or SamplingParams(temperature=0.0, max_new_tokens=32)
-    episodes, _ = collect_episodes(env, engine, num_tasks=len(tasks), group_size=1, sampling=sampling,
-                                   seed=seed, tasks=list(tasks))
-    rewards = [e.total_reward for e in episodes]
-    return {"mean_reward": float(np.mean(rewards)),
-            "success_rate": float(np.mean([r >= success_reward for r in rewards]))}
-
-
-DISTINCT_DRAW_PATIENCE = 200
-"""Draws in a row that found no new task after which :func:`distinct_tasks` stops looking."""
-
-
-def distinct_tasks(env: gym.Env, num_tasks: int | None = None, seed: int = 0,
-                   seeds: list[int] | None = None, allow_fewer: bool = False) -> tuple[list[Task], str]:
-    """Tasks for an evaluation, each at most once; and a sentence saying how they were chosen.
-
-    * A finite task list (HumanEval, a JSONL file): ``num_tasks=None`` takes every task, in the list's
-      order; ``num_tasks=N`` takes N of them without replacement (a permutation seeded by ``seed``,
-      kept in list order).
-    * A procedural source (a function of the env's seeded generator, or an iterable): ``num_tasks``
-      is required; tasks come from ``env.reset(seed=seed + i)`` for i = 0, 1, …, and a task already
-      drawn (same id and prompt) is skipped, so the N tasks are distinct.
-
-    Raises ``ValueError`` (with what to do) when ``num_tasks`` exceeds the distinct tasks there are;
-    with ``allow_fewer=True`` a procedural source that runs out gives every distinct task it found,
-    and the sentence says so (a default count, not one the user asked for).
-    With a procedural source, a list given as ``seeds`` receives each task's reset seed (what
-    reproduces it: ``env.reset(seed=seeds[i])``).
-
-    Example:
-        >>> import gymnasium, llmgym
-        >>> from llmgym import SequenceEnv, Task
-        >>> from llmgym.engines.rollout import distinct_tasks
-        >>> env = SequenceEnv([Task(str(i), id=f"t{i}") for i in range(5)], lambda t, c: 0.0)
-        >>> [t.id for t in distinct_tasks(env)[0]]
-        ['t0', 't1', 't2', 't3', 't4']
-        >>> tasks, how = distinct_tasks(gymnasium.make("llmgym/Copy-v0"), 20, seed=0)
-        >>> len({t.id for t in tasks}), how
-        (20, '20 distinct tasks from seeds 0..19 (procedural source)')
-        >>> few = SequenceEnv(lambda rng: Task(str(int(rng.integers(3)))), lambda t, c: 0.0)
-        >>> tasks, how = distinct_tasks(few, 64, allow_fewer=True)  # a default count: what exists
-        >>> len(tasks), how.split(" in ")[0]
-        (3, 'all 3 distinct tasks found')
-    """
-    from llmgym.env.core import TaskSource
-
-    source = getattr(env.unwrapped, "tasks", None)
-    if isinstance(source, TaskSource) and source.kind == "sequence":
-        every = list(source)
-        if num_tasks is None:
-            return every, f"all {len(every)} tasks of the list"
-        if not 1 <= num_tasks <= len(every):
-            raise ValueError(f"this env has {len(every)} tasks; ask for 1..{len(every)} (or all of them)")
-        if num_tasks == len(every):
-            return every, f"all {len(every)} tasks of the list"
-        chosen = sorted(np.random.default_rng(seed).permutation(len(every))[:num_tasks].tolist())
-        return [every[i] for i in chosen], f"{num_tasks} of {len(every)} tasks, drawn without replacement (seed {seed})"
-    if num_tasks is None:
-        raise ValueError("this env generates its tasks (no finite list): give a number of tasks")
-    if num_tasks < 1:
-        raise ValueError(f"the number of tasks must be >= 1, got {num_tasks}")
-    tasks: list[Task] = []
-    seen: set[tuple[str, str]] = set()
-    # a small task space runs out of distinct tasks: stop after PATIENCE draws in a row gave nothing new
-    # (or 10 draws per task asked for), and say so
-    budget, misses, tried = 10 * num_tasks + 100, 0, 0
-    while len(tasks) < num_tasks and tried < budget and misses < DISTINCT_DRAW_PATIENCE:
-        try:
-            _, info = env.reset(seed=seed + tried)
-        except ValueError:  # an iterable source ran out
-            break
-        tried += 1
-        key = (info["task"].id, str(info["task"].prompt))
-        if key in seen:
-            misses += 1
-        else:
-            seen.add(key)
-            tasks.append(info["task"])
-            if seeds is not None:
-                seeds.append(seed + tried - 1)
-            misses = 0
-    if len(tasks) < num_tasks:
-        if allow_fewer and tasks:
-            return tasks, (f"all {len(tasks)} distinct tasks found in {tried} draws from seeds {seed}..{seed + tried - 1} "
-                           f"(procedural source; fewer than the {num_tasks} asked for)")
-        raise ValueError(f"found only {len(tasks)} distinct tasks in {tried} draws; ask for {len(tasks)} or fewer")
-    return tasks, f"{num_tasks} distinct tasks from seeds {seed}..{seed + tried - 1} (procedural source)"
-
-
-def evaluate_held_out(model, tokenizer, env, tasks, *, temperature: float, samples: int = 1,
-                      max_new_tokens: int = 6, seed: int = 0) -> dict[str, float]:
-    """Mean reward and exact-match accuracy (reward 1) of ``model`` on fixed ``tasks``.
-
-    ``temperature=0`` is greedy decoding; otherwise ``samples`` completions per task are sampled
-    with a fixed ``seed``. Uses its own engine and seeds: the agent's RNG state is not touched.
-
-    Example:
-        >>> import gymnasium, llmgym
-        >>> from llmgym.runtime.models import load_model
-        >>> from llmgym.engines.rollout import distinct_tasks, evaluate_held_out
-        >>> model, tok = load_model("tiny")
-        >>> env = gymnasium.make("llmgym/Copy-v0", tokenizer=tok)
-        >>> tasks, _ = distinct_tasks(env, 4, seed=1)
-        >>> evaluate_held_out(model, tok, env, tasks, temperature=0.0)["episodes"]
-        4.0
-    """
-    from llmgym.engines.hf import HFEngine
-
-    engine = HFEngine(model, tokenizer)
-    episodes, _ = collect_episodes(
-        env, engine, num_tasks=len(tasks), tasks=list(tasks), group_size=samples if temperature > 0 else 1,
-        sampling=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens), seed=seed)
-    rewards = [e.total_reward for e in episodes]
-    return {"reward_mean": sum(rewards) / len(rewards),
-            "exact_match": sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards),
-            "episodes": float(len(rewards))}

@@ -2,7 +2,7 @@
 
 :class:`FleetEngine` is the :class:`~llmgym.engines.Engine` contract over N rollout servers
 (``llmgym serve``: vLLM's own OpenAI-compatible server with its RL weight routes, see
-:mod:`llmgym.engines.serve`), on this machine or others:
+:mod:`llmgym.fleet.serve`), on this machine or others:
 
 * **Sampling** reuses :class:`~llmgym.engines.openai_api.OpenAIEngine` — one per server, through its
   one-row seam :meth:`~llmgym.engines.openai_api.OpenAIEngine.sample_row` (token-id prompts, per-token
@@ -13,11 +13,11 @@
 * **Weight sync** (:meth:`FleetEngine.sync_weights`) pushes the learner's state dict to every server
   at once through vLLM's weight-transfer protocol: ``/pause?mode=wait`` (nothing is sampled
   half-old, half-new), ``/start_weight_update``, ``/update_weights`` with the tensors broadcast over
-  a ``torch.distributed`` group (gloo: :mod:`llmgym.engines.weight_transfer`; one group per server),
+  a ``torch.distributed`` group (gloo: :mod:`llmgym.fleet.weight_transfer`; one group per server),
   ``/finish_weight_update`` with the **policy version** (vLLM records it as the server's weight
   version), ``/resume``.
 * **No server's word is taken**: the control routes carry the servers' secret (``LLMGYM_SERVE_SECRET``;
-  :mod:`llmgym.engines.serve_guard`); after each sync every server is asked the log-probs of a fresh
+  :mod:`llmgym.fleet.guard`); after each sync every server is asked the log-probs of a fresh
   random token sequence (``prompt_logprobs``) and compared with the learner's own forward pass; and the
   learner's update hands its recomputed log-probs of each batch to :meth:`FleetEngine.check_logprobs`,
   which compares them with what each server reported for the tokens it sampled. A server off by more
@@ -46,7 +46,7 @@ API — is refused at construction (:class:`NotARolloutServerError`): it cannot 
 weights (use :class:`~llmgym.engines.openai_api.OpenAIEngine` for evaluation there).
 
 Example:
-    >>> from llmgym.engines.fleet import FleetEngine, FleetError
+    >>> from llmgym.fleet.fleet_engine import FleetEngine, FleetError
     >>> try:
     ...     FleetEngine(["http://127.0.0.1:9"], tokenizer=None, max_retries=0, timeout=2)
     ... except FleetError as err:
@@ -72,7 +72,7 @@ from typing import Any
 from llmgym.errors import LLMGymError, LLMGymWarning
 from llmgym.runtime import distributed
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
-from llmgym.engines.weight_transfer import DEFAULT_BUCKET_BYTES, GlooSender, TransferError, local_address_towards
+from llmgym.fleet.weight_transfer import DEFAULT_BUCKET_BYTES, GlooSender, TransferError, local_address_towards
 
 __all__ = ["FleetEngine", "FleetError", "NotARolloutServerError", "PROBE_TOKENS", "ServerLostWarning",
            "UntrustedServerWarning", "api_root"]
@@ -103,7 +103,7 @@ def api_root(url: str) -> tuple[str, str]:
     """``(root, api)``: the server's root URL and its OpenAI API root (``.../v1``), from either.
 
     Example:
-        >>> from llmgym.engines.fleet import api_root
+        >>> from llmgym.fleet.fleet_engine import api_root
         >>> api_root("http://10.0.0.2:8000/v1/")
         ('http://10.0.0.2:8000', 'http://10.0.0.2:8000/v1')
         >>> api_root("http://10.0.0.2:8000")[1]
@@ -200,7 +200,7 @@ class FleetEngine:
         sync_address: the address of this machine the servers reach for the weight transfer
             (default: the interface that routes to each server).
         sync_timeout_s: seconds one weight transfer (or forming its group) may take.
-        bucket_bytes: the largest broadcast of a weight transfer (:mod:`llmgym.engines.weight_transfer`).
+        bucket_bytes: the largest broadcast of a weight transfer (:mod:`llmgym.fleet.weight_transfer`).
         secret: the servers' control secret (``llmgym serve``'s ``LLMGYM_SERVE_SECRET``; default: this
             process's ``LLMGYM_SERVE_SECRET``), sent on the weight-sync routes, and as the API key on the
             generation routes unless ``api_key`` is given.

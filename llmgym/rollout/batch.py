@@ -7,7 +7,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from llmgym.engines.rollout import Episode
+from llmgym.rollout.episodes import Episode
 
 __all__ = ["Batch"]
 
@@ -55,11 +55,11 @@ class Batch:
 
     @classmethod
     def from_episodes(cls, episodes: Sequence[Episode], pad_id: int = 0) -> "Batch":
-        """Pad a list of :class:`~llmgym.engines.rollout.Episode` into a batch.
+        """Pad a list of :class:`~llmgym.rollout.episodes.Episode` into a batch.
 
         Example:
-            >>> from llmgym.engines.batch import Batch
-            >>> from llmgym.engines.rollout import Episode
+            >>> from llmgym.rollout.batch import Batch
+            >>> from llmgym.rollout.episodes import Episode
             >>> from llmgym import Task
             >>> ep = Episode(Task("p"), 0, [1, 5, 6, 2], [0, 0, 1, 1], [0, 0, -0.5, -0.1], [0, 0, 0, 1.0], 2)
             >>> b = Batch.from_episodes([ep, ep])

@@ -1,12 +1,12 @@
 """A rollout server: vLLM's own OpenAI-compatible server, set up to take a learner's weights.
 
-``llmgym serve --model DIR`` (or ``python -m llmgym.engines.serve --model DIR``) runs vLLM's API
+``llmgym serve --model DIR`` (or ``python -m llmgym.fleet.serve --model DIR``) runs vLLM's API
 server (``vllm.entrypoints.openai.api_server``, the process ``vllm serve`` runs) in this process
 with what a learner needs to push weights into it — nothing is added to the server's code:
 
 * ``VLLM_SERVER_DEV_MODE=1``: vLLM's RL routes (``/init_weight_transfer_engine``,
   ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``, ``/pause``,
-  ``/resume``, ``/weight_info``, ``/get_world_size``) — behind :mod:`llmgym.engines.serve_guard`
+  ``/resume``, ``/weight_info``, ``/get_world_size``) — behind :mod:`llmgym.fleet.guard`
   (vLLM's ``--middleware``): every route not on its allow-list (vLLM's development routes among
   them: ``/collective_rpc``, ``/weight_checker``, ``/update_weight_version``, ...) answers 404,
   and the control routes need the server's **secret** (``LLMGYM_SERVE_SECRET``, or
@@ -14,7 +14,7 @@ with what a learner needs to push weights into it — nothing is added to the se
   another. Without a secret the server does not start (on loopback too: every local process, of every
   user, reaches a loopback port);
 * ``--weight-transfer-config {"backend": "llmgym_gloo"}``: llmgym's backend
-  (:mod:`llmgym.engines.vllm_plugin`), the weights over a ``torch.distributed`` gloo group — on CPUs,
+  (:mod:`llmgym.fleet.vllm_plugin`), the weights over a ``torch.distributed`` gloo group — on CPUs,
   and on GPU servers through host memory (vLLM's own NCCL backend would be faster there; the
   learner's side of it is not written yet);
 * ``--logprobs-mode processed_logprobs``: log-probs after temperature, the learner's convention;
@@ -27,11 +27,11 @@ with what a learner needs to push weights into it — nothing is added to the se
   cores, e.g. ``VLLM_CPU_OMP_THREADS_BIND=1 llmgym serve ...`` for the second.
 
 Any other vLLM server option goes after ``--`` (``llmgym serve --model DIR -- --max-model-len 512``).
-The learner's side is :class:`llmgym.engines.fleet.FleetEngine` (``llmgym train --engine
+The learner's side is :class:`llmgym.fleet.fleet_engine.FleetEngine` (``llmgym train --engine
 vllm-server --server URL ...``).
 
 Example:
-    >>> from llmgym.engines.serve import server_arguments
+    >>> from llmgym.fleet.serve import server_arguments
     >>> args = server_arguments("/models/tiny", port=8001, on_cpu=True)
     >>> args[:4], "--weight-transfer-config" in args, "--enforce-eager" in args
     (['--model', '/models/tiny', '--host', '127.0.0.1'], True, True)
@@ -51,8 +51,8 @@ from llmgym.runtime.install import install_hint
 __all__ = ["GUARD", "PluginMissingError", "SECRET_ENV", "build_parser", "check_plugin", "is_loopback", "main",
            "read_secret", "server_arguments", "server_environment"]
 
-PLUGIN_ENTRY_POINT = "llmgym.engines.vllm_plugin:register"
-GUARD = "llmgym.engines.serve_guard.ControlPlaneGuard"
+PLUGIN_ENTRY_POINT = "llmgym.fleet.vllm_plugin:register"
+GUARD = "llmgym.fleet.guard.ControlPlaneGuard"
 """vLLM's ``--middleware`` for every rollout server: the allow-list and the control routes' secret."""
 SECRET_ENV = "LLMGYM_SERVE_SECRET"
 """The environment variable holding a rollout server's secret (the learner's ``FleetEngine`` reads it too)."""
@@ -71,14 +71,14 @@ def check_plugin() -> None:
     would not exist there; vLLM loads ``vllm.general_plugins`` entry points in every process.
 
     Example:
-        >>> from llmgym.engines.serve import check_plugin
+        >>> from llmgym.fleet.serve import check_plugin
         >>> check_plugin()  # this checkout is installed (pip install -e .)
     """
     from importlib.metadata import entry_points
 
     if not any(ep.value == PLUGIN_ENTRY_POINT for ep in entry_points(group="vllm.general_plugins")):
         raise PluginMissingError(
-            "llmgym's vLLM plugin (entry point vllm.general_plugins -> llmgym.engines.vllm_plugin:register) is not "
+            "llmgym's vLLM plugin (entry point vllm.general_plugins -> llmgym.fleet.vllm_plugin:register) is not "
             "installed, so the server's processes would lack the gloo weight-transfer backend: reinstall llmgym "
             "(pip install -e . in a checkout, or pip install llmgym)")
 
@@ -89,12 +89,12 @@ def server_arguments(model: str, *, host: str = "127.0.0.1", port: int = 8000, s
     """The command line of vLLM's API server for a rollout server of ``model`` (a local directory).
 
     Example:
-        >>> from llmgym.engines.serve import server_arguments
+        >>> from llmgym.fleet.serve import server_arguments
         >>> args = server_arguments("/m", on_cpu=False, extra=["--max-model-len", "512"])
         >>> args[args.index("--weight-transfer-config") + 1], args[-2:]
         ('{"backend": "llmgym_gloo"}', ['--max-model-len', '512'])
     """
-    from llmgym.engines.weight_transfer import BACKEND_NAME
+    from llmgym.fleet.weight_transfer import BACKEND_NAME
 
     if not 0 < int(port) < 65536:
         raise ValueError(f"port must be in 1..65535, got {port!r}")
@@ -129,7 +129,7 @@ def server_environment(server_args: Sequence[str] = ()) -> dict[str, str]:
     ``AsyncLLM`` always starts one): the variable only keeps the worker inside it.
 
     Example:
-        >>> from llmgym.engines.serve import server_environment
+        >>> from llmgym.fleet.serve import server_environment
         >>> server_environment()
         {'VLLM_SERVER_DEV_MODE': '1'}
         >>> server_environment(["--distributed-executor-backend", "uni"])["VLLM_ENABLE_V1_MULTIPROCESSING"]
@@ -144,11 +144,11 @@ def server_environment(server_args: Sequence[str] = ()) -> dict[str, str]:
     return env
 
 
-def build_parser(prog: str = "python -m llmgym.engines.serve") -> argparse.ArgumentParser:
-    """The options of ``llmgym serve`` / ``python -m llmgym.engines.serve``.
+def build_parser(prog: str = "python -m llmgym.fleet.serve") -> argparse.ArgumentParser:
+    """The options of ``llmgym serve`` / ``python -m llmgym.fleet.serve``.
 
     Example:
-        >>> from llmgym.engines.serve import build_parser
+        >>> from llmgym.fleet.serve import build_parser
         >>> build_parser().parse_args(["--model", "/m", "--port", "8001"]).port
         8001
     """
@@ -177,7 +177,7 @@ def is_loopback(host: str) -> bool:
     """Whether ``host`` is a loopback address (only this machine's processes reach it).
 
     Example:
-        >>> from llmgym.engines.serve import is_loopback
+        >>> from llmgym.fleet.serve import is_loopback
         >>> is_loopback("127.0.0.1"), is_loopback("::1"), is_loopback("localhost"), is_loopback("0.0.0.0")
         (True, True, True, False)
     """
@@ -227,7 +227,7 @@ def check_port_free(host: str, port: int) -> None:
             raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.engines.serve") -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.fleet.serve") -> int:
     """Run a rollout server until it is stopped; returns the exit code (2: bad options, one line on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []

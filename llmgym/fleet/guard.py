@@ -19,7 +19,7 @@ The secret is handed over in process (:func:`configure`, called by ``llmgym serv
 builds its app), never on a command line (``ps`` shows those to every user of the machine).
 
 Example:
-    >>> from llmgym.engines.serve_guard import allowed
+    >>> from llmgym.fleet.guard import allowed
     >>> allowed("POST", "/update_weights"), allowed("POST", "/collective_rpc"), allowed("GET", "/v1/models")
     ('control', None, 'open')
 """
@@ -37,7 +37,7 @@ CONTROL_ROUTES = frozenset({
     ("POST", "/start_weight_update"), ("POST", "/update_weights"), ("POST", "/finish_weight_update"),
     ("POST", "/pause"), ("POST", "/resume"), ("GET", "/weight_info"), ("GET", "/get_world_size"),
 })
-"""What the learner's :class:`~llmgym.engines.fleet.FleetEngine` calls to push weights: behind the secret."""
+"""What the learner's :class:`~llmgym.fleet.fleet_engine.FleetEngine` calls to push weights: behind the secret."""
 
 OPEN_ROUTES = frozenset({
     ("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
