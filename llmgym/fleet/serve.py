@@ -267,7 +267,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.fleet.
     except (ValueError, PluginMissingError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    from llmgym.engines import serve_guard
+    from llmgym.fleet import guard as serve_guard
 
     serve_guard.configure(secret)
     if not any(a.split("=")[0] == "--api-key" for a in extra) and not os.environ.get("VLLM_API_KEY"):

@@ -240,7 +240,8 @@ def make_six_sums_env(tokenizer=None, **kwargs):
 def six_sums():
     import gymnasium
 
-    from llmgym import register_env, registry
+    from llmgym import register_env
+    from llmgym.env import registry
 
     env_id = register_env("SixSums", make_six_sums_env, family="test", multi_turn=True)
     yield env_id

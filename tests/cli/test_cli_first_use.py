@@ -375,7 +375,8 @@ def _make_coin_env(tokenizer=None, **kwargs):
 
 
 def _registered(name: str, factory):
-    from llmgym import register_env, registry
+    from llmgym import register_env
+    from llmgym.env import registry
 
     env_id = register_env(name, factory, family="test")
     yield env_id

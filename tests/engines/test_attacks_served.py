@@ -403,7 +403,7 @@ def test_the_guard_answers_only_the_fleet_s_routes_and_its_control_routes_need_t
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from llmgym.engines import serve_guard
+    from llmgym.fleet import guard as serve_guard
 
     def guarded_client():
         app = FastAPI()

