@@ -8,11 +8,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import math
+import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -96,29 +100,114 @@ class TrainResult:
     """The step ``checkpoint`` holds (after a mid-step interrupt: the last checkpointed step, not the current)."""
 
 
+_STOPPING_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "hang-up (SIGHUP)"}
+
+
+def _output_gone(exc: BaseException) -> bool:
+    """A write failed because its reader went away: a closed pipe (``| head``, ``| tee`` ended) or a
+    terminal that hung up (a dropped ssh session answers EIO)."""
+    return isinstance(exc, BrokenPipeError) or (isinstance(exc, OSError) and exc.errno in (errno.EPIPE, errno.EIO))
+
+
+class _GuardedOutput:
+    """The run console's stream: when its reader goes away, ``gone`` turns true (and ``on_gone`` is called: the
+    run stops at the next step boundary, as after Ctrl-C) and what is printed from then on goes to stderr
+    (nowhere where stderr is gone too). The closed stream is pointed at ``/dev/null``, so that no later
+    flush (the interpreter's own at exit) raises ``BrokenPipeError`` again."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+        self.gone = False
+        self.on_gone: Any = None
+
+    def write(self, text: str) -> int:
+        while self._stream is not None:
+            try:
+                return self._stream.write(text)
+            except OSError as exc:
+                if not _output_gone(exc):
+                    raise
+                self._lost()
+        return len(text)
+
+    def flush(self) -> None:
+        while self._stream is not None:
+            try:
+                return self._stream.flush()
+            except OSError as exc:
+                if not _output_gone(exc):
+                    raise
+                self._lost()
+
+    def _lost(self) -> None:
+        lost, self._stream = self._stream, None
+        with contextlib.suppress(Exception):  # no later write to it can fail
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, lost.fileno())
+            os.close(devnull)
+        if lost is not sys.stderr and sys.stderr is not None:
+            self._stream = sys.stderr
+        self.gone = True
+        if self.on_gone is not None:
+            self.on_gone()
+
+    def isatty(self) -> bool:
+        return bool(self._stream is not None and self._stream.isatty())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream if self._stream is not None else sys.stderr, name)
+
+
+def _guarded(console) -> _GuardedOutput:
+    """``console``'s stream, guarded (once; it stays guarded: the run's last lines go through it too)."""
+    if not isinstance(console.file, _GuardedOutput):
+        console.file = _GuardedOutput(console.file)
+    return console.file
+
+
 class _StopOnCtrlC:
-    """First Ctrl-C: finish the current step, then stop (and checkpoint). Second: stop at once (mid-step: no checkpoint)."""
+    """First Ctrl-C, SIGTERM or hang-up, or the console's reader gone (a closed pipe): finish the current step,
+    then stop (and checkpoint). A second signal: stop at once (mid-step: no checkpoint)."""
 
     def __init__(self, console):
         self.console = console
         self.requested = False
-        self._previous = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _StopOnCtrlC:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for signum in _STOPPING_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        self._output = _guarded(self.console)
+        self._output.on_gone = self._output_gone
+        if self._output.gone:  # already before the run (the banner met a closed pipe)
+            self._output_gone()
         return self
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        self.console.print("[yellow]Ctrl-C: finishing this step, then saving a checkpoint "
-                           "(press Ctrl-C again to stop at once)[/]")
+        what = _STOPPING_SIGNALS.get(signum, f"signal {signum}")
+        again = "press Ctrl-C" if signum == signal.SIGINT else "send it"
+        self._say(f"[yellow]{what}: finishing this step, then saving a checkpoint ({again} again to stop at once)[/]")
+
+    def _output_gone(self) -> None:
+        if not self.requested:
+            self.requested = True
+            with contextlib.suppress(Exception):  # stderr itself may be gone
+                print("llmgym: the output closed (its reader went away): finishing this step, then saving a "
+                      "checkpoint; what follows goes to stderr", file=sys.stderr, flush=True)
+
+    def _say(self, text: str) -> None:
+        with contextlib.suppress(OSError):  # a hung-up terminal: the notice is lost, the stop is not
+            self.console.print(text)
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        self._output.on_gone = None
+        for signum, previous in self._previous.items():
+            if previous is not None:
+                signal.signal(signum, previous)
 
 
 EVAL_SEED = 1_000_003
@@ -184,6 +273,7 @@ def _train_run(spec: RunSpec, out_dir: str | Path, engines: list[Any], *, resume
     from llmgym.engines.rollout import distinct_tasks, evaluate_held_out
 
     console = console or make_console()
+    _guarded(console)  # a closed pipe or a hung-up terminal never ends the run with an error (see _StopOnCtrlC)
     out = Path(out_dir)
     agent_cls = require_agent(spec.agent)
     config = build_agent_config(agent_cls, spec.agent_config)
