@@ -100,7 +100,8 @@ class TrainResult:
     """The step ``checkpoint`` holds (after a mid-step interrupt: the last checkpointed step, not the current)."""
 
 
-_STOPPING_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "hang-up (SIGHUP)"}
+_STOPPING_SIGNALS = {getattr(signal, name): what for name, what in
+                     (("SIGINT", "Ctrl-C"), ("SIGTERM", "SIGTERM"), ("SIGHUP", "hang-up (SIGHUP)")) if hasattr(signal, name)}
 
 
 def _output_gone(exc: BaseException) -> bool:

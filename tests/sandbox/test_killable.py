@@ -162,7 +162,7 @@ def test_a_time_limited_verifier_whose_check_starts_setsid_sleep_leaves_nothing_
 
     def check(task, completion):
         subprocess.Popen(["setsid", "sleep", marker])
-        _settled(lambda: not _with_marker(marker))  # it runs before the check goes on
+        _settled(lambda: not _with_marker(marker))  # it runs before the check goes on (or 5 s pass)
         if then == "hangs":
             time.sleep(60)
         return 1.0
@@ -172,5 +172,44 @@ def test_a_time_limited_verifier_whose_check_starts_setsid_sleep_leaves_nothing_
         assert score.reward == (1.0 if then == "answers" else 0.0)
         assert _settled(lambda: _with_marker(marker)) == []
     finally:
+        for pid in _with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+CALLER = """
+import os, subprocess, sys, time
+sys.path.insert(0, os.environ["ROOT"])
+from llmgym.sandbox import killable
+
+def detach_and_hang():
+    subprocess.Popen(["setsid", "sleep", os.environ["MARKER"]])  # (not in this script's command line)
+    time.sleep(60)
+
+killable.call_in_killable_child(detach_and_hang, limit=60)
+"""
+
+
+def test_what_a_killed_caller_left_in_its_call_cgroup_is_ended_by_the_next_process_that_makes_calls(mode):
+    """The caller itself SIGKILLed mid-call: its child dies with it (``PR_SET_PDEATHSIG``), what the child started
+    stays in the call's cgroup, and the next llmgym process to probe there kills it and removes the cgroup."""
+    if mode != "cgroup":
+        pytest.skip("without a cgroup, what a killed caller's call started is handed to init (docs/sandbox.md)")
+    base = killable._call_cgroup_base()
+    marker = _marker()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(killable.__file__))))
+    caller = subprocess.Popen([sys.executable, "-c", CALLER], env={**os.environ, "ROOT": root, "MARKER": marker})
+    try:
+        assert _settled(lambda: not _with_marker(marker), 60) is False  # the detached sleep runs
+        caller.kill()
+        caller.wait()
+        left = [name for name in os.listdir(base) if name.startswith(f"{caller.pid}-")]
+        assert left and _with_marker(marker)  # it outlived its caller, in the caller's call cgroup
+        killable._cgroup_bases.pop(os.getpid())  # as a new process would: probe (and sweep) again
+        assert killable._call_cgroup_base() == base
+        assert _settled(lambda: _with_marker(marker)) == []
+        assert not [name for name in os.listdir(base) if name.startswith(f"{caller.pid}-")]
+    finally:
+        if caller.poll() is None:
+            caller.kill()
         for pid in _with_marker(marker):
             os.kill(pid, signal.SIGKILL)
