@@ -37,6 +37,7 @@ import os
 import pickle
 import select
 import signal
+import threading
 import time
 from typing import Any, Callable, Iterable, NamedTuple, Optional
 
@@ -199,6 +200,7 @@ def _stop_and_sweep(pid: int, patience: float = 5.0) -> None:
 _CGROUP_DIR = "llmgym-killable"
 _call_counter = itertools.count()
 _cgroup_bases: dict[int, Optional[str]] = {}  # pid -> where this process makes its calls' cgroups (None: nowhere)
+_probe_lock = threading.Lock()  # one probe at a time (their trial cgroups share a name)
 
 
 def _own_v2_cgroup() -> Optional[str]:
@@ -260,6 +262,15 @@ def _call_cgroup_base() -> Optional[str]:
     pid = os.getpid()
     if pid in _cgroup_bases:
         return _cgroup_bases[pid]
+    with _probe_lock:
+        if pid not in _cgroup_bases:
+            _cgroup_bases[pid] = _probe_call_cgroups(pid)
+    return _cgroup_bases[pid]
+
+
+def _probe_call_cgroups(pid: int) -> Optional[str]:
+    """The base of this process's call cgroups if a trial child can join one there and be killed by its
+    ``cgroup.kill``, else ``None``; on the way, remove what callers that are gone left there."""
     base: Optional[str] = None
     try:
         own = _own_v2_cgroup()
@@ -293,7 +304,6 @@ def _call_cgroup_base() -> Optional[str]:
                     base = candidate
     except (OSError, ValueError):
         base = None
-    _cgroup_bases[pid] = base
     return base
 
 
@@ -319,7 +329,9 @@ def _child(fn: Callable[..., Any], args: tuple, pipe_w: int, setup: Callable[[],
            cgroup: Optional[str], cgroup_procs: Optional[int]) -> None:
     """In the forked child: join the call's cgroup, run, end what the call started, write the pickled
     ``(status, value)``, exit without cleanup."""
+    global _probe_lock
     try:
+        _probe_lock = threading.Lock()  # another thread of the parent may have held it at the fork
         os.setpgid(0, 0)  # its own process group (a terminal's Ctrl-C reaches the caller, not the call)
         setup()
         if cgroup_procs is not None:

@@ -213,3 +213,24 @@ def test_what_a_killed_caller_left_in_its_call_cgroup_is_ended_by_the_next_proce
             caller.kill()
         for pid in _with_marker(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_calls_from_several_threads_at_once_each_end_what_they_started(mode, monkeypatch):
+    """Threads of one caller (a pipelined learner's verify workers) make calls at once: the first ones probe
+    for call cgroups together, and every call's detached grandchild is gone when it answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if mode == "cgroup":
+        monkeypatch.delitem(killable._cgroup_bases, os.getpid())  # probed anew, by the threads at once
+    with ThreadPoolExecutor(4) as pool:
+        outcomes = list(pool.map(lambda _: killable.call_in_killable_child(_double_fork_then_answer, limit=60),
+                                 range(12)))
+    try:
+        assert [o.status for o in outcomes] == ["ok"] * 12
+        assert [o.value for o in outcomes if _running(o.value)] == []
+        if mode == "cgroup":
+            assert killable._call_cgroup_base() is not None
+    finally:
+        for o in outcomes:
+            if o.status == "ok" and _running(o.value):
+                os.kill(o.value, signal.SIGKILL)
