@@ -189,10 +189,10 @@ def _stop_and_sweep(pid: int, patience: float = 5.0) -> None:
         return
     give_up = time.monotonic() + patience
     while time.monotonic() < give_up:
-        live = [p for p, state in _descendants(pid) if state != b"Z"]
-        if not live:
+        found = _descendants(pid)
+        _kill(p for p, _ in found)  # zombies too: SIGKILL to a zombie leader reaches its live threads
+        if all(state == b"Z" for _, state in found):
             break
-        _kill(live)
         time.sleep(0.0005)
     _kill([pid])
 
