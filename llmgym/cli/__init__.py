@@ -46,6 +46,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 
@@ -141,10 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         resume_dir = getattr(args, "resume_dir", None)
-        if resume_dir is not None and (resume_dir / "checkpoints" / "last" / "step.txt").is_file():
-            print(f"llmgym: interrupted; continue with: {invoked_as()} train --resume {resume_dir}", file=sys.stderr)
-        else:
-            print("llmgym: interrupted", file=sys.stderr)
+        with contextlib.suppress(OSError):  # stderr may be a closed pipe or a hung-up terminal too
+            if resume_dir is not None and (resume_dir / "checkpoints" / "last" / "step.txt").is_file():
+                print(f"llmgym: interrupted; continue with: {invoked_as()} train --resume {resume_dir}", file=sys.stderr)
+            else:
+                print("llmgym: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         if previous_threads is not None:

@@ -29,6 +29,7 @@ from llmgym.cli.run_files import RUN_FILES, existing_files
 from llmgym.cli.usage import UsageError
 from llmgym.runtime.display import make_console
 from llmgym.train import EVAL_SEED, CheckpointError, RolloutsLost, Trainer, TrainResult
+from llmgym.train.trainer import guard_output
 
 __all__ = ["RunSpec", "train_run"]
 
@@ -108,6 +109,7 @@ def train_run(
     from llmgym.rollout import distinct_tasks
 
     console = console or make_console()
+    guard_output(console)  # a closed pipe or a hung-up terminal never ends the run with an error (StopOnSignals)
     out = Path(out_dir)
     agent_cls = require_agent(spec.agent)
     config = build_agent_config(agent_cls, spec.agent_config)

@@ -14,7 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from llmgym.errors import LLMGymError, LLMGymWarning
+try:
+    from llmgym.errors import LLMGymError, LLMGymWarning
+except ImportError:  # this package copied on its own: it needs only the standard library (tests/sandbox)
+
+    class LLMGymError(Exception):  # type: ignore[no-redef]
+        """Stands in for llmgym's error base where only the sandbox package is present."""
+
+    class LLMGymWarning(UserWarning):  # type: ignore[no-redef]
+        """Stands in for llmgym's warning base where only the sandbox package is present."""
 
 __all__ = [
     "ALLOW_UNSANDBOXED_ENV",
@@ -25,6 +33,7 @@ __all__ = [
     "JUDGE_UID_OFFSET",
     "MECHANISMS",
     "WORKDIR_IN_SANDBOX",
+    "NoCgroupWarning",
     "SandboxError",
     "SandboxUnavailableError",
     "SandboxWarning",
@@ -96,3 +105,24 @@ class SandboxUnavailableError(SandboxError):
 
 class SandboxWarning(LLMGymWarning):
     """Code runs with less isolation than the full sandbox (an explicit opt-out is in force)."""
+
+
+class NoCgroupWarning(SandboxWarning):
+    """The sandbox runs without its cgroup (once per process): what is lost and how to get it back.
+
+    Without a cgroup, memory is capped per process (``RLIMIT_AS``) and processes per uid
+    (``RLIMIT_NPROC``), so one run or one worker call may hold ``memory_mb`` in each of its
+    ``max_processes`` processes; nothing caps the tree's total memory (tmpfs included), and a
+    worker's calls are ended by its namespace sweep instead of one ``cgroup.kill``.
+    """
+
+
+#: What :class:`NoCgroupWarning` says after the reason the probe gave.
+NO_CGROUP_MESSAGE = (
+    "the sandbox has no cgroup here, so it is weaker: memory is capped per process only -- a run or a "
+    "worker call may hold memory_mb in each of its max_processes processes, and nothing caps the whole "
+    "tree's memory (its tmpfs included) in one place. To get the cap back, run as root where the cgroup "
+    "tree is writable (cgroup v1 memory and pids controllers, or cgroup v2 with memory and pids delegated; "
+    "in a container, one started with a writable /sys/fs/cgroup, e.g. `docker run --privileged`); "
+    "`llmgym.sandbox.check_sandbox()['why']['cgroup']` says what failed"
+)

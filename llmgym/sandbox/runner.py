@@ -35,7 +35,9 @@ from .policy import (
     DEFAULT_UID_RANGE,
     JUDGE_UID_OFFSET,
     MECHANISMS,
+    NO_CGROUP_MESSAGE,
     WORKDIR_IN_SANDBOX,
+    NoCgroupWarning,
     SandboxError,
     SandboxUnavailableError,
     SandboxWarning,
@@ -132,6 +134,19 @@ class ProcessTreeKiller:
             self.proc.kill()
 
 
+_warned_no_cgroup = False
+
+
+def _warn_no_cgroup(why: str) -> None:
+    """Say once per process that the sandbox runs without its cgroup (:class:`NoCgroupWarning`)."""
+    global _warned_no_cgroup
+    if _warned_no_cgroup:
+        return
+    _warned_no_cgroup = True
+    msg = f"llmgym.sandbox: {NO_CGROUP_MESSAGE} (here: {why or 'unknown'})."
+    warnings.warn(msg, NoCgroupWarning, stacklevel=3)
+    log.warning(msg)
+
 
 @dataclass(frozen=True)
 class SandboxIsolation:
@@ -226,11 +241,7 @@ class Sandbox:
         self.missing: tuple[str, ...] = tuple(m for m in MECHANISMS if not info[m])
         weaker = [m for m in self.missing if m in DEFAULT_REQUIRED]
         if "cgroup" in self.missing:
-            log.info(
-                "llmgym.sandbox: no cgroup (%s): memory is capped per process "
-                "(memory_mb x max_processes for the tree)",
-                info["why"].get("cgroup", ""),
-            )
+            _warn_no_cgroup(info["why"].get("cgroup", ""))
         if weaker:
             msg = (
                 "llmgym.sandbox: running untrusted code WITHOUT "

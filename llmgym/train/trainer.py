@@ -15,11 +15,14 @@ its public interface — ``learn(env, steps, callback=...)``, ``step_count``, ``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -76,6 +79,84 @@ STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 """The signals a run treats as "stop after this step": Ctrl-C, a polite kill, a closed terminal."""
 
 
+def _reader_gone(exc: BaseException) -> bool:
+    """A write failed because its reader went away: a closed pipe (``| head``, an ended ``| tee``) or a
+    terminal that hung up (a dropped ssh session answers EIO)."""
+    return isinstance(exc, BrokenPipeError) or (isinstance(exc, OSError) and exc.errno in (errno.EPIPE, errno.EIO))
+
+
+class GuardedOutput:
+    """A console's stream that survives its reader going away.
+
+    When a write or flush fails because the reader is gone, ``gone`` turns true, ``on_gone`` is called (a
+    run then stops at the next step boundary, as after Ctrl-C), what is printed from then on goes to stderr
+    (nowhere where stderr is gone too), and the closed stream is pointed at ``/dev/null`` so that no later
+    flush (the interpreter's own at exit) raises ``BrokenPipeError`` again.
+
+    Example:
+        >>> import io
+        >>> from llmgym.train.trainer import GuardedOutput
+        >>> class Closed(io.StringIO):
+        ...     def write(self, text):
+        ...         raise BrokenPipeError(32, "Broken pipe")
+        >>> out = GuardedOutput(Closed())
+        >>> out.on_gone = lambda: print("stop requested")
+        >>> _ = out.write("step 3")
+        stop requested
+        >>> out.gone
+        True
+    """
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+        self.gone = False
+        self.on_gone: Any = None
+
+    def write(self, text: str) -> int:
+        while self._stream is not None:
+            try:
+                return self._stream.write(text)
+            except OSError as exc:
+                if not _reader_gone(exc):
+                    raise
+                self._lost()
+        return len(text)
+
+    def flush(self) -> None:
+        while self._stream is not None:
+            try:
+                return self._stream.flush()
+            except OSError as exc:
+                if not _reader_gone(exc):
+                    raise
+                self._lost()
+
+    def _lost(self) -> None:
+        lost, self._stream = self._stream, None
+        with contextlib.suppress(Exception):  # no later write to it can fail
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, lost.fileno())
+            os.close(devnull)
+        if lost is not sys.stderr and sys.stderr is not None:
+            self._stream = sys.stderr
+        self.gone = True
+        if self.on_gone is not None:
+            self.on_gone()
+
+    def isatty(self) -> bool:
+        return bool(self._stream is not None and self._stream.isatty())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream if self._stream is not None else sys.stderr, name)
+
+
+def guard_output(console) -> GuardedOutput:
+    """``console``'s stream, guarded (once: it stays guarded, so a run's last lines go through it too)."""
+    if not isinstance(console.file, GuardedOutput):
+        console.file = GuardedOutput(console.file)
+    return console.file
+
+
 class StopOnSignals:
     """First signal: ask the run to stop after the current step (it then saves a checkpoint). A second
     one: ``KeyboardInterrupt`` at once (mid-step: nothing saved).
@@ -98,12 +179,25 @@ class StopOnSignals:
         self.requested = False
         self.reason: str | None = None
         self._previous: dict[int, Any] = {}
+        self._output: GuardedOutput | None = None
 
     def __enter__(self) -> StopOnSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in self.signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
+        self._output = guard_output(self.console) if getattr(self.console, "file", None) is not None else None
+        if self._output is not None:  # a closed pipe or a hung-up terminal stops the run like Ctrl-C
+            self._output.on_gone = self._output_gone
+            if self._output.gone:  # already before the run (the banner met a closed pipe)
+                self._output_gone()
         return self
+
+    def _output_gone(self) -> None:
+        if not self.requested:
+            self.request("output closed")
+            with contextlib.suppress(Exception):  # stderr itself may be gone
+                print("llmgym: the output closed (its reader went away): finishing this step, then saving a "
+                      "checkpoint; what follows goes to stderr", file=sys.stderr, flush=True)
 
     def request(self, reason: str) -> None:
         """Stop after the current step (what the first signal does; a program may call it too)."""
@@ -123,6 +217,8 @@ class StopOnSignals:
             pass
 
     def __exit__(self, *exc: object) -> None:
+        if self._output is not None:
+            self._output.on_gone = None
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()

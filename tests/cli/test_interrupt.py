@@ -140,3 +140,68 @@ def test_a_stopped_pipeline_continues_exactly_from_its_saved_state(tmp_path):
     third = agent()
     third.load_state_dict(torch.load(tmp_path / "agent.pt", weights_only=True))
     assert _without_timing(head + third.learn(env(), 4, max_staleness=2)) != _without_timing(straight)
+
+
+def _short_run(saved_tiny_model_dir: str) -> list[str]:
+    return ["train", "--import", "slow_odd", "--env", "llmgym/SlowOdd-v0", "--agent", "grpo", "--model",
+            saved_tiny_model_dir, "--steps", "10", "--out", "run", "--seed", "3", "--set", "tasks_per_step=2",
+            "--set", "group_size=2", "--set", "max_new_tokens=4", "--checkpoint-every", "100"]
+
+
+def _saved_at_a_step_boundary_and_resumed(folder: Path) -> None:
+    saved = int((folder / "run" / "checkpoints" / "last" / "step.txt").read_text())
+    assert 2 <= saved < 10 and len(_rows(folder / "run")) == saved  # at a step boundary: the last step done
+    assert main(["train", "--resume", "run"]) == 0
+    assert [r["step"] for r in _rows(folder / "run")] == list(range(1, 11))
+
+
+def test_a_closed_output_pipe_saves_at_a_step_boundary_and_says_how_to_resume_on_stderr(saved_tiny_model_dir,
+                                                                                        slow_odd):
+    """``llmgym train ... | head`` (or ``| tee`` ended by Ctrl-C): the reader goes, and the next line the run
+    prints meets a closed pipe. The run stops at a step boundary as after Ctrl-C, saves there, says how to
+    resume on stderr and exits 130 (before: exit 1, no word, no checkpoint, and ``--resume`` refused)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "llmgym", *_short_run(saved_tiny_model_dir)], cwd=slow_odd,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while len(_rows(slow_odd / "run")) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.stdout.close()
+        stderr = proc.stderr.read().decode()
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr[-3000:]
+    saved = int((slow_odd / "run" / "checkpoints" / "last" / "step.txt").read_text())
+    assert f"checkpoint saved at step {saved}" in stderr and "llmgym train --resume run" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr[-3000:]
+    _saved_at_a_step_boundary_and_resumed(slow_odd)
+
+
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGTERM"])
+def test_a_hang_up_or_sigterm_stops_at_a_step_boundary_like_ctrl_c(name, saved_tiny_model_dir, slow_odd):
+    """A dropped ssh session (SIGHUP) or ``kill`` (SIGTERM) mid-run: a step boundary, a checkpoint, exit 130 and
+    ``--resume`` (before, either ended the process at once with no checkpoint). In process: the handler is
+    installed for the run's steps only, and the signal is sent while they run."""
+    import threading
+
+    def send_mid_run() -> None:
+        deadline = time.monotonic() + 600
+        while len(_rows(slow_odd / "run")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), getattr(signal, name))
+
+    reached_outside = []  # where the run installs no handler of its own, the signal lands here, not in pytest's end
+    previous = signal.signal(getattr(signal, name), lambda signum, frame: reached_outside.append(signum))
+    try:
+        sender = threading.Thread(target=send_mid_run, daemon=True)
+        sender.start()
+        code = main(_short_run(saved_tiny_model_dir))
+        sender.join()
+    finally:
+        signal.signal(getattr(signal, name), previous)
+    assert (code, reached_outside) == (130, [])
+    _saved_at_a_step_boundary_and_resumed(slow_odd)

@@ -691,6 +691,39 @@ def test_explicit_opt_out_warns_and_keeps_what_it_can(no_bwrap, monkeypatch):
         Sandbox(allow_unsafe=True)
 
 
+@pytest.fixture
+def no_cgroup(monkeypatch):
+    """The probe finds no writable cgroup tree (as in a container that delegates none)."""
+    import llmgym.sandbox.probe as probe_module
+    import llmgym.sandbox.runner as runner_module
+
+    monkeypatch.setattr(probe_module, "cgroup_probe", lambda: (None, "cgroups not writable here: test"))
+    monkeypatch.setattr(runner_module, "_warned_no_cgroup", False, raising=False)
+    check_sandbox(refresh=True)
+    yield
+    monkeypatch.undo()
+    check_sandbox(refresh=True)
+
+
+@pytest.mark.skipif(any(m in sbm.DEFAULT_REQUIRED for m in INFO["missing"]), reason="needs the full sandbox")
+def test_a_sandbox_without_its_cgroup_says_so_once_naming_what_is_lost_and_the_way_back(no_cgroup):
+    import warnings
+
+    with pytest.warns(SandboxWarning, match="no cgroup here") as record:
+        first = Sandbox(LIMITS)
+    said = [w for w in record if "no cgroup here" in str(w.message)]
+    assert len(said) == 1 and said[0].category.__name__ == "NoCgroupWarning"
+    message = str(said[0].message)
+    for what in ("memory is capped per process only", "max_processes", "tmpfs", "run as root", "cgroup v2",
+                 "cgroups not writable here: test"):
+        assert what in message, what
+    assert "cgroup" in first.missing and first.run_python("print(1)").stdout == "1\n"  # it still runs
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        Sandbox(LIMITS)
+    assert not [w for w in again if "no cgroup" in str(w.message)]  # once per process
+
+
 def test_limits_are_validated():
     with pytest.raises(ValueError):
         SandboxLimits(cpu_seconds=0)

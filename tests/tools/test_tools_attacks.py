@@ -64,6 +64,33 @@ def die(x: int) -> int:
     os._exit(3)
 
 
+def _sleep_pids(seconds: str) -> list[int]:
+    """Live ``sleep <seconds>`` processes (their command line exactly; a zombie is dead)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as fh:
+                    if fh.read() == b"sleep\0%s\0" % seconds.encode():
+                        found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+def detach(x: int) -> str:
+    """Start a sleep in a session of its own, in the background, and answer once it runs.
+
+    Args:
+        x: anything
+    """
+    os.system(f"setsid sleep {300 + x / 1e6:.6f} &")
+    give_up = time.monotonic() + 10
+    while not _sleep_pids(f"{300 + x / 1e6:.6f}") and time.monotonic() < give_up:
+        time.sleep(0.01)
+    return "started"
+
+
 def flood(n: int) -> str:
     """Return a long text.
 
@@ -153,6 +180,21 @@ def test_a_hanging_tool_leaves_no_process_behind():
     env.step(CALL % ("hang", '{"x": %d}' % x))
     time.sleep(0.5)
     assert cmdline_pids(f"{300 + x / 1e6:.6f}") == []
+
+
+def test_a_tool_that_starts_a_detached_background_process_leaves_none_behind():
+    """`setsid sleep N &` leaves the tool's process group and session: it dies with the call all the same."""
+    x = uuid.uuid4().int % 10**6
+    seconds = f"{300 + x / 1e6:.6f}"
+    env = _env(tools=(Tool(detach, time_limit=2.0),))
+    env.reset(seed=0)
+    try:
+        obs, *_ = env.step(CALL % ("detach", '{"x": %d}' % x))
+        assert "tool: started" in obs["prompt"], obs["prompt"][-300:]
+        assert _sleep_pids(seconds) == []  # gone before the answer came back
+    finally:
+        for pid in _sleep_pids(seconds):
+            os.kill(pid, 9)
 
 
 def test_too_many_calls_run_up_to_the_limit_and_the_rest_are_refused():
