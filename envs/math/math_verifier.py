@@ -797,8 +797,9 @@ class MathVerifier(Verifier):
             where it is written out (SymPy's evaluation leaves it as it is), so must the answer be
             (``\binom{8}{4}``, ``70 + 1 - 1``, ``\sqrt{16}``, ``\frac{12}{18}`` are not). Percent signs
             are read one way (in a percent question both ``3\%`` and ``3`` are 3 percent; elsewhere
-            ``3\%`` is ``0.03``) and a unit in ``\text{}`` must be the reference's, or one the question
-            names where the reference has none (default on).
+            ``3\%`` is ``0.03``) and a unit (in ``\text{}``, or in words right after the answer) must be
+            the reference's, or one the question names where the reference has none. A tuple's or
+            matrix's entries are each held to these forms (default on).
 
     Raises:
         ModuleNotFoundError: math-verify is not installed (at construction: an env fails at ``make``).

@@ -490,6 +490,16 @@ _REFERENCE_RULES = {
     "normal": "the reference is written out; the answer is not (it still evaluates to another form)",
 }
 
+def _holds(check, tree):
+    # a form holds for a tree, or for each entry of a tuple or matrix, or each end of an interval (\frac{2}{4} in
+    # (\frac{2}{4}, 3) is not in lowest terms)
+    import sympy
+    if check(tree):
+        return True
+    parts = (list(tree.args) if isinstance(tree, sympy.Tuple) else list(tree) if isinstance(tree, sympy.MatrixBase)
+             else [tree.start, tree.end] if isinstance(tree, sympy.Interval) else [])
+    return bool(parts) and all(_holds(check, part) for part in parts)
+
 def _form_verdict(gold, predicted, spans, forms):
     # None when the answer, equal to the reference, is written as the question asks; else the reason
     mine = _written(predicted)
@@ -502,9 +512,9 @@ def _form_verdict(gold, predicted, spans, forms):
             if mine is None or not (check(mine) or (form == "exact" and _decimals_are_exact(reference, mine))):
                 return _REFERENCE_RULES[form]
             continue
-        if reference is not None and not check(reference):
+        if reference is not None and not _holds(check, reference):
             continue  # the dataset writes its own answer otherwise: the form is not checked
-        if mine is None or not check(mine):
+        if mine is None or not _holds(check, mine):
             return "the question asks for %s; the answer is not written that way" % name
     # trees compared through srepr, which orders the arguments of a sum or product: 3 \times 2^3 is 2^3 \cdot 3;
     # and canonical, so that an echo with a no-op (\cdot 1, + 0, ^{1}, 16^{1/2} for \sqrt{16}) is the echo

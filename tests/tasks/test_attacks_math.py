@@ -345,3 +345,14 @@ def test_tuples_and_matrices_are_checked_entry_by_entry(verifier, gold, wrong, r
 def test_percent_and_decimals_only_where_the_question_asks_for_them(verifier, question, gold, answer, reward):
     score = verifier(Task(question, answer=gold), rf"\boxed{{{answer}}}")
     assert score.reward == reward, score.info
+
+
+def test_a_form_the_question_asks_for_holds_for_each_entry(verifier):
+    # a tuple's or matrix's entries were not looked at: a fraction paid for "as a decimal", and a right matrix was
+    # refused for "simplest radical form" (the as-written parser read no matrix)
+    point = Task("Give each coordinate as a decimal.", answer="(0.5, 3)")
+    assert verifier(point, r"\boxed{(\frac{1}{2}, 3)}").reward == 0.0
+    assert verifier(point, r"\boxed{(0.5, 3)}").reward == 1.0
+    matrix = Task("Write each entry in simplest radical form.", answer=r"\begin{pmatrix} 2\sqrt{3} & 1 \end{pmatrix}")
+    assert verifier(matrix, r"\boxed{\begin{pmatrix} \sqrt{12} & 1 \end{pmatrix}}").reward == 0.0
+    assert verifier(matrix, r"\boxed{\begin{pmatrix} 2\sqrt{3} & 1 \end{pmatrix}}").reward == 1.0
