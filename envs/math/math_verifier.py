@@ -277,6 +277,8 @@ def extract_answer(text: str) -> str | None:
         '\\left( 3, \\frac{\\pi}{2} \\right)'
         >>> extract_answer("He paid $5 for pens and $3 for paper, 8 dollars in total")
         '8'
+        >>> extract_answer("The rod is 5 cm long."), extract_answer("So it is 5 in total.")  # a unit in words is kept
+        ('5 \\text{ cm}', '5')
         >>> extract_answer("Monday"), extract_answer("I am not sure how to solve this one.")
         ('Monday', None)
     """
