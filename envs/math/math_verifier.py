@@ -59,6 +59,7 @@ __all__ = [
     "MAX_ANSWER_CHARS",
     "UNIT_ALIASES",
     "asks_for_decimal",
+    "asks_for_percent",
     "MAX_NUMBER_BITS",
     "extract_answer",
     "normalize_gold",
@@ -157,13 +158,13 @@ def _tidy(candidate: str) -> str:
     return candidate
 
 
-def _math_spans(text: str) -> list[str]:
+def _math_spans_with_ends(text: str) -> list[tuple[str, int]]:
     """Contents of ``$$…$$``, ``$…$`` (unescaped dollars), ``\\(…\\)`` and ``\\[…\\]``, left to right.
 
     A scanner, linear in ``len(text)``: the closing delimiter after a position is looked up once and
     remembered (a regex with lazy ``.+?`` rescans to the end for every unclosed opener: quadratic).
     """
-    spans: list[str] = []
+    spans: list[tuple[str, int]] = []  # (content, index after the closing delimiter)
     found: dict[str, tuple[int, int]] = {}  # delimiter -> (searched from, first closer at or after)
 
     def closer(delim: str, start: int, unescaped: bool) -> int:
@@ -192,27 +193,34 @@ def _math_spans(text: str) -> list[str]:
             if text.startswith("$$", j):
                 k = closer("$$", j + 3, True)
                 if k >= 0:
-                    spans.append(text[j + 2 : k])
+                    spans.append((text[j + 2 : k], k + 2))
                     i = k + 2
                     continue
             k = closer("$", j + 2, True)
             if k >= 0:
-                spans.append(text[j + 1 : k])
+                spans.append((text[j + 1 : k], k + 1))
                 i = k + 1
                 continue
         elif text.startswith(("\\(", "\\["), j):
             k = closer("\\)" if text[j + 1] == "(" else "\\]", j + 3, False)
             if k >= 0:
-                spans.append(text[j + 2 : k])
+                spans.append((text[j + 2 : k], k + 2))
                 i = k + 2
                 continue
         i = j + 1
     return spans
 
 
+def _math_spans(text: str) -> list[str]:
+    """Contents of the math spans of ``text``, left to right (:func:`_math_spans_with_ends`)."""
+    return [span for span, _ in _math_spans_with_ends(text)]
+
+
 def _last_number(text: str) -> str | None:
-    numbers = _NUMBER.findall(text)
-    return re.sub(r"[,\s]", "", numbers[-1]) if numbers else None
+    last = None
+    for last in _NUMBER.finditer(text):
+        pass
+    return None if last is None else _with_unit(re.sub(r"[,\s]", "", last.group()), text[last.end():])
 
 
 def _after_marker(text: str) -> str | None:
@@ -220,30 +228,31 @@ def _after_marker(text: str) -> str | None:
     if not markers:
         return None
     phrase = text[markers[-1].end():].strip().split("\n", 1)[0]
-    spans = _math_spans(phrase)
+    spans = _math_spans_with_ends(phrase)
     if spans:
-        return spans[0]
+        return _with_unit(spans[0][0], phrase[spans[0][1]:]) if _tidy(spans[0][0]) else spans[0][0]
     phrase = _SENTENCE_END.split(phrase, 1)[0]  # "42. I hope it is correct" -> "42"
     if _is_math(phrase):
-        return phrase
+        return _unit_in_words(phrase)
     number = _STANDALONE_NUMBER.search(phrase)
-    return re.sub(r"[,\s]", "", number.group()) if number else None
+    return _with_unit(re.sub(r"[,\s]", "", number.group()), phrase[number.end():]) if number else None
 
 
 def _extract(text: str) -> tuple[str | None, str | None]:
+    # a unit in words after the answer (``5 cm``, ``$5$ cm``) is kept as ``\text{}``: it is judged, not dropped
     region = _region(text)
     boxed = last_boxed(region)
     if boxed is not None:
-        return _tidy(boxed), "boxed"
+        return _unit_in_words(_tidy(boxed)), "boxed"
     marked = _after_marker(region)
     if marked is not None and _tidy(marked):
         return _tidy(marked), "marker"
     whole = _tidy(region)
     if whole and "$" not in whole and _is_math(whole):
-        return whole, "bare"
-    spans = [s for s in _math_spans(region) if _is_math(s)]
+        return _unit_in_words(whole), "bare"
+    spans = [(s, end) for s, end in _math_spans_with_ends(region) if _is_math(s)]
     if spans:
-        return _tidy(spans[-1]), "math_span"
+        return _with_unit(_tidy(spans[-1][0]), region[spans[-1][1]:]), "math_span"
     number = _last_number(region)
     if number is not None:
         return number, "last_number"
@@ -269,6 +278,8 @@ def extract_answer(text: str) -> str | None:
         '\\left( 3, \\frac{\\pi}{2} \\right)'
         >>> extract_answer("He paid $5 for pens and $3 for paper, 8 dollars in total")
         '8'
+        >>> extract_answer("The rod is 5 cm long."), extract_answer("So it is 5 in total.")  # a unit in words is kept
+        ('5 \\text{ cm}', '5')
         >>> extract_answer("Monday"), extract_answer("I am not sure how to solve this one.")
         ('Monday', None)
     """
@@ -437,17 +448,85 @@ FORM_PHRASES = (
     ("scientific notation", "scientific"),
 )
 
-#: Words of a question that ask for (or allow) a decimal: only then may a decimal answer an exact reference.
-_ASKS_FOR_DECIMAL = re.compile(r"\b(?:decimal|nearest|round|approximat|significant (?:figure|digit)|estimat)", re.IGNORECASE)
+#: Abbreviations of common units, to their names (a question says "centimeters", an answer ``\text{cm}``).
+UNIT_ALIASES = {
+    "mm": "millimeter", "cm": "centimeter", "m": "meter", "km": "kilometer", "in": "inch", "ft": "foot",
+    "feet": "foot", "yd": "yard", "mi": "mile", "mg": "milligram", "g": "gram", "kg": "kilogram", "s": "second",
+    "sec": "second", "min": "minute", "h": "hour", "hr": "hour", "ml": "milliliter", "l": "liter", "lb": "pound",
+    "lbs": "pound", "oz": "ounce", "metre": "meter", "litre": "liter", "mph": "mile per hour", "sq": "square",
+    "deg": "degree", "cents": "cent", "inches": "inch", "cu": "cubic", "millimetre": "millimeter",
+    "centimetre": "centimeter", "kilometre": "kilometer", "millilitre": "milliliter",
+}
+#: Words that qualify a unit (``square meters``, ``miles per hour``) but are none alone.
+_UNIT_MODIFIERS = frozenset({"square", "cubic", "per", "sq", "cu"})
+#: The unit names a word after a number in prose may be: the table's, abbreviations and names, less a single
+#: letter (in prose and math alike a symbol: ``5 m`` may be five times m) and the modifiers.
+_PROSE_UNIT_NAMES = sorted(
+    ({w for name in UNIT_ALIASES.values() for w in name.split()} | set(UNIT_ALIASES)) - _UNIT_MODIFIERS
+    - {w for w in UNIT_ALIASES if len(w) == 1}, key=len, reverse=True)
+_PROSE_UNIT_NAME = "(?:" + "|".join(re.escape(w) + ("(?:e?s)?" if len(w) > 2 else "") for w in _PROSE_UNIT_NAMES) + r")\b"
+_PROSE_UNIT = re.compile(
+    r"[ \t]*((?:(?:square|cubic|sq|cu)\.?[ \t]+)?" + _PROSE_UNIT_NAME + r"(?:[ \t]*\^[ \t]*\{?[23]\}?)?"
+    r"(?:[ \t]+per[ \t]+" + _PROSE_UNIT_NAME + r")?)", re.IGNORECASE)
+_PHRASE_END = re.compile(r"[ \t]*(?:[.,;:!?)\]]|\n|$)")
+_PROSE_POWER = re.compile(r"[ \t]*\^[ \t]*\{?([23])\}?")
+
+
+def _with_unit(answer: str, after: str) -> str:
+    r"""``answer`` with the unit that follows it in prose, if any, as ``\text{}`` (so it is judged like one).
+
+    A unit is a word of :data:`UNIT_ALIASES` (an abbreviation of two letters or more, or a unit's name, plural
+    allowed; ``square``, ``cubic`` and ``per`` join one), right after the answer; "in" is the preposition
+    unless the phrase ends with it.
+
+    Example:
+        >>> _with_unit("5", " cm long"), _with_unit("5", " in total"), _with_unit("5", " in."), _with_unit("12", " apples")
+        ('5 \\text{ cm}', '5', '5 \\text{ in}', '12')
+    """
+    match = _PROSE_UNIT.match(after)
+    if match is None or (match[1].lower() == "in" and not _PHRASE_END.match(after, match.end())):
+        return answer
+    unit, power = match[1], _PROSE_POWER.search(match[1])
+    if power:  # cm^2: a square centimeter
+        unit = ("square " if power[1] == "2" else "cubic ") + _PROSE_POWER.sub("", unit)
+    return answer + r" \text{ " + " ".join(unit.split()) + "}"
+
+
+_NUMBER_THEN_WORDS = re.compile(r"\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+)(\s+[A-Za-z][^\\{}$]*)")
+
+
+def _unit_in_words(answer: str) -> str:
+    r"""A number then a unit in plain words (``\boxed{5 cm}``, "Answer: 5 cm") as the number and a ``\text{}`` unit;
+    anything else unchanged."""
+    match = _NUMBER_THEN_WORDS.fullmatch(answer)
+    if match is None:
+        return answer
+    unit = _with_unit(match[1], match[2])
+    return unit if unit != match[1] and _PROSE_UNIT.fullmatch(match[2].rstrip()) else answer
+
+
+_DECIMAL_PRECISION = "(?:" + "|".join(
+    ["whole", "integer", "tenths?", "hundredths?", "thousandths?", "millionths?", "ten", "hundred", "thousand",
+     "million", "billion", "half", "quarter", "percent", "cents?", "dollars?", "degrees?", "units?", "square",
+     "cubic"] + [re.escape(w) + "(?:e?s)?" for w in _PROSE_UNIT_NAMES]) + r")\b"
+#: Phrases of a question that ask for (or allow) a decimal: only then may a decimal answer an exact reference.
+_ASKS_FOR_DECIMAL = re.compile(
+    r"\bas\s+an?\s+(?:\w+\s+)?decimal\b|\bin\s+decimal\s+form|\bdecimal\s+(?:places?|approximation|answer|number|value)"
+    r"|\bto\s+\S+\s+places\b|\bnearest\s+" + _DECIMAL_PRECISION + r"|\brounded\s+(?:off\s+)?to\b"
+    r"|\bround(?:ed|ing)?\s+(?:off|up|down)\b|\bapproximat|\bestimat|\bsignificant\s+(?:figure|digit)",
+    re.IGNORECASE)
 
 
 def asks_for_decimal(prompt: str) -> bool:
-    r"""Whether ``prompt`` asks for (or allows) a decimal answer: "as a decimal", "to the nearest tenth", "round",
-    "approximately", "significant figures", "estimate".
+    r"""Whether ``prompt`` asks for (or allows) a decimal answer: "as a decimal", "decimal places", "to the nearest
+    tenth" (a precision or a unit after "nearest": not "the nearest vertex"), "rounded to", "approximately",
+    "significant figures", "estimate". Rounding is asked for by its precision, so "a round table" is not.
 
     Example:
         >>> asks_for_decimal("Round $\pi$ to the nearest hundredth."), asks_for_decimal("Express $2/3$ as a fraction.")
         (True, False)
+        >>> asks_for_decimal("How far is $P$ from the nearest vertex of a round table?")
+        False
     """
     return _ASKS_FOR_DECIMAL.search(prompt[:DEFAULT_PROMPT_SCAN_CHARS]) is not None
 
@@ -456,20 +535,40 @@ def asks_for_decimal(prompt: str) -> bool:
 
 _PERCENT = re.compile(r"\\?%")
 _NUMBER_PERCENT = re.compile(r"(?<![\d.])([+-]?)(\d+(?:\.\d+)?|\.\d+)\s*\\?%")
-_ASKS_FOR_PERCENT = re.compile(r"\bpercent", re.IGNORECASE)
+_PERCENT_WORD = re.compile(r"\bper\s?cent(?:age)?s?\b", re.IGNORECASE)
+#: What ends the text before a percent word that is a quantity ("20 percent of 50", "$x$ percent", "twenty
+#: percent"), not a request.
+_PERCENT_QUANTITY = re.compile(
+    r"(?:\d|\$|\}|\)|\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|"
+    r"fifteen|sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred|"
+    r"thousand|half))[\s~-]*\Z", re.IGNORECASE)
+
+
+def asks_for_percent(prompt: str) -> bool:
+    r"""Whether ``prompt`` asks for its answer in percent: a "percent" or "percentage" that is not a quantity of
+    the question, i.e. not right after a number ("What percent of 50 is 10?", "as a percentage", "in percent",
+    "the percent increase" ask; "What is 20 percent of 50?" does not).
+
+    Example:
+        >>> asks_for_percent("What percent of $50$ is $10$?"), asks_for_percent("What is 20 percent of $50$?")
+        (True, False)
+    """
+    prompt = prompt[:DEFAULT_PROMPT_SCAN_CHARS]
+    return any(_PERCENT_QUANTITY.search(prompt, max(0, m.start() - 24), m.start()) is None
+               for m in _PERCENT_WORD.finditer(prompt))
 
 
 def _percents(task: Task, gold: str, predicted: str) -> tuple[str, str]:
     r"""Gold and answer with their percent signs read one way.
 
-    Where the question asks for a percent (it says "percent" / "percentage") or the reference carries a ``%``,
+    Where the question asks for a percent (:func:`asks_for_percent`) or the reference carries a ``%``,
     numbers are percents: the sign is dropped from both (``3\%`` and ``3`` are one answer, ``0.03`` is not).
     Elsewhere ``%`` means hundredths: ``3\%`` is ``0.03`` (a number written before it is shifted here; math-verify
     would read a percentage both ways, 3 and 0.03 alike).
     """
     if "%" not in gold and "%" not in predicted:
         return gold, predicted
-    if "%" in gold or _ASKS_FOR_PERCENT.search(_prompt_text(task)):
+    if "%" in gold or asks_for_percent(_prompt_text(task)):
         return _tidy(_PERCENT.sub("", gold)), _tidy(_PERCENT.sub("", predicted))
 
     def hundredths(match: re.Match[str]) -> str:
@@ -478,28 +577,26 @@ def _percents(task: Task, gold: str, predicted: str) -> tuple[str, str]:
     return gold, _NUMBER_PERCENT.sub(hundredths, predicted)
 
 
-_UNIT_WRAPPER = re.compile(r"\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}")
+# a wrapper's words, and the power after it: \text{ units}^2 is square units, \mathrm{cm}^{3} cubic centimeters
+_UNIT_WRAPPER = re.compile(r"\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}(?:\s*\^\s*\{?\s*([23])\s*\}?)?")
 _WORD = re.compile(r"[A-Za-z]+")
-#: Abbreviations of common units, to their names (a question says "centimeters", an answer ``\text{cm}``).
-UNIT_ALIASES = {
-    "mm": "millimeter", "cm": "centimeter", "m": "meter", "km": "kilometer", "in": "inch", "ft": "foot",
-    "feet": "foot", "yd": "yard", "mi": "mile", "mg": "milligram", "g": "gram", "kg": "kilogram", "s": "second",
-    "sec": "second", "min": "minute", "h": "hour", "hr": "hour", "ml": "milliliter", "l": "liter", "lb": "pound",
-    "lbs": "pound", "oz": "ounce", "metre": "meter", "litre": "liter", "mph": "mile per hour", "sq": "square",
-    "deg": "degree", "cents": "cent", "inches": "inch",
-}
 
 
 def _unit_words(text: str, wrapped: bool) -> set[str]:
     """The words of ``text`` (only those in ``\\text{}``-like wrappers if ``wrapped``), as unit names: lower case,
-    abbreviations spelled out, plurals made singular."""
+    abbreviations spelled out, plurals made singular, a power 2 or 3 after a wrapper as "square" or "cubic".
+    A single letter is a symbol, not a unit, unless it is a wrapped abbreviation (``\\text{ m}``); in prose,
+    neither is "in" (the preposition)."""
     if wrapped:
-        text = " ".join(_UNIT_WRAPPER.findall(text))
+        found = _UNIT_WRAPPER.findall(text)
+        text = " ".join(words + {"2": " square", "3": " cubic", "": ""}[power] for words, power in found)
     words = set()
     for word in _WORD.findall(text):
         word = word.lower()
-        if wrapped and len(word) == 1 and word not in UNIT_ALIASES:
-            continue  # \mathrm{i}, \mathrm{e}, \mathrm{d}: a symbol, not a unit
+        if len(word) == 1 and (not wrapped or word not in UNIT_ALIASES):
+            continue  # \mathrm{i}, \mathrm{e}, \mathrm{d}, the m of "$5m$": a symbol, not a unit
+        if not wrapped and word == "in":
+            continue
         if word in UNIT_ALIASES:
             words.update(UNIT_ALIASES[word].split())
         elif len(word) > 3 and word.endswith("s"):
@@ -534,7 +631,8 @@ def _unit_mismatch(task: Task, gold: str, predicted: str) -> str | None:
     if theirs:
         return None if mine == theirs else (
             f"the answer's unit ({' '.join(sorted(mine))}) is not the reference's ({' '.join(sorted(theirs))})")
-    named = _unit_words(_prompt_text(task), wrapped=False)
+    prompt = _prompt_text(task)
+    named = _unit_words(prompt, wrapped=False) | _unit_words(prompt, wrapped=True)
     unknown = sorted(mine - named)
     return None if not unknown else f"the answer's unit ({' '.join(unknown)}) is not one the question names"
 
@@ -702,8 +800,9 @@ class MathVerifier(Verifier):
             where it is written out (SymPy's evaluation leaves it as it is), so must the answer be
             (``\binom{8}{4}``, ``70 + 1 - 1``, ``\sqrt{16}``, ``\frac{12}{18}`` are not). Percent signs
             are read one way (in a percent question both ``3\%`` and ``3`` are 3 percent; elsewhere
-            ``3\%`` is ``0.03``) and a unit in ``\text{}`` must be the reference's, or one the question
-            names where the reference has none (default on).
+            ``3\%`` is ``0.03``) and a unit (in ``\text{}``, or in words right after the answer) must be
+            the reference's, or one the question names where the reference has none. A tuple's or
+            matrix's entries are each held to these forms (default on).
 
     Raises:
         ModuleNotFoundError: math-verify is not installed (at construction: an env fails at ``make``).

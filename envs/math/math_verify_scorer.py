@@ -154,6 +154,19 @@ def _as_written_parser():
                     return self._kept(out, self.convert_expr(frac.upper), self.convert_expr(frac.lower))
                 return out
 
+            def convert_interval(self, expr):
+                # a pair the parser reads as an interval that is empty -- (3, \\frac{\\pi}{2}), (2, 1) -- is a point
+                # (the parser's own intent, missed where its comparison stays unevaluated): its entries are kept
+                out = super().convert_interval(expr)
+                if out == sympy.S.EmptySet:
+                    return sympy.Tuple(self.convert_expr(expr.expr()[0]), self.convert_expr(expr.expr()[1]))
+                return out
+
+            def convert_matrix(self, matrix):
+                # immutable, so a Basic whose entries are read like any tree (a mutable Matrix is not one)
+                out = super().convert_matrix(matrix)
+                return sympy.ImmutableMatrix(out) if isinstance(out, sympy.MatrixBase) else out
+
             def convert_mp(self, mp):
                 out = super().convert_mp(mp)
                 if isinstance(out, sympy.Rational) and (mp.DIV() or mp.CMD_DIV() or mp.COLON()):
@@ -352,13 +365,30 @@ def _is_exact(tree):
     from sympy import preorder_traversal
     return not any(n.is_Float and not float(n).is_integer() for n in preorder_traversal(tree))
 
+def _entries(tree):
+    # the entries of a tuple, a matrix (row by row) or an interval's ends, in order; None for anything else
+    import sympy
+    if isinstance(tree, sympy.Tuple):
+        return list(tree.args)
+    if isinstance(tree, sympy.MatrixBase):
+        return [sympy.Integer(n) for n in tree.shape] + list(tree)
+    if isinstance(tree, sympy.Interval):
+        return [tree.start, tree.end, tree.left_open, tree.right_open]
+    return None
+
 def _decimals_are_exact(reference, tree):
     # the answer's decimals read as the exact numbers they write (0.5 is 1/2, 0.666667 is 666667/10^6): is the
     # answer then exactly the reference's value? (0.5 for 1/2 is; 0.666667 for 2/3 and 12.566371 for 4\pi are not)
     import sympy
     from sympy import preorder_traversal
+    if reference == tree:
+        return True
     if reference.free_symbols or tree.free_symbols:
         return False
+    entries = _entries(reference), _entries(tree)
+    if entries != (None, None):  # a tuple, matrix or interval: entry by entry, in order
+        return (None not in entries and len(entries[0]) == len(entries[1])
+                and all(_decimals_are_exact(r, t) for r, t in zip(*entries)))
     try:
         exact = tree.xreplace({n: sympy.Rational(repr(float(n))) for n in preorder_traversal(tree) if n.is_Float})
         with sympy.evaluate(True):
@@ -460,6 +490,16 @@ _REFERENCE_RULES = {
     "normal": "the reference is written out; the answer is not (it still evaluates to another form)",
 }
 
+def _holds(check, tree):
+    # a form holds for a tree, or for each entry of a tuple or matrix, or each end of an interval (\frac{2}{4} in
+    # (\frac{2}{4}, 3) is not in lowest terms)
+    import sympy
+    if check(tree):
+        return True
+    parts = (list(tree.args) if isinstance(tree, sympy.Tuple) else list(tree) if isinstance(tree, sympy.MatrixBase)
+             else [tree.start, tree.end] if isinstance(tree, sympy.Interval) else [])
+    return bool(parts) and all(_holds(check, part) for part in parts)
+
 def _form_verdict(gold, predicted, spans, forms):
     # None when the answer, equal to the reference, is written as the question asks; else the reason
     mine = _written(predicted)
@@ -472,9 +512,9 @@ def _form_verdict(gold, predicted, spans, forms):
             if mine is None or not (check(mine) or (form == "exact" and _decimals_are_exact(reference, mine))):
                 return _REFERENCE_RULES[form]
             continue
-        if reference is not None and not check(reference):
+        if reference is not None and not _holds(check, reference):
             continue  # the dataset writes its own answer otherwise: the form is not checked
-        if mine is None or not check(mine):
+        if mine is None or not _holds(check, mine):
             return "the question asks for %s; the answer is not written that way" % name
     # trees compared through srepr, which orders the arguments of a sum or product: 3 \times 2^3 is 2^3 \cdot 3;
     # and canonical, so that an echo with a no-op (\cdot 1, + 0, ^{1}, 16^{1/2} for \sqrt{16}) is the echo

@@ -255,7 +255,13 @@ def _spellings(gold: str) -> set[str]:
 
 EXTRA_SPELLINGS = {  # what a model writes for some of the sample's questions beyond LaTeX variants
     "25": [r"\boxed{25\%}", r"25 \%"],
-    "5": [r"\boxed{5 \text{ cm}}", r"\boxed{5\text{ centimeters}}"],
+    "5": [r"\boxed{5 \text{ cm}}", r"\boxed{5\text{ centimeters}}", "The diagonal is 5 cm.", "The answer is $5$ centimeters.",
+          r"\boxed{5 cm}"],
+    "36": [r"\boxed{36 \text{ units}^2}", r"\boxed{36 \text{ square units}}", r"\boxed{36 \text{ sq units}}",
+           "The area is 36 square units."],
+    "\\begin{pmatrix} 4 & 6 \\end{pmatrix}": [r"\boxed{\begin{bmatrix} 4 & 6 \end{bmatrix}}",
+                                             r"\boxed{\left(\begin{matrix} 4 & 6 \end{matrix}\right)}"],
+    "\\left( 3, \\frac{\\pi}{2} \\right)": [r"\boxed{(3, \pi/2)}", r"\boxed{\left(3, \tfrac{\pi}{2}\right)}"],
     "1, 2": [r"\boxed{2, 1}", r"\boxed{\{1, 2\}}", r"\boxed{x = 1, x = 2}"],
     "(3, \\infty)": [r"\boxed{(3, +\infty)}", r"\boxed{(3,\infty)}"],
 }
@@ -277,3 +283,76 @@ def test_every_gold_of_the_math_sample_pays_against_its_usual_spellings(verifier
                 refused.append((task.answer, completion, score.info.get("error")))
     assert refused == [], f"{len(refused)} of {checked} refused: {refused}"
     assert len(tasks) >= 15 and checked >= 90
+
+
+# -- the gaps of the rules above, closed ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("question, gold, completion, reward", [
+    # a unit in plain words after the answer is a unit, judged like one in \text{} (each paid 1.0: only the number
+    # was read)
+    ("How long is the rod?", r"5 \text{ m}", "The rod is 5 cm long.", 0.0),
+    ("How long is the rod?", r"5 \text{ m}", "The answer is 5 cm.", 0.0),
+    ("How long is the rod?", r"5 \text{ m}", r"The answer is $5$ centimeters.", 0.0),
+    ("How long is the rod?", r"5 \text{ m}", r"\boxed{5 cm}", 0.0),
+    ("How long, in meters, is the rod?", "5", "The answer is 5 cm.", 0.0),
+    ("How long, in meters, is the rod?", "5", "The answer is 5 meters.", 1.0),
+    ("How long, in meters, is the rod?", "5", "So the rod is 5 in total.", 1.0),  # "in" the preposition
+    # "in" (the preposition) and a symbol letter of the question name no unit
+    ("How long, in meters, is the rod?", "5", r"\boxed{5 \text{ in}}", 0.0),
+    # a power after a unit is part of it: \text{units}^2 is square units, cm^2 is not cm
+    ("What is the area?", r"25 \text{ square units}", r"\boxed{25 \text{ units}^2}", 1.0),
+    ("What is the area?", r"25 \text{ cm}^2", r"\boxed{25 \text{ cm}}", 0.0),
+])
+def test_a_unit_in_words_or_with_a_power_is_judged(verifier, question, gold, completion, reward):
+    score = verifier(Task(question, answer=gold), completion)
+    assert score.reward == reward, score.info
+
+
+@pytest.mark.parametrize("gold, wrong, right", [
+    # a pair the as-written parser read as an empty interval, and matrices, were not looked at entry by entry
+    (r"\left( 3, \frac{\pi}{2} \right)", [r"(1+2, \frac{\pi}{2})", r"(3, 1.570796)"], [r"(3, \frac{\pi}{2})", r"(3, \pi/2)"]),
+    (r"\begin{pmatrix} 2 & 0 \end{pmatrix}", [r"\begin{pmatrix} 1+1 & 0 \end{pmatrix}",
+                                              r"\begin{pmatrix} 2 & \binom{3}{0} - 1 \end{pmatrix}"],
+     [r"\begin{pmatrix} 2 & 0 \end{pmatrix}"]),
+    (r"\begin{pmatrix} \frac{1}{2} \\ \sqrt{2} \end{pmatrix}", [r"\begin{pmatrix} 0.5 \\ 1.414214 \end{pmatrix}"],
+     [r"\begin{pmatrix} 0.5 \\ \sqrt{2} \end{pmatrix}"]),
+])
+def test_tuples_and_matrices_are_checked_entry_by_entry(verifier, gold, wrong, right):
+    task = Task("q", answer=gold)
+    for answer in wrong:
+        score = verifier(task, rf"\boxed{{{answer}}}")
+        error = score.info.get("error") or ""
+        assert score.reward == 0.0 and ("written out" in error or "approximation" in error), (answer, score.info)
+    for answer in right:
+        assert verifier(task, rf"\boxed{{{answer}}}").reward == 1.0, answer
+
+
+@pytest.mark.parametrize("question, gold, answer, reward", [
+    # "percent" as a quantity of the question asks for no percent: 10\% is 0.1 there (it paid for 10)
+    ("What is 20 percent of $50$?", "10", r"10\%", 0.0),
+    ("What is twenty percent of $50$?", "10", r"10\%", 0.0),
+    ("What percentage of $50$ is $10$?", "20", r"20\%", 1.0),
+    ("A price of $50$ drops to $40$. What is the percent decrease?", "20", r"20\%", 1.0),
+    # "round" and "nearest" allow a decimal only as a request for one (each approximation paid)
+    (r"A round table has radius $\frac{2}{3}$ m. What is its radius?", r"\frac{2}{3}", "0.666667", 0.0),
+    (r"A unit square has a point $P$ at its center. How far is $P$ from the nearest vertex?", r"\frac{\sqrt{2}}{2}",
+     "0.707107", 0.0),
+    (r"Write the repeating decimal $0.\overline{6}$ as a fraction.", r"\frac{2}{3}", "0.666667", 0.0),
+    (r"What is $\sqrt{2}$ to the nearest millionth?", r"\sqrt{2}", "1.414214", 1.0),
+    (r"What is $\frac{2}{3}$, rounded to six decimal places?", r"\frac{2}{3}", "0.666667", 1.0),
+])
+def test_percent_and_decimals_only_where_the_question_asks_for_them(verifier, question, gold, answer, reward):
+    score = verifier(Task(question, answer=gold), rf"\boxed{{{answer}}}")
+    assert score.reward == reward, score.info
+
+
+def test_a_form_the_question_asks_for_holds_for_each_entry(verifier):
+    # a tuple's or matrix's entries were not looked at: a fraction paid for "as a decimal", and a right matrix was
+    # refused for "simplest radical form" (the as-written parser read no matrix)
+    point = Task("Give each coordinate as a decimal.", answer="(0.5, 3)")
+    assert verifier(point, r"\boxed{(\frac{1}{2}, 3)}").reward == 0.0
+    assert verifier(point, r"\boxed{(0.5, 3)}").reward == 1.0
+    matrix = Task("Write each entry in simplest radical form.", answer=r"\begin{pmatrix} 2\sqrt{3} & 1 \end{pmatrix}")
+    assert verifier(matrix, r"\boxed{\begin{pmatrix} \sqrt{12} & 1 \end{pmatrix}}").reward == 0.0
+    assert verifier(matrix, r"\boxed{\begin{pmatrix} 2\sqrt{3} & 1 \end{pmatrix}}").reward == 1.0

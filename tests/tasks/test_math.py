@@ -337,7 +337,7 @@ def test_load_gsm8k_sample():
 def test_load_math_sample():
     tasks = load_math(MATH_SAMPLE)
     assert [t.answer for t in tasks][:4] == [r"\frac{1}{2}", r"\sqrt{3}", r"\left( 3, \frac{\pi}{2} \right)", "1, 2"]
-    assert len(tasks) == 17 and tasks[4].answer == "70"
+    assert len(tasks) == 18 and tasks[4].answer == "70"
     assert tasks[0].id == "sample/prealgebra/1.json" and tasks[1].id == "math/1"  # answer from \boxed{}
     assert tasks[0].metadata["level"] == "Level 2" and tasks[0].metadata["type"] == "Prealgebra"
     verifier = MathVerifier()
