@@ -616,13 +616,19 @@ def _drop_unit(text: str) -> str:
     return kept if kept.strip() else text
 
 
+_KNOWN_UNITS = frozenset(UNIT_ALIASES) | frozenset(w for name in UNIT_ALIASES.values() for w in name.split())
+"""Every word :data:`UNIT_ALIASES` knows as a unit (an abbreviation or a full name)."""
+
+
 def _unit_mismatch(task: Task, gold: str, predicted: str) -> str | None:
     r"""Why the answer's unit is not the reference's, or ``None``.
 
     A unit is a word in ``	ext{}`` (``\mathrm{}``, ``\mbox{}``). Units are compared as written, never converted:
     where the reference has one the answer's must be the same (``5 	ext{ cm}`` does not answer ``5 	ext{ m}``,
-    nor does ``500 	ext{ cm}``); where it has none, the answer's must be one the question names (``5 	ext{ cm}``
-    answers "How long, in centimeters, ...?"). An answer without a unit is read in the reference's.
+    nor does ``500 	ext{ cm}``); where it has none but the question names units, the answer's must be one of
+    them (``5 	ext{ cm}`` answers "How long, in centimeters, ...?", not "... in meters?"); where neither names a
+    unit, the answer's unit is the answer's own words (``45 minutes`` for "How long did he walk?": a plain
+    number's reference says nothing against it). An answer without a unit is read in the reference's.
     """
     mine = _unit_words(predicted, wrapped=True)
     if not mine:
@@ -633,6 +639,8 @@ def _unit_mismatch(task: Task, gold: str, predicted: str) -> str | None:
             f"the answer's unit ({' '.join(sorted(mine))}) is not the reference's ({' '.join(sorted(theirs))})")
     prompt = _prompt_text(task)
     named = _unit_words(prompt, wrapped=False) | _unit_words(prompt, wrapped=True)
+    if not named & _KNOWN_UNITS:
+        return None  # nothing to hold the answer's unit to: a unitless reference and a question naming none
     unknown = sorted(mine - named)
     return None if not unknown else f"the answer's unit ({' '.join(unknown)}) is not one the question names"
 

@@ -303,6 +303,11 @@ def test_every_gold_of_the_math_sample_pays_against_its_usual_spellings(verifier
     # a power after a unit is part of it: \text{units}^2 is square units, cm^2 is not cm
     ("What is the area?", r"25 \text{ square units}", r"\boxed{25 \text{ units}^2}", 1.0),
     ("What is the area?", r"25 \text{ cm}^2", r"\boxed{25 \text{ cm}}", 0.0),
+    # a plain-number reference to a question naming no unit: the answer's unit is its own words (GSM8K-style
+    # "45 minutes" must not be a false refusal)
+    ("How long did he walk?", "45", "The answer is 45 minutes.", 1.0),
+    ("How long did he walk?", "45", r"\boxed{45 \text{ minutes}}", 1.0),
+    ("How long did he walk?", "45", "The answer is 46 minutes.", 0.0),
 ])
 def test_a_unit_in_words_or_with_a_power_is_judged(verifier, question, gold, completion, reward):
     score = verifier(Task(question, answer=gold), completion)
