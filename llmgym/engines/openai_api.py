@@ -671,7 +671,7 @@ class OpenAIEngine:
     def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
         """Log-probs of ``completion_ids`` after ``prompt_ids`` as the server scores its prompt
         (``echo=True``; vLLM's prompt log-probs are of the raw logits, so ``temperature`` must be 1).
-        :class:`~llmgym.rlhf.llm_judges.JudgeVerifier`'s ``mode="prob"`` uses it."""
+        :class:`~llmgym.rlhf.llm_graders.LLMGrader`'s ``mode="prob"`` uses it."""
         if temperature != 1.0:
             raise ValueError("OpenAIEngine.logprobs scores at temperature 1 only (the server's prompt log-probs)")
         ids = [int(t) for t in prompt_ids] + [int(t) for t in completion_ids]
