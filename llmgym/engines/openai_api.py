@@ -24,8 +24,11 @@ endpoint (``POST {base_url}/completions``) with the ``openai`` client (``pip ins
 * at construction one ``GET {base_url}/models``: a dead server or a model it does not serve fails
   at once with a one-line error (``ServerError`` / ``ModelNotServedError``) listing what it serves;
 * **the server is not trusted**: every reply goes through :func:`validate_completions_response`
-  (status, JSON, error bodies, choices, token ids integral and in the vocabulary, log-probs finite
-  and <= 0, at most ``max_new_tokens`` tokens); a bad one is a :class:`ServerError` naming the cause.
+  (status, JSON, error bodies, the ``model`` that answered is the one asked for, choices, token ids
+  integral and in the vocabulary, log-probs finite, <= 0 and >= :data:`LOGPROB_MIN`, at most
+  ``max_new_tokens`` tokens); a bad one is a :class:`ServerError` naming the cause. A reply that is not
+  HTTP (a bad chunk size, an oversized header, no status line, a truncated body) is a
+  :class:`MalformedResponseError` saying so, not "stopped answering".
   Each request attempt has **one deadline** (``timeout`` seconds from sending to the last byte, however
   slowly the server drips) and a size cap, both enforced on the socket reads themselves.
 
