@@ -53,6 +53,8 @@ __all__ = [
     "PILOT_ITEMS",
     "answer_in_prompt",
     "answer_values",
+    "CHOICE_FAMILIES",
+    "item_chance",
     "content_free_chance",
     "prompt_segments",
     "HASH_SEED_DEPENDENT",
@@ -395,15 +397,18 @@ CONTENT_FREE_CHANCE = 0.1
 ANSWER_SHARE_CAP = CONTENT_FREE_CHANCE / 2
 #: Items of the pilot sample that estimates a capped family's answer shares (once per process and configuration);
 #: fewer for the families that take a second or so per item (:data:`SLOW_PILOTS`).
-PILOT_ITEMS = 400
-SLOW_PILOTS = {"knight_swap": 60, "zebra_puzzles": 100}
+PILOT_ITEMS = 200
+SLOW_PILOTS = {"knight_swap": 40, "zebra_puzzles": 60, "polynomial_equations": 100}
 #: An answer with at least this share of the pilot is one of the family's *values*. When its values cover
 #: :data:`SMALL_DOMAIN_COVERAGE` of the pilot, the family is a choice among them: sampled balanced over them
 #: as a labelled family is (a value drawn uniformly, then items until one has it; items with a rarer answer
-#: are dropped), and its chance is ``1/k`` for ``k`` values. Otherwise its answers are open: each value is
-#: kept with the probability that caps its share at :data:`ANSWER_SHARE_CAP`; rarer answers are kept as drawn.
+#: are dropped), and its chance is ``1/k`` for ``k`` values. Otherwise its answers are open: each answer seen
+#: :data:`PILOT_CAP_COUNT` times or more is kept with the probability that caps its share at
+#: :data:`ANSWER_SHARE_CAP`; rarer answers are kept as drawn.
 PILOT_VALUE_SHARE = 0.05
-SMALL_DOMAIN_COVERAGE = 0.9
+SMALL_DOMAIN_COVERAGE = 0.8
+#: In an open family, answers seen at least this many times in the pilot are capped (rarer ones are kept as drawn).
+PILOT_CAP_COUNT = 3
 _PILOT_SEED = 0x5EED_C0DE
 #: Families whose answers concentrate on a few values as reasoning-gym 0.1.25 generates them (default
 #: configuration; the commonest answer's share over 100 items): ``shortest_path`` ``infeasible`` 0.31,
@@ -433,14 +438,41 @@ def content_free_chance(k: int | None = None) -> float:
     return CONTENT_FREE_CHANCE if not k else max(CONTENT_FREE_CHANCE, 1.0 / k)
 
 
-_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})")
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3}){1,10}|\d{1,40})(?:\.\d{0,40})?(?:e[+-]?\d{1,2})?|[+-]?\.\d{1,40}")
+
+
+def _number_key(word: str) -> str:
+    import decimal
+
+    return format(decimal.Decimal(word.replace(",", "")).normalize(), "f")
 
 
 def _norm(text: str) -> str:
-    """Case, runs of white space and the spelling of plain numbers aside (``6.0`` is ``6``): what a lenient
-    scorer (a matrix read with numpy) cannot tell apart either."""
+    """Case, runs of white space and the spelling of plain numbers aside (``6.0`` is ``6``, ``1,000`` is ``1000``,
+    ``4.2e+02`` is ``420``): what a lenient scorer (a matrix read with numpy, a number parsed) cannot tell apart."""
     words = text.lower().split()
-    return " ".join(format(float(w), "g") if _PLAIN_NUMBER.fullmatch(w) else w for w in words)
+    return " ".join(_number_key(w) if _PLAIN_NUMBER.fullmatch(w) else w for w in words)
+
+
+#: Families that ask to pick one of the options their question lists (the answer is in the prompt by
+#: construction): the entry's metadata field that counts the options. Chance on an item is one over its
+#: options; the copy filter does not apply.
+CHOICE_FAMILIES = {"number_format": "num_candidates"}
+
+
+def item_chance(dataset: str, entry: dict[str, Any]) -> float | None:
+    """What a content-free pick earns on one item of a :data:`CHOICE_FAMILIES` family (one over its options),
+    else ``None``.
+
+    Example:
+        >>> from llmgym.envs.math.reasoning import item_chance
+        >>> item_chance("number_format", {"metadata": {"num_candidates": 4}}), item_chance("gcd", {})
+        (0.25, None)
+    """
+    field = CHOICE_FAMILIES.get(dataset)
+    if field is None:
+        return None
+    return 1.0 / max(1, int(entry["metadata"][field]))
 
 
 _QUOTED = re.compile(r'"([^"\n]{1,2000})"|\'([^\'\n]{1,2000})\'|`([^`]{1,2000})`')
@@ -535,7 +567,8 @@ def _pilot(dataset: str, config: dict[str, Any], instruction: str | None) -> tup
     if len(frequent) >= 2 and sum(frequent.values()) >= SMALL_DOMAIN_COVERAGE:
         plan: tuple[tuple[str, ...], dict[str, float]] = (tuple(sorted(frequent)), {})
     else:
-        plan = ((), _acceptance(frequent, ANSWER_SHARE_CAP))
+        seen = {a: c / items for a, c in counts.items() if c >= PILOT_CAP_COUNT}
+        plan = ((), _acceptance(seen, ANSWER_SHARE_CAP))
     with _pilot_lock:
         _pilots[key] = plan
     return plan
@@ -657,6 +690,7 @@ def make_env(
                          f"{dataset!r} is not one")
     labels = LABELLED_FAMILIES.get(dataset, ()) if balanced is not False else ()
     # a partial of a module-level function, not a closure: the env must pickle (AsyncVectorEnv, multiprocessing)
+    filtered = bool(content_free_filter) and not labels and balanced is not False and dataset not in CHOICE_FAMILIES
     draw = functools.partial(_draw_task, dataset=dataset, config=config, instruction=instruction, labels=labels,
-                             content_free_filter=bool(content_free_filter) and not labels and balanced is not False)
+                             content_free_filter=filtered)
     return SequenceEnv(draw, ReasoningGymVerifier(time_limit, lenient=lenient, scoring=scoring), tokenizer, render_mode=render_mode)

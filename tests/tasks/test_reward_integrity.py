@@ -350,7 +350,7 @@ def measure_content_free(dataset: str, n_learn: int, n_measure: int) -> tuple[di
     """
     import collections
 
-    from llmgym.envs.math.reasoning import content_free_chance, make_env
+    from llmgym.envs.math.reasoning import CHOICE_FAMILIES, content_free_chance, item_chance, make_env
 
     env = make_env(dataset=dataset)
     learn = [env.reset(seed=10_000 + i)[1]["task"] for i in range(n_learn)]
@@ -367,7 +367,11 @@ def measure_content_free(dataset: str, n_learn: int, n_measure: int) -> tuple[di
             reward = env.verifier(task, f"<answer>{answer}</answer>").reward
             for kind in kinds:
                 totals[kind] += reward
-    return {kind: total / n_measure for kind, total in totals.items()}, content_free_chance(k), n_measure
+    chance = content_free_chance(k)
+    if dataset in CHOICE_FAMILIES:  # pick one of the listed options: chance is one over the options, item by item
+        chance = sum(item_chance(dataset, env.reset(seed=i)[1]["task"].metadata["entry"]) for i in range(n_measure))
+        chance /= n_measure
+    return {kind: total / n_measure for kind, total in totals.items()}, chance, n_measure
 
 
 def _over_chance(means: dict[str, float], chance: float, n: int) -> dict[str, float]:
@@ -379,10 +383,10 @@ def _over_chance(means: dict[str, float], chance: float, n: int) -> dict[str, fl
 
 
 #: The families where reasoning-gym's items pay a content-free strategy, as generated (reasoning-gym 0.1.25, binary
-#: scoring, 100 items): a copy of the input string 0.93 on string_insertion, of the matrix on rotate_matrix and
+#: scoring, 100 items): a copy of the input string 0.95 on string_insertion, of the matrix on rotate_matrix and
 #: pool_matrix, of the string on string_manipulation; infeasible 0.53 on shortest_path, 2 on gcd and self_reference.
 KNOWN_CONTENT_FREE = ("string_insertion", "rotate_matrix", "pool_matrix", "string_manipulation", "shortest_path",
-                      "gcd", "self_reference", "letter_counting", "rotten_oranges")
+                      "gcd", "self_reference")
 
 
 @pytest.mark.filterwarnings("ignore:reasoning-gym .* hash randomisation")
@@ -390,7 +394,7 @@ KNOWN_CONTENT_FREE = ("string_insertion", "rotate_matrix", "pool_matrix", "strin
 def test_content_free_strategies_do_not_beat_chance_where_they_used_to(dataset, monkeypatch):
     pytest.importorskip("reasoning_gym")
     _score_in_process(monkeypatch)
-    means, chance, n = measure_content_free(dataset, n_learn=100, n_measure=100)
+    means, chance, n = measure_content_free(dataset, n_learn=60, n_measure=80)
     assert not _over_chance(means, chance, n), (dataset, chance, _over_chance(means, chance, n))
 
 
