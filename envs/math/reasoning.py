@@ -562,7 +562,7 @@ def _pilot(dataset: str, config: dict[str, Any], instruction: str | None) -> tup
     counts: collections.Counter[str] = collections.Counter()
     items = SLOW_PILOTS.get(dataset, PILOT_ITEMS)
     for _ in range(items):
-        counts[_answer_key(_draw_open(rng, dataset, config, instruction))] += 1
+        counts[_answer_key(_draw_open(rng, dataset, config, instruction, capped=True))] += 1
     frequent = {a: c / items for a, c in counts.items() if c / items >= PILOT_VALUE_SHARE}
     if len(frequent) >= 2 and sum(frequent.values()) >= SMALL_DOMAIN_COVERAGE:
         plan: tuple[tuple[str, ...], dict[str, float]] = (tuple(sorted(frequent)), {})
@@ -574,14 +574,23 @@ def _pilot(dataset: str, config: dict[str, Any], instruction: str | None) -> tup
     return plan
 
 
+def _quoted_option(question: str, answer: Any) -> bool:
+    """Whether ``answer`` is one the question quotes as an option (``write "infeasible"``)."""
+    wanted = _norm(str(answer))
+    return any(_norm(next(g for g in m.groups() if g is not None)) == wanted for m in _QUOTED.finditer(question))
+
+
 def _draw_open(rng: np.random.Generator, dataset: str, config: dict[str, Any], instruction: str | None,
-               values: tuple[str, ...] = (), accept: dict[str, float] | None = None) -> Task:
-    """An item whose answer cannot be copied from its question; with ``values``, one whose answer is a value
-    drawn uniformly from them; with ``accept``, kept with the probability it gives the item's answer."""
+               values: tuple[str, ...] = (), accept: dict[str, float] | None = None, capped: bool = False) -> Task:
+    """An item whose answer cannot be copied from its question (``capped``: unless it is an option the
+    question quotes, such as ``"infeasible"``, whose share the cap then bounds); with ``values``, one whose
+    answer is a value drawn uniformly from them; with ``accept``, kept with the probability it gives the
+    item's answer."""
     wanted = values[int(rng.integers(len(values)))] if values else None
     for _ in range(MAX_FILTERED_DRAWS):
         task = reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
-        if answer_in_prompt(str(task.metadata["entry"].get("question", "")), task.answer):
+        question = str(task.metadata["entry"].get("question", ""))
+        if answer_in_prompt(question, task.answer) and not (capped and _quoted_option(question, task.answer)):
             continue
         answer = _answer_key(task)
         if wanted is not None and answer != wanted:
@@ -618,7 +627,7 @@ def _draw_task(rng: np.random.Generator, *, dataset: str, config: dict[str, Any]
         if not content_free_filter:
             return reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
         values, accept = _pilot(dataset, config, instruction) if dataset in CAPPED_FAMILIES else ((), {})
-        return _draw_open(rng, dataset, config, instruction, values, accept)
+        return _draw_open(rng, dataset, config, instruction, values, accept, capped=dataset in CAPPED_FAMILIES)
     label = labels[int(rng.integers(len(labels)))]
     for _ in range(MAX_BALANCED_DRAWS):
         task = reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
