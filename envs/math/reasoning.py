@@ -477,13 +477,17 @@ def item_chance(dataset: str, entry: dict[str, Any]) -> float | None:
 
 _QUOTED = re.compile(r'"([^"\n]{1,2000})"|\'([^\'\n]{1,2000})\'|`([^`]{1,2000})`')
 _MAX_SEGMENT_QUESTION = 200_000
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+#: Colons and quotes of a question read for segments: at most this many of each.
+MAX_SEGMENTS = 64
 
 
 def prompt_segments(question: str) -> dict[str, str]:
     r"""The pieces of a question a content-free strategy can copy, by name: the whole question, each line
     (``line 0``, ``line -1``, ...), each paragraph, what follows each colon (the rest of its line, or the
     paragraph after it when the line ends there: the input of "...the following matrix:"), each quoted or
-    back-quoted segment, the last word. Linear in the question's length.
+    back-quoted segment (the first :data:`MAX_SEGMENTS` of each kind), the last word. Linear in the
+    question's length (times :data:`MAX_SEGMENTS` at most).
 
     Example:
         >>> from llmgym.envs.math.reasoning import prompt_segments
@@ -499,11 +503,19 @@ def prompt_segments(question: str) -> dict[str, str]:
         for i, item in enumerate(items):
             out[f"{name} {i}"] = item
             out[f"{name} {i - len(items)}"] = item
-    for i, colon in enumerate(m.end() for m in re.finditer(":", question)):
-        rest = question[colon:]
-        line = rest.split("\n", 1)[0].strip()
-        out[f"after colon {i}"] = line or re.split(r"\n[ \t]*\n", rest.lstrip(" \t\n"), maxsplit=1)[0].strip()
+    for i, found in enumerate(re.finditer(":", question)):
+        if i >= MAX_SEGMENTS:
+            break
+        end = question.find("\n", found.end())
+        line = question[found.end():end if end >= 0 else len(question)].strip()
+        if not line and end >= 0:  # "...the following matrix:" then the input, up to the next blank line
+            start = len(question) - len(question[end:].lstrip(" \t\n"))
+            stop = _PARAGRAPH_BREAK.search(question, start)
+            line = question[start:stop.start() if stop else len(question)].strip()
+        out[f"after colon {i}"] = line
     for i, found in enumerate(_QUOTED.finditer(question)):
+        if i >= MAX_SEGMENTS:
+            break
         out[f"quote {i}"] = next(g for g in found.groups() if g is not None)
     words = question.split()
     if words:
