@@ -14,6 +14,12 @@
 3. **Failing on purpose** — in every multi-turn env, deliberate near misses followed by the right
    answer never return more than answering right at once (:meth:`llmgym.MultiTurnEnv.progress`); in a
    tool env the near misses are calls (right, malformed, to an unknown tool, with bad arguments).
+4. **Content-free strategies against chance** — on every reasoning-gym family as its env samples it,
+   each constant, the commonest answer learned on other items, and a copy of the prompt and of each
+   segment of its question, *including* the items whose answer the strategy happens to be: none may
+   earn more than chance (``llmgym.envs.math.reasoning.content_free_chance``) by more than three
+   standard errors. The families that used to pay are checked in the default run; the whole registry
+   in the slow sweep.
 
 Cost: reasoning-gym and code envs check each kind of answer once (on one of two tasks, alternating),
 since each check there costs a process; the cheap envs check every kind on three tasks. A hole that
