@@ -197,3 +197,11 @@ def test_bench_scores_a_served_model(served, tmp_path):
     assert report["tasks"] == 4 and len(report["per_task"]) == 4
     assert all(0.0 <= r <= 1.0 for t in report["per_task"] for r in t["rewards"]) and math.isfinite(report["reward_mean"])
     assert report["tokens_sampled"] > 0
+
+
+def test_check_engine_passes_on_a_served_model(served):
+    """The shipped contract checker holds the OpenAI-compatible engine to what it holds every engine to
+    (its weights are the server's: compared with the same model's, not synced)."""
+    from llmgym.engines import check_engine
+
+    check_engine(served.engine, model=served.model, sync=False)
