@@ -57,6 +57,7 @@ GUARD = "llmgym.fleet.guard.ControlPlaneGuard"
 SECRET_ENV = "LLMGYM_SERVE_SECRET"
 """The environment variable holding a rollout server's secret (the learner's ``FleetEngine`` reads it too)."""
 # vLLM options that would open another door, or move this one past the checks main() makes
+_MAX_SECRET_FILE_BYTES = 4096  # a secret, not a device or a log file
 _REFUSED_EXTRA = ("--host", "--port", "--uds", "--grpc-port", "--api-server-count", "--headless")
 
 
@@ -194,11 +195,26 @@ def is_loopback(host: str) -> bool:
 def read_secret(secret_file: str | None = None) -> str | None:
     """The control secret: ``secret_file``'s content (stripped), else ``LLMGYM_SERVE_SECRET``, else ``None``.
 
-    Raises ``ValueError`` for a file that cannot be read, an empty one, or a secret under 16 characters."""
+    Raises ``ValueError`` for a file that cannot be read, is not a regular file, is open to other users (any
+    group or other permission bit: whoever reads it controls the server, whoever writes it chooses the
+    secret; ``chmod 600``), holds over 4096 bytes or is empty, or a secret under 16 characters."""
     if secret_file is not None:
+        import stat
+
         try:
-            with open(secret_file, encoding="utf-8") as f:
-                secret = f.read().strip()
+            with open(secret_file, "rb") as f:
+                info = os.fstat(f.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise ValueError(f"--secret-file {secret_file} is not a regular file: put the secret in a file")
+                if info.st_mode & 0o077:
+                    raise ValueError(f"--secret-file {secret_file} is open to other users (mode "
+                                     f"{stat.S_IMODE(info.st_mode):04o}): anyone who reads it controls the server; "
+                                     f"chmod 600 {secret_file}")
+                secret = f.read(_MAX_SECRET_FILE_BYTES + 1).decode("utf-8")
+            if len(secret) > _MAX_SECRET_FILE_BYTES:
+                raise ValueError(f"--secret-file {secret_file} holds over {_MAX_SECRET_FILE_BYTES} bytes: put only "
+                                 f"the secret in it")
+            secret = secret.strip()
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"--secret-file {secret_file}: cannot read it ({exc.__class__.__name__})") from None
         if not secret:

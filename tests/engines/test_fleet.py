@@ -244,6 +244,40 @@ def test_serve_refuses_an_open_door_in_one_line(flags, env, expected, tmp_path, 
     assert code == 2 and expected in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("mode, content, expected", [
+    (0o644, "s" * 32, "is open to other users (mode 0644)"),
+    (0o640, "s" * 32, "is open to other users (mode 0640)"),
+    (0o602, "s" * 32, "is open to other users (mode 0602)"),
+    (0o600, "s" * 5000, "holds over 4096 bytes"),
+], ids=["world-readable", "group-readable", "world-writable", "not-a-secret"])
+def test_serve_refuses_a_secret_file_other_users_can_read_or_write(mode, content, expected, tmp_path, capsys,
+                                                                  monkeypatch):
+    """Another user of the machine who reads the secret file pushes weights; one who writes it chooses the secret."""
+    import os
+
+    from llmgym.cli import main
+
+    monkeypatch.delenv("LLMGYM_SERVE_SECRET", raising=False)
+    secret = tmp_path / "secret"
+    secret.write_text(content)
+    os.chmod(secret, mode)
+    code = main(["serve", "--model", str(tmp_path), "--secret-file", str(secret)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and expected in err and len(err.splitlines()) == 1, err
+    if mode & 0o077:
+        assert f"chmod 600 {secret}" in err and content not in err
+
+
+def test_serve_refuses_a_secret_file_that_is_not_a_file(tmp_path, capsys, monkeypatch):
+    """``--secret-file /dev/zero`` read without end (memory); a FIFO waited for a writer."""
+    from llmgym.cli import main
+
+    monkeypatch.delenv("LLMGYM_SERVE_SECRET", raising=False)
+    code = main(["serve", "--model", str(tmp_path), "--secret-file", "/dev/zero"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "/dev/zero is not a regular file" in err and len(err.splitlines()) == 1, err
+
+
 def test_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     import socket
 
