@@ -177,6 +177,11 @@ def test_the_pipeline_refuses_completions_sampled_by_another_version(tokenizer):
      "did you mean max_concurrency"),
     (["--engine", "vllm-server", "--server", "http://127.0.0.1:9", "--engine-arg", "max_retries=0"],
      "no OpenAI-compatible server answers at http://127.0.0.1:9"),
+    # a secret in argv is in `ps` for every user, and in the run's config.json
+    (["--engine", "vllm-server", "--server", "http://127.0.0.1:9", "--engine-arg", "secret=0123456789abcdef-x"],
+     "--engine-arg secret: a secret on the command line is shown by ps to every user"),
+    (["--engine", "vllm-server", "--server", "http://127.0.0.1:9", "--engine-arg", "api_key=0123456789abcdef-x"],
+     "--engine-arg api_key: a secret on the command line"),
 ])
 def test_engine_vllm_server_mistakes_are_one_line_and_exit_2(flags, expected, tmp_path, capsys):
     from llmgym.cli import main
