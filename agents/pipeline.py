@@ -12,7 +12,7 @@ three stages working at once:
   run while the engine generates batch ``b + 1`` (for a single-turn env the engine is handed on as
   soon as a batch's completions are out; a multi-turn env, DAPO's extra draws and ReMax's greedy
   baseline hold it until their batch is done). Code verifiers wait on sandbox processes and
-  judges on the network, so threads overlap them;
+  graders on the network, so threads overlap them;
 * **learning** in the calling thread: :meth:`Agent.update` on batch ``t`` while batches
   ``t + 1 … t + K`` are generated and verified.
 
@@ -85,7 +85,7 @@ __all__ = ["DEFAULT_VERIFY_WORKERS", "STAGES", "Pipeline", "PipelineState", "Sta
 STAGES = ("generate", "verify", "learn")
 DEFAULT_VERIFY_WORKERS = 8
 """Threads that run a batch's ``env.step`` calls concurrently (they mostly wait: on sandbox
-processes, a scorer's worker, a remote judge)."""
+processes, a scorer's worker, a remote grader)."""
 
 _POLL_S = 0.05  # how often a waiting thread looks at the stop flag
 

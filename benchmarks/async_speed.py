@@ -18,7 +18,7 @@ on three envs:
 * ``code``: ``llmgym/HumanEval-v0``, every completion run against the problem's tests in the sandbox
   (real sandboxed work: a process per check; the tiny model's code fails, which costs the same start-up);
 * ``io``: ``llmgym/Copy-v0``'s task and reward behind a verifier that **sleeps** ``--judge-latency``
-  seconds (0.2) per completion before scoring: a stand-in for the network latency of a remote judge,
+  seconds (0.2) per completion before scoring: a stand-in for the network latency of a remote grader,
   labelled as such;
 * ``toy``: ``llmgym/Copy-v0`` as the learning tests use it (verification costs microseconds).
 
@@ -77,7 +77,7 @@ def make_env(name: str, tokenizer, latency: float):
     from llmgym.envs.toy import copy_task, positional_match
 
     class SleepingJudge(Verifier):
-        """Copy's partial credit after a sleep: a stand-in for a remote judge's network latency."""
+        """Copy's partial credit after a sleep: a stand-in for a remote grader's network latency."""
 
         def verify(self, task, completion):
             time.sleep(latency)
@@ -101,7 +101,7 @@ def time_arms(env_name: str, engine_kind: str, args, base, tokenizer, vllm_engin
                 vllm_engine.sync_weights(model)
             agent = GRPO(model, tokenizer, engine=vllm_engine, tasks_per_step=tasks, group_size=group,
                          max_new_tokens=tokens, kl_coef=0.0, seed=repeat)
-            env = make_env(env_name, tokenizer, args.judge_latency)
+            env = make_env(env_name, tokenizer, args.grader_latency)
             before = load()
             started = time.perf_counter()
             options = {} if k is None else {"max_staleness": k, "verify_workers": workers}

@@ -9,7 +9,7 @@ A hidden "human" preference stands in for labellers: people here prefer answers 
    the reward model — the policy never sees the hidden preference, only the learned one.
 5. DPO on the same pairs (no reward model, no sampling).
 6. Rejection sampling: best-of-8 by the reward model, fine-tune on the winners.
-7. An LLM judge: a tiny judge model asked "Is the response mostly digits?", alone and combined.
+7. An LLM grader: a tiny grader model asked "Is the response mostly digits?", alone and combined.
 
 Run: ``python examples/rlhf_pipeline.py`` (``--quick`` for a smoke run). docs/rlhf.md walks through it.
 """
@@ -27,7 +27,7 @@ import torch
 from llmgym import SequenceEnv, Task
 from llmgym.agents import DPO, PPO, RejectionSampling
 from llmgym.engines import HFEngine, SamplingParams
-from llmgym.rlhf.llm_judges import JudgeVerifier
+from llmgym.rlhf.llm_graders import LLMGrader
 from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained, supervised_warmup
 from llmgym.rlhf.preferences import PreferencePair, save_preferences, split_preferences
 from llmgym.rlhf.reward_models import RewardModelVerifier, reward_model_from_causal_lm, train_reward_model
@@ -77,11 +77,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few steps of everything (a smoke run)")
     parser.add_argument("--out", default=None, help="where to save the reward model and pairs (default: a temp dir)")
     args = parser.parse_args()
-    steps = {"sft": 80, "rm": 60, "ppo": 30, "dpo": 20, "rs": 10, "judge": 150}
-    data = {"sft": 3000, "pairs": 32, "judge": 3000, "judged": 4}  # examples / samples per prompt
+    steps = {"sft": 80, "rm": 60, "ppo": 30, "dpo": 20, "rs": 10, "grader": 150}
+    data = {"sft": 3000, "pairs": 32, "grader": 3000, "graded": 4}  # examples / samples per prompt
     if args.quick:
         steps = {k: 2 for k in steps}
-        data = {"sft": 100, "pairs": 4, "judge": 100, "judged": 1}
+        data = {"sft": 100, "pairs": 4, "grader": 100, "graded": 1}
     torch.manual_seed(0)
     out = Path(args.out or tempfile.mkdtemp(prefix="llmgym-rlhf-"))
     tokenizer = build_tokenizer()
@@ -137,23 +137,23 @@ def main() -> None:
     print(f"6. rejection sampling: RM reward {rows[0]['reward_mean']:.3f} -> {rows[-1]['reward_mean']:.3f}; "
           f"hidden score {start:.3f} -> {hidden_score(policy, tokenizer):.3f}")
 
-    # 7. an LLM judge: a tiny judge model taught to answer the question, used through an engine
-    judge_model = build_tiny_model(tokenizer, config)
+    # 7. an LLM grader: a tiny grader model taught to answer the question, used through an engine
+    grader_model = build_tiny_model(tokenizer, config)
     question = "Is the response mostly digits?"
-    template_judge = JudgeVerifier(HFEngine(judge_model, tokenizer), question)
-    judge_data = [(template_judge.judge_prompt(Task(p), text), " yes" if hidden_preference(None, text) > 0.5 else " no")
-                  for p, text in sft_data(data["judge"], rng)]
-    supervised_warmup(judge_model, tokenizer, judge_data, steps=steps["judge"], batch_size=32, lr=3e-3)
-    judged = samples(sft, tokenizer, hidden_preference, per_prompt=data["judged"], seed=7)
-    tasks, texts = [e.task for e in judged], [e.info["completion"] for e in judged]
+    template_grader = LLMGrader(HFEngine(grader_model, tokenizer), question)
+    grader_data = [(template_grader.grader_prompt(Task(p), text), " yes" if hidden_preference(None, text) > 0.5 else " no")
+                  for p, text in sft_data(data["grader"], rng)]
+    supervised_warmup(grader_model, tokenizer, grader_data, steps=steps["grader"], batch_size=32, lr=3e-3)
+    graded = samples(sft, tokenizer, hidden_preference, per_prompt=data["graded"], seed=7)
+    tasks, texts = [e.task for e in graded], [e.info["completion"] for e in graded]
     truth = [hidden_preference(None, t) > 0.5 for t in texts]
-    binary = [s.reward for s in template_judge.verify_batch(tasks, texts)]
-    prob = JudgeVerifier(HFEngine(judge_model, tokenizer), question, mode="prob").verify_batch(tasks, texts)
-    both = AllOf([template_judge, RegexFormat(r"^\S{4,}$")])  # the judge and a format rule must both pass
-    print(f"7. judge: agrees with the hidden preference on {mean(b == t for b, t in zip(binary, truth))} "
+    binary = [s.reward for s in template_grader.verify_batch(tasks, texts)]
+    prob = LLMGrader(HFEngine(grader_model, tokenizer), question, mode="prob").verify_batch(tasks, texts)
+    both = AllOf([template_grader, RegexFormat(r"^\S{4,}$")])  # the grader and a format rule must both pass
+    print(f"7. grader: agrees with the hidden preference on {mean(b == t for b, t in zip(binary, truth))} "
           f"of {len(texts)} samples; mean P(yes) {mean(s.reward for s, t in zip(prob, truth) if t)} when "
           f"mostly digits, {mean(s.reward for s, t in zip(prob, truth) if not t)} otherwise; "
-          f"AllOf(judge, ≥4 chars) passes {mean(both(t, c).reward for t, c in zip(tasks, texts))}")
+          f"AllOf(grader, ≥4 chars) passes {mean(both(t, c).reward for t, c in zip(tasks, texts))}")
 
 
 if __name__ == "__main__":

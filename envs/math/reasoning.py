@@ -48,6 +48,16 @@ from llmgym.runtime.install import install_hint
 
 __all__ = [
     "ANSWER_INSTRUCTION",
+    "ANSWER_SHARE_CAP",
+    "CAPPED_FAMILIES",
+    "CONTENT_FREE_CHANCE",
+    "PILOT_ITEMS",
+    "answer_in_prompt",
+    "answer_values",
+    "CHOICE_FAMILIES",
+    "item_chance",
+    "content_free_chance",
+    "prompt_segments",
     "HASH_SEED_DEPENDENT",
     "LABELLED_FAMILIES",
     "MAX_ANSWER_CHARS",
@@ -376,11 +386,261 @@ LABELLED_FAMILIES: dict[str, tuple[str, ...]] = {
 #: Items drawn for one reset of a balanced family before giving up (a label below ~3 % would need more).
 MAX_BALANCED_DRAWS = 200
 
+# -- content-free answers: no constant, copy or learned guess beats chance ------------------------------------
+
+#: The most a content-free strategy -- a constant, a copy of (a segment of) the prompt, the commonest answer
+#: learned from other items -- may earn on a family whose answers are open: one item in ten. A family whose
+#: answers are ``k`` values (its labels, or the values it gives) cannot be held below ``1/k`` (a constant
+#: earns that on the family balanced), so its chance is ``max(CONTENT_FREE_CHANCE, 1/k)``:
+#: :func:`content_free_chance`.
+CONTENT_FREE_CHANCE = 0.1
+#: The share one answer may take in a family of :data:`CAPPED_FAMILIES` (half of chance: room for noise).
+ANSWER_SHARE_CAP = CONTENT_FREE_CHANCE / 2
+#: Items of the pilot sample that estimates a capped family's answer shares (once per process and configuration);
+#: fewer for the families that take a second or so per item (:data:`SLOW_PILOTS`).
+PILOT_ITEMS = 200
+SLOW_PILOTS = {"zebra_puzzles": 40, "polynomial_equations": 100}
+#: An answer with at least this share of the pilot is one of the family's *values*. When its values cover
+#: :data:`SMALL_DOMAIN_COVERAGE` of the pilot, the family is a choice among them: sampled balanced over them
+#: as a labelled family is (a value drawn uniformly, then items until one has it; items with a rarer answer
+#: are dropped), and its chance is ``1/k`` for ``k`` values. Otherwise its answers are open: each answer seen
+#: :data:`PILOT_CAP_COUNT` times or more is kept with the probability that caps its share at
+#: :data:`ANSWER_SHARE_CAP`; rarer answers are kept as drawn.
+PILOT_VALUE_SHARE = 0.05
+SMALL_DOMAIN_COVERAGE = 0.8
+#: In an open family, answers seen at least this many times in the pilot are capped (rarer ones are kept as drawn).
+PILOT_CAP_COUNT = 3
+_PILOT_SEED = 0x5EED_C0DE
+#: Families whose answers concentrate on a few values as reasoning-gym 0.1.25 generates them (default
+#: configuration; the commonest answer's share over 100 items): ``shortest_path`` ``infeasible`` 0.31,
+#: ``gcd`` ``1``/``2``, ``self_reference`` ``2`` 0.37, ``letter_counting`` ``1`` 0.33, ``rotten_oranges``
+#: ``-1`` 0.44, ``maze`` 0.29, ``zebra_puzzles`` a few names ... Sampled with every
+#: answer's share capped at :data:`ANSWER_SHARE_CAP` (or uniform over the answers, when there are too few
+#: for the cap). ``tests/tasks/test_reward_integrity.py`` measures every family and names any missing here.
+CAPPED_FAMILIES = frozenset({
+    "aiw", "binary_alternation", "calendar_arithmetic", "count_bits", "family_relationships", "game_of_life",
+    "gcd", "largest_island", "letter_counting", "list_functions", "maze", "number_sequence",
+    "polynomial_equations", "power_function", "rectangle_count", "rotten_oranges", "self_reference",
+    "shortest_path", "zebra_puzzles",
+})
+#: Draws for one reset of a filtered or capped family before giving up.
+MAX_FILTERED_DRAWS = 500
+
+
+def content_free_chance(k: int | None = None) -> float:
+    """What "chance" is for a family whose answers are ``k`` values (``None``: open answers): the most a
+    content-free strategy may earn on it, ``max(CONTENT_FREE_CHANCE, 1/k)``.
+
+    Example:
+        >>> from llmgym.envs.math.reasoning import content_free_chance
+        >>> content_free_chance(), content_free_chance(2), content_free_chance(50)
+        (0.1, 0.5, 0.1)
+    """
+    return CONTENT_FREE_CHANCE if not k else max(CONTENT_FREE_CHANCE, 1.0 / k)
+
+
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3}){1,10}|\d{1,40})(?:\.\d{0,40})?(?:e[+-]?\d{1,2})?|[+-]?\.\d{1,40}")
+
+
+def _number_key(word: str) -> str:
+    import decimal
+
+    return format(decimal.Decimal(word.replace(",", "")).normalize(), "f")
+
+
+def _norm(text: str) -> str:
+    """Case, runs of white space and the spelling of plain numbers aside (``6.0`` is ``6``, ``1,000`` is ``1000``,
+    ``4.2e+02`` is ``420``): what a lenient scorer (a matrix read with numpy, a number parsed) cannot tell apart."""
+    words = text.lower().split()
+    return " ".join(_number_key(w) if _PLAIN_NUMBER.fullmatch(w) else w for w in words)
+
+
+#: Families that ask to pick one of the options their question lists (the answer is in the prompt by
+#: construction): the entry's metadata field that counts the options. Chance on an item is one over its
+#: options; the copy filter does not apply.
+CHOICE_FAMILIES = {"number_format": "num_candidates"}
+
+
+def item_chance(dataset: str, entry: dict[str, Any]) -> float | None:
+    """What a content-free pick earns on one item of a :data:`CHOICE_FAMILIES` family (one over its options),
+    else ``None``.
+
+    Example:
+        >>> from llmgym.envs.math.reasoning import item_chance
+        >>> item_chance("number_format", {"metadata": {"num_candidates": 4}}), item_chance("gcd", {})
+        (0.25, None)
+    """
+    field = CHOICE_FAMILIES.get(dataset)
+    if field is None:
+        return None
+    return 1.0 / max(1, int(entry["metadata"][field]))
+
+
+_QUOTED = re.compile(r'"([^"\n]{1,2000})"|\'([^\'\n]{1,2000})\'|`([^`]{1,2000})`')
+_MAX_SEGMENT_QUESTION = 200_000
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+#: Colons and quotes of a question read for segments: at most this many of each.
+MAX_SEGMENTS = 64
+
+
+def prompt_segments(question: str) -> dict[str, str]:
+    r"""The pieces of a question a content-free strategy can copy, by name: the whole question, each line
+    (``line 0``, ``line -1``, ...), each paragraph, what follows each colon (the rest of its line, or the
+    paragraph after it when the line ends there: the input of "...the following matrix:"), each quoted or
+    back-quoted segment (the first :data:`MAX_SEGMENTS` of each kind), the last word. Linear in the
+    question's length (times :data:`MAX_SEGMENTS` at most).
+
+    Example:
+        >>> from llmgym.envs.math.reasoning import prompt_segments
+        >>> segments = prompt_segments("Rotate the matrix below:\n1 2\n3 4\n\nAnswer in 'rows'.")
+        >>> segments["after colon 0"], segments["line -1"], segments["quote 0"], segments["last word"]
+        ('1 2\n3 4', "Answer in 'rows'.", 'rows', "'rows'")
+    """
+    question = question[:_MAX_SEGMENT_QUESTION]
+    out = {"input": question.strip()}
+    lines = [line.strip() for line in question.splitlines() if line.strip()]
+    blocks = [b.strip() for b in re.split(r"\n[ \t]*\n", question) if b.strip()]
+    for name, items in (("line", lines), ("paragraph", blocks)):
+        for i, item in enumerate(items):
+            out[f"{name} {i}"] = item
+            out[f"{name} {i - len(items)}"] = item
+    for i, found in enumerate(re.finditer(":", question)):
+        if i >= MAX_SEGMENTS:
+            break
+        end = question.find("\n", found.end())
+        line = question[found.end():end if end >= 0 else len(question)].strip()
+        if not line and end >= 0:  # "...the following matrix:" then the input, up to the next blank line
+            start = len(question) - len(question[end:].lstrip(" \t\n"))
+            stop = _PARAGRAPH_BREAK.search(question, start)
+            line = question[start:stop.start() if stop else len(question)].strip()
+        out[f"after colon {i}"] = line
+    for i, found in enumerate(_QUOTED.finditer(question)):
+        if i >= MAX_SEGMENTS:
+            break
+        out[f"quote {i}"] = next(g for g in found.groups() if g is not None)
+    words = question.split()
+    if words:
+        out["last word"] = words[-1].rstrip(".?!:;,")
+    return out
+
+
+def answer_in_prompt(question: str, answer: Any) -> bool:
+    r"""Whether ``answer`` can be copied from ``question``: it equals one of its :func:`prompt_segments`
+    (case and runs of white space aside).
+
+    Example:
+        >>> from llmgym.envs.math.reasoning import answer_in_prompt
+        >>> answer_in_prompt("Rotate by 0 degrees:\n1 2\n3 4", "1 2\n3  4"), answer_in_prompt("Add: 1 2", "3")
+        (True, False)
+    """
+    if answer is None:
+        return False
+    wanted = _norm(str(answer))
+    return bool(wanted) and any(_norm(seg) == wanted for seg in prompt_segments(question).values())
+
+
+_pilots: dict[tuple, tuple[tuple[str, ...], dict[str, float]]] = {}
+_pilot_lock = threading.Lock()
+
+
+def _acceptance(shares: dict[str, float], cap: float) -> dict[str, float]:
+    """Per answer, the probability to keep an item with it so that no answer's share passes ``cap``: keep
+    ``min(1, t / p)``, for the largest ``t`` that does it (bisection: the top share ``t / Σ min(p, t)``
+    grows with ``t``). ``shares`` lists the frequent answers; the rest of the mass (rarer answers, kept as
+    drawn) counts in the sum."""
+    if not shares or max(shares.values()) <= cap:
+        return {}
+    rest = max(0.0, 1.0 - sum(shares.values()))
+    top = lambda t: t / (rest + sum(min(p, t) for p in shares.values()))  # noqa: E731
+    lo, hi = 0.0, max(shares.values())
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if top(mid) <= cap else (lo, mid)
+    return {a: min(1.0, lo / p) for a, p in shares.items() if p > lo}
+
+
+def _answer_key(task: Task) -> str:
+    return _norm(str(task.answer))
+
+
+def _pilot(dataset: str, config: dict[str, Any], instruction: str | None) -> tuple[tuple[str, ...], dict[str, float]]:
+    """``(values, acceptance)`` for a family of :data:`CAPPED_FAMILIES`, from a pilot sample of a fixed seed
+    stream: the values to balance over (a small-domain family), or the probability to keep each frequent answer
+    (an open one). Measured once per process and configuration."""
+    key = (dataset, _config_key(config))
+    with _pilot_lock:
+        if key in _pilots:
+            return _pilots[key]
+    rng = np.random.default_rng(_PILOT_SEED)
+    counts: collections.Counter[str] = collections.Counter()
+    items = SLOW_PILOTS.get(dataset, PILOT_ITEMS)
+    for _ in range(items):
+        counts[_answer_key(_draw_open(rng, dataset, config, instruction, capped=True))] += 1
+    frequent = {a: c / items for a, c in counts.items() if c / items >= PILOT_VALUE_SHARE}
+    if len(frequent) >= 2 and sum(frequent.values()) >= SMALL_DOMAIN_COVERAGE:
+        plan: tuple[tuple[str, ...], dict[str, float]] = (tuple(sorted(frequent)), {})
+    else:
+        seen = {a: c / items for a, c in counts.items() if c >= PILOT_CAP_COUNT}
+        plan = ((), _acceptance(seen, ANSWER_SHARE_CAP))
+    with _pilot_lock:
+        _pilots[key] = plan
+    return plan
+
+
+def _quoted_option(question: str, answer: Any) -> bool:
+    """Whether ``answer`` is one the question quotes as an option (``write "infeasible"``)."""
+    wanted = _norm(str(answer))
+    return any(_norm(next(g for g in m.groups() if g is not None)) == wanted for m in _QUOTED.finditer(question))
+
+
+def _draw_open(rng: np.random.Generator, dataset: str, config: dict[str, Any], instruction: str | None,
+               values: tuple[str, ...] = (), accept: dict[str, float] | None = None, capped: bool = False) -> Task:
+    """An item whose answer cannot be copied from its question (``capped``: unless it is an option the
+    question quotes, such as ``"infeasible"``, whose share the cap then bounds); with ``values``, one whose
+    answer is a value drawn uniformly from them; with ``accept``, kept with the probability it gives the
+    item's answer."""
+    wanted = values[int(rng.integers(len(values)))] if values else None
+    for _ in range(MAX_FILTERED_DRAWS):
+        task = reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
+        question = str(task.metadata["entry"].get("question", ""))
+        if answer_in_prompt(question, task.answer) and not (capped and _quoted_option(question, task.answer)):
+            continue
+        answer = _answer_key(task)
+        if wanted is not None and answer != wanted:
+            continue
+        keep = (accept or {}).get(answer, 1.0)
+        if keep >= 1.0 or rng.random() < keep:
+            return task
+    raise ValueError(f"reasoning-gym {dataset!r} gave no item whose answer is not a copy of its question"
+                     + (f" and is {wanted!r}" if wanted is not None else "") + f" in {MAX_FILTERED_DRAWS} draws with "
+                     f"the configuration {config}: pass content_free_filter=False to sample it as generated")
+
+
+def answer_values(dataset: str, config: dict[str, Any] | None = None,
+                  instruction: str | None = ANSWER_INSTRUCTION) -> tuple[str, ...]:
+    """The answers a family is balanced over: its labels (:data:`LABELLED_FAMILIES`), the values a small-domain
+    family of :data:`CAPPED_FAMILIES` gives (from its pilot sample), else ``()`` (open answers). Its chance is
+    ``content_free_chance(len(values) or None)``.
+
+    Example:
+        >>> from llmgym.envs.math.reasoning import answer_values
+        >>> answer_values("syllogism"), answer_values("basic_arithmetic")
+        (('No', 'Yes'), ())
+    """
+    if dataset in LABELLED_FAMILIES:
+        return LABELLED_FAMILIES[dataset]
+    if dataset not in CAPPED_FAMILIES:
+        return ()
+    return _pilot(dataset, dict(config or {}), instruction)[0]
+
 
 def _draw_task(rng: np.random.Generator, *, dataset: str, config: dict[str, Any], instruction: str | None,
-               labels: tuple[str, ...] = ()) -> Task:
+               labels: tuple[str, ...] = (), content_free_filter: bool = False) -> Task:
     if not labels:
-        return reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
+        if not content_free_filter:
+            return reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
+        values, accept = _pilot(dataset, config, instruction) if dataset in CAPPED_FAMILIES else ((), {})
+        return _draw_open(rng, dataset, config, instruction, values, accept, capped=dataset in CAPPED_FAMILIES)
     label = labels[int(rng.integers(len(labels)))]
     for _ in range(MAX_BALANCED_DRAWS):
         task = reasoning_gym_task(dataset, int(rng.integers(2**31 - 1)), config, instruction)
@@ -400,6 +660,7 @@ def make_env(
     lenient: bool = False,
     scoring: str = "binary",
     balanced: bool | None = None,
+    content_free_filter: bool = True,
     **config: Any,
 ) -> SequenceEnv:
     """``llmgym/RG-<dataset>-v0``: one lazily generated item per reset, scored by the dataset itself.
@@ -413,6 +674,11 @@ def make_env(
     own score, partial credit and all, for evaluation parity); see :mod:`llmgym.envs.math.rg_guards`.
     ``balanced`` samples a family of :data:`LABELLED_FAMILIES` balanced by label (``None``: on for
     those families; ``False``: items as reasoning-gym generates them, skewed base rates and all).
+    ``content_free_filter`` (on by default) keeps every other family's content-free answers at chance
+    (:data:`CONTENT_FREE_CHANCE`): an item whose answer can be copied from its question
+    (:func:`answer_in_prompt`) is redrawn, and in :data:`CAPPED_FAMILIES` no answer takes more than
+    :data:`ANSWER_SHARE_CAP` of the items (the first reset draws a pilot sample of :data:`PILOT_ITEMS`
+    items to measure the shares). ``False`` samples items as reasoning-gym generates them.
 
     Example:
         >>> import gymnasium, llmgym
@@ -446,5 +712,7 @@ def make_env(
                          f"{dataset!r} is not one")
     labels = LABELLED_FAMILIES.get(dataset, ()) if balanced is not False else ()
     # a partial of a module-level function, not a closure: the env must pickle (AsyncVectorEnv, multiprocessing)
-    draw = functools.partial(_draw_task, dataset=dataset, config=config, instruction=instruction, labels=labels)
+    filtered = bool(content_free_filter) and not labels and balanced is not False and dataset not in CHOICE_FAMILIES
+    draw = functools.partial(_draw_task, dataset=dataset, config=config, instruction=instruction, labels=labels,
+                             content_free_filter=filtered)
     return SequenceEnv(draw, ReasoningGymVerifier(time_limit, lenient=lenient, scoring=scoring), tokenizer, render_mode=render_mode)

@@ -109,6 +109,7 @@ def check_engine(
     max_new_tokens: int = 8,
     logprob_tol: float = 1e-2,
     min_agreement: float = 0.75,
+    sync: bool = True,
 ) -> None:
     """Check that ``engine`` keeps the rollout-engine contract; raise :class:`EngineContractError` if not.
 
@@ -121,7 +122,8 @@ def check_engine(
 
     With ``model`` (the weights the engine samples from), also: per-token log-probs within
     ``logprob_tol`` nats of the model's teacher-forced ones (temperature 1), and ``sync_weights(model)``
-    runs and leaves them so.
+    runs and leaves them so (``sync=False`` for an engine that samples from weights it cannot take, a
+    served model's: its log-probs are still compared with ``model``'s).
 
     Example:
         >>> from llmgym.engines import HFEngine, check_engine
@@ -165,7 +167,8 @@ def check_engine(
         _fail(f"{name}: seeds 11 and 12 sampled the very same rows (is the seed ignored?)")
     if model is None:
         return
-    engine.sync_weights(model)
+    if sync:
+        engine.sync_weights(model)
     for c in [c for g in engine.generate(prompts, sampling) for c in g]:
         worst = float((torch.tensor(c.logprobs) - _teacher_forced(model, tokenizer, c)).abs().max())
         if worst > logprob_tol:

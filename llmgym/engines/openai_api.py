@@ -24,8 +24,11 @@ too):
 * at construction one ``GET {base_url}/models``: a dead server or a model it does not serve fails
   at once with a one-line error (``ServerError`` / ``ModelNotServedError``) listing what it serves;
 * **the server is not trusted**: every reply goes through :func:`validate_completions_response`
-  (status, JSON, error bodies, choices, token ids integral and in the vocabulary, log-probs finite
-  and <= 0, at most ``max_new_tokens`` tokens); a bad one is a :class:`ServerError` naming the cause.
+  (status, JSON, error bodies, the ``model`` that answered is the one asked for, choices, token ids
+  integral and in the vocabulary, log-probs finite, <= 0 and >= :data:`LOGPROB_MIN`, at most
+  ``max_new_tokens`` tokens); a bad one is a :class:`ServerError` naming the cause. A reply that is not
+  HTTP (a bad chunk size, an oversized header, no status line, a truncated body) is a
+  :class:`MalformedResponseError` saying so, not "stopped answering".
   Each request attempt has **one deadline** (``timeout`` seconds from sending to the last byte, however
   slowly the server drips) and a size cap, both enforced on the socket reads themselves.
 
@@ -71,7 +74,7 @@ except ImportError as err:  # pragma: no cover - exercised where openai is absen
 from llmgym.errors import LLMGymError
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 
-__all__ = ["ModelNotServedError", "OpenAIEngine", "ServedChoice", "ServerError", "bounded_http_client", "check_options",
+__all__ = ["LOGPROB_MIN", "MalformedResponseError", "ModelNotServedError", "OpenAIEngine", "ServedChoice", "ServerError", "bounded_http_client", "check_options",
            "validate_completions_response", "validate_models_response"]
 
 _SEED_MASK = (1 << 63) - 1
@@ -81,6 +84,12 @@ MAX_SERVER_STOPS = 4
 
 class ServerError(LLMGymError, ConnectionError):
     """The server did not answer (after the retries), or answered with an error the engine cannot use."""
+
+
+class MalformedResponseError(ServerError):
+    """The server answered, but not in HTTP: a bad chunk size, an oversized header section, no status line, a
+    body cut short. Not the same as a server that stopped answering: something is listening, and it is broken
+    (or not the server meant)."""
 
 
 class ModelNotServedError(LLMGymError, ValueError):
@@ -127,6 +136,10 @@ REPLY_BASE_BYTES = 1 << 20
 REPLY_BYTES_PER_TOKEN = 4096
 #: A log-prob above this is not a log-prob (0 is the most; this much float error is tolerated).
 LOGPROB_MAX = 1e-6
+#: A log-prob below this is not one a server reports: vLLM writes -9999.0 for a probability of zero (an
+#: ``-inf`` JSON cannot carry), and a sampled or scored token of a real model lies far above it (a float32
+#: log-softmax bottoms out near -104 per unit of logit spread divided by the temperature). ``-1e300`` is a lie.
+LOGPROB_MIN = -1e4
 _TOKEN_ID_LIMIT = 1 << 31  # without a vocabulary: what no tokenizer reaches
 
 
@@ -199,6 +212,9 @@ def _logprobs(raw: Any, where: str, echoed: int) -> list[float | None]:
             continue
         if type(lp) not in (int, float) or not math.isfinite(lp) or lp > LOGPROB_MAX:
             raise ServerError(f"{where}: log-prob {_shown(repr(lp), 40)} at position {i} is not a finite number <= 0")
+        if lp < LOGPROB_MIN:
+            raise ServerError(f"{where}: log-prob {_shown(repr(lp), 40)} at position {i} is below {LOGPROB_MIN:g} "
+                              f"(LOGPROB_MIN): no server reports one (vLLM writes -9999.0 for a zero probability)")
         out.append(float(lp))
     return out
 
@@ -213,6 +229,7 @@ def validate_completions_response(
     vocab_size: int | None = None,
     n: int = 1,
     echoed: int = 0,
+    model: str | None = None,
 ) -> list[ServedChoice]:
     """Check a ``POST /completions`` reply, field by field; return its ``n`` choices as plain data.
 
@@ -220,7 +237,9 @@ def validate_completions_response(
     status 200), missing or malformed choices, token ids that are not integers or lie outside the
     vocabulary (``vocab_size``; without it, outside ``[0, 2^31)``), log-probs that are not finite numbers
     ``<= 0``, more than ``max_tokens`` tokens (plus the ``echoed`` prompt tokens of an ``echo=True``
-    request, whose first log-prob may be ``None``), or log-probs and ids of different lengths each raise
+    request, whose first log-prob may be ``None``), log-probs below :data:`LOGPROB_MIN`, log-probs and ids (or
+    the ``logprobs.tokens`` the server lists) of different lengths, a choice ``index`` out of order, or -- with
+    ``model`` given -- a reply that does not name ``model`` as the model that answered, each raise
     :class:`ServerError` naming ``server`` and the cause, on one line. Another engine over OpenAI-compatible
     servers can call it on the raw bytes of any reply.
 
@@ -237,6 +256,12 @@ def validate_completions_response(
         http://h/v1 choice 0: log-prob nan at position 1 is not a finite number <= 0
     """
     data = _json_reply(status, content_type, body, server)
+    if model is not None and data.get("model") != model:
+        named = data.get("model")
+        raise ServerError(f"{server} answered as model {_shown(repr(named), 80)}, not the requested {_shown(repr(model), 80)}"
+                          + (": the reply names no model" if named is None else
+                             ": another model (or a proxy routing elsewhere) answered; its tokens and log-probs are "
+                             "not the requested model's"))
     choices = data.get("choices")
     if not isinstance(choices, list):
         raise ServerError(f"{server}: the reply's choices is not a list ({_shown(choices, 60)})")
@@ -249,6 +274,8 @@ def validate_completions_response(
         where = f"{server} choice {k}"
         if not isinstance(choice, dict):
             raise ServerError(f"{where} is not an object ({_shown(choice, 60)})")
+        if "index" in choice and (type(choice["index"]) is not int or choice["index"] != k):
+            raise ServerError(f"{where}: its index is {_shown(repr(choice['index']), 40)}, not {k}")
         text = choice.get("text")
         if not isinstance(text, str):
             raise ServerError(f"{where}: text is not a string ({_shown(text, 60)})")
@@ -265,6 +292,11 @@ def validate_completions_response(
                               f"(max_new_tokens={max_tokens}" + (f" + {echoed} echoed)" if echoed else ")"))
         if ids is not None and len(lps) != len(ids):
             raise ServerError(f"{where}: {len(lps)} log-probs for {len(ids)} tokens")
+        listed = lp_block.get("tokens") if isinstance(lp_block, dict) else None
+        if listed is not None and (not isinstance(listed, list) or len(listed) != len(lps)):
+            raise ServerError(f"{where}: logprobs.tokens lists "
+                              + (f"{len(listed)} tokens" if isinstance(listed, list) else _shown(repr(listed), 40))
+                              + f" for {len(lps)} log-probs")
         out.append(ServedChoice(text, ids, lps, "length" if finish == "length" else "stop"))
     return out
 
@@ -485,7 +517,11 @@ class OpenAIEngine:
             return ServerError(f"the server at {self.base_url} did not answer within {self.timeout:g} s "
                                f"({tries}; the timeout bounds each request, not each read)")
         if isinstance(exc, openai.APIConnectionError):
-            cause = self._budget.why or _first_line(exc)
+            malformed = _malformed_http(exc)
+            if malformed is not None and self._budget.why is None:
+                return MalformedResponseError(f"malformed HTTP response from {self.base_url}: {malformed} ({tries}; "
+                                              f"a proxy or a server that does not speak HTTP/1.1 correctly?)")
+            cause = self._budget.why or _root_cause(exc)
             return ServerError(f"{what} ({tries}: {cause}){hint}")
         if isinstance(exc, openai.APIStatusError):  # an HTTP error after the retries: name it from its body
             try:
@@ -532,7 +568,7 @@ class OpenAIEngine:
         http = raw.http_response
         (choice,) = validate_completions_response(
             http.status_code, http.headers.get("content-type"), http.content, server=self.base_url,
-            max_tokens=max_tokens, vocab_size=self.vocab_size, echoed=echoed)
+            max_tokens=max_tokens, vocab_size=self.vocab_size, echoed=echoed, model=self.model)
         return choice
 
     # -- the engine contract --------------------------------------------------------------------------
@@ -671,7 +707,7 @@ class OpenAIEngine:
     def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
         """Log-probs of ``completion_ids`` after ``prompt_ids`` as the server scores its prompt
         (``echo=True``; vLLM's prompt log-probs are of the raw logits, so ``temperature`` must be 1).
-        :class:`~llmgym.rlhf.llm_judges.JudgeVerifier`'s ``mode="prob"`` uses it."""
+        :class:`~llmgym.rlhf.llm_graders.LLMGrader`'s ``mode="prob"`` uses it."""
         if temperature != 1.0:
             raise ValueError("OpenAIEngine.logprobs scores at temperature 1 only (the server's prompt log-probs)")
         ids = [int(t) for t in prompt_ids] + [int(t) for t in completion_ids]
@@ -702,6 +738,50 @@ def _names(names: list[str], limit: int = 10) -> str:
     """The server's model names for a one-line error: each made printable and cut, at most ``limit`` of them."""
     shown = ", ".join(_shown(n, 80) for n in names[:limit])
     return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+#: httpx/h11's words for each malformed reply, and what they mean (first match wins).
+_MALFORMED_HTTP = (
+    ("illegal chunk header", "bad chunk size"),
+    ("chunk", "bad chunked encoding"),
+    ("receive buffer too long", "a header section (or chunk header) too long for the client (over 100 KiB)"),
+    ("illegal status line", "no status line"),
+    ("without sending complete message body", "truncated body"),
+    ("illegal header", "a malformed header"),
+)
+
+
+def _causes(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _malformed_http(exc: BaseException) -> str | None:
+    """What was malformed about the reply behind ``exc`` (httpx's ``RemoteProtocolError`` under the openai
+    client's ``APIConnectionError``), or ``None`` when it was not a protocol error, or was only a server that
+    closed the connection before answering (that one stopped answering)."""
+    for cause in _causes(exc):
+        if isinstance(cause, (httpx.RemoteProtocolError, httpcore.RemoteProtocolError)):
+            detail = _shown(str(cause), 120)
+            lowered = detail.lower()
+            if "disconnected without sending a response" in lowered:
+                return None
+            for words, meaning in _MALFORMED_HTTP:
+                if words in lowered:
+                    return f"{meaning} ({detail})"
+            return detail or type(cause).__name__
+    return None
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost error's message under the openai client's generic "Connection error." (one line)."""
+    last = exc
+    for cause in _causes(exc):
+        last = cause
+    return _first_line(last) if last is not exc else _first_line(exc)
 
 
 def _first_line(exc: BaseException) -> str:

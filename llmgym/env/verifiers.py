@@ -7,7 +7,7 @@ raises, naming the cause: a silent 0 would train the policy on a lie. Any plain 
 accepted wherever a verifier is; :func:`as_verifier` does the wrapping.
 
 Combinators build the reward shapes used for reasoning models: :class:`WeightedSum` (format +
-correctness), :class:`AllOf` (every judge must pass, as in CGPO), :class:`RegexFormat` (a format
+correctness), :class:`AllOf` (every verifier must pass: CGPO's judges as constraints), :class:`RegexFormat` (a format
 check) and :class:`LengthPenalty` (overlong shaping on text length).
 """
 
@@ -136,7 +136,7 @@ class Verifier(abc.ABC):
 
     @abc.abstractmethod
     def verify(self, task: Task, completion: str) -> float | Score:
-        """Judge one completion. Override this; return a float or a :class:`Score`."""
+        """Score one completion. Override this; return a float or a :class:`Score`."""
 
     def __call__(self, task: Task, completion: str) -> Score:
         return self._safe(task, completion)
@@ -284,7 +284,7 @@ _CHARS_PER_TOKEN_READ = 16
 def keep_last_tokens(tokenizer: Any, text: str, max_tokens: int) -> str:
     """The end of ``text`` that ``tokenizer`` encodes (alone, no special tokens) to at most ``max_tokens`` ids.
 
-    For model-facing checkers of a completion (a judge, a reward model): the input is bounded in
+    For model-facing checkers of a completion (an LLM grader, a reward model): the input is bounded in
     tokens, what a model's cost grows with, not in characters (4,000 four-byte characters are 16,000
     byte-level tokens). The end is kept because that is where a completion's answer sits. Only the
     last ``16 * max_tokens`` characters are tokenised, so the tokeniser's work is bounded too; the
@@ -316,7 +316,7 @@ def escape_special_tokens(tokenizer: Any, text: str) -> str:
     """``text`` with every special token's text broken by an invisible separator (U+2063).
 
     Tokenisers turn the *text* of a special token into the token itself (``"</s>"`` becomes EOS,
-    ``"<|im_end|>"`` ends a chat turn), so a completion could close the judge's user turn and open an
+    ``"<|im_end|>"`` ends a chat turn), so a completion could close the grader's user turn and open an
     assistant turn of its own. Escaped, it reads the same to a person and tokenises as plain text.
 
     Example:
@@ -382,7 +382,7 @@ class WeightedSum(Verifier):
 
 
 class AllOf(Verifier):
-    """Every judge must pass (reward ≥ ``threshold``): then ``reward`` is ``reward_if_all``, else 0.
+    """Every verifier must pass (reward ≥ ``threshold``): then ``reward`` is ``reward_if_all``, else 0.
 
     This is the "judges as constraints" combination (CGPO): a correct answer that breaks a format
     rule earns nothing.
@@ -397,20 +397,20 @@ class AllOf(Verifier):
 
     def __init__(
         self,
-        judges: Iterable[VerifierLike],
+        verifiers: Iterable[VerifierLike],
         threshold: float = 1.0,
         reward_if_all: float = 1.0,
         time_limit: float | None = None,
     ):
         super().__init__(time_limit)
-        self.judges = [as_verifier(j) for j in judges]
-        if not self.judges:
-            raise ValueError("AllOf needs at least one judge")
+        self.verifiers = [as_verifier(v) for v in verifiers]
+        if not self.verifiers:
+            raise ValueError("AllOf needs at least one verifier")
         self.threshold, self.reward_if_all = threshold, reward_if_all
 
     def verify(self, task: Task, completion: str) -> Score:
-        scores = [j(task, completion) for j in self.judges]
-        info = {f"judge_{i}": {"reward": s.reward, **s.info} for i, s in enumerate(scores)}
+        scores = [v(task, completion) for v in self.verifiers]
+        info = {f"verifier_{i}": {"reward": s.reward, **s.info} for i, s in enumerate(scores)}
         passed = all(s.reward >= self.threshold for s in scores)
         return Score(self.reward_if_all if passed else 0.0, info)
 

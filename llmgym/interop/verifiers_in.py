@@ -31,7 +31,7 @@ on this machine raises :class:`~llmgym.sandbox.SandboxUnavailableError` at const
 opt-out is the sandbox's own, ``LLMGYM_ALLOW_UNSANDBOXED=1``).
 
 What does not map (a clear ``ValueError`` at construction, never a silent 0): rewards, metrics or
-hooks that need a runtime (a container or sandbox box), LLM judges (a model endpoint), tool
+hooks that need a runtime (a container or sandbox box), LLM graders (a model endpoint), tool
 servers (MCP toolsets), ``@vf.stop`` conditions on a ``Request``/``Response``, prompt-less tasks,
 multi-modal prompts, and ``run()`` code that drives a second agent (llmgym plays one role). The
 harness (the program verifiers would run the model in) is not used: the policy answers directly.
@@ -139,7 +139,7 @@ def _check_offline(vf: Any, vf_task: Any, label: str, *, multi_turn: bool) -> No
     if needy:
         problems.append(f"reward/metric functions {needy} need a runtime box")
     if vf_task.plugged_judges():
-        problems.append("it scores with LLM judges (a model endpoint)")
+        problems.append("it scores with LLM graders (a model endpoint)")
     if cls.toolsets(vf_task.config):
         problems.append("its tasks give the model tool servers (MCP toolsets)")
     if not rewards and not multi_turn:

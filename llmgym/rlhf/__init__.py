@@ -1,4 +1,4 @@
-"""Learning from preferences: preference pairs, Bradley-Terry reward models, LLM judges.
+"""Learning from preferences: preference pairs, Bradley-Terry reward models, LLM graders.
 
 Example:
     >>> from llmgym.rlhf.preferences import PreferencePair

@@ -392,6 +392,17 @@ def test_after_k_updates_the_servers_logprobs_equal_the_learners_and_without_a_s
 
 
 @needs_vllm
+def test_check_engine_passes_on_a_fleet(servers, tokenizer):
+    """The shipped contract checker holds FleetEngine (two real servers) to what it holds every engine to:
+    the learner's weights pushed, the servers' log-probs equal to the learner's teacher-forced ones."""
+    from llmgym.engines import check_engine
+
+    model = build_tiny_model(tokenizer, VLLM_SHAPE)
+    with FleetEngine(servers.urls(), tokenizer, model) as fleet:
+        check_engine(fleet, model=model)
+
+
+@needs_vllm
 def test_the_pipelined_learner_loads_each_version_into_the_fleet_and_the_tags_agree(servers, tokenizer):
     model = build_tiny_model(tokenizer, VLLM_SHAPE)
     with FleetEngine(servers.urls(), tokenizer, model) as fleet:

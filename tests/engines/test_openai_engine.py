@@ -1,5 +1,5 @@
 """``OpenAIEngine`` against a real ``vllm serve`` started on 127.0.0.1 by this module (CPU build in the
-test environment), and ``llmgym bench --engine openai`` / ``JudgeVerifier`` on top of it.
+test environment), and ``llmgym bench --engine openai`` / ``LLMGrader`` on top of it.
 
 One server for the module (start-up bounded by ``tests/served.py``, shut down by its pid). The
 served model is a tiny Llama (head size 64) saved to a temporary directory; the same weights, loaded
@@ -168,20 +168,20 @@ def test_failed_requests_are_retried_with_back_off_then_named(tmp_path):
 
 
 def test_a_judge_can_ask_the_served_model(served):
-    """``JudgeVerifier`` over the server: P(yes) equals the same model's in process, and binary
+    """``LLMGrader`` over the server: P(yes) equals the same model's in process, and binary
     verdicts are the greedy answers the in-process judge gives."""
     from llmgym import Task
-    from llmgym.rlhf.llm_judges import JudgeVerifier
+    from llmgym.rlhf.llm_graders import LLMGrader
 
     tasks, answers = [Task("2+2="), Task("Name a colour.")], ["4", "blue"]
-    served_prob = JudgeVerifier(served.engine, "Is the response correct?", mode="prob").verify_batch(tasks, answers)
-    local_prob = JudgeVerifier(served.hf, "Is the response correct?", mode="prob").verify_batch(tasks, answers)
+    served_prob = LLMGrader(served.engine, "Is the response correct?", mode="prob").verify_batch(tasks, answers)
+    local_prob = LLMGrader(served.hf, "Is the response correct?", mode="prob").verify_batch(tasks, answers)
     for s, h in zip(served_prob, local_prob):
         assert abs(s.info["logprob_yes"] - h.info["logprob_yes"]) < LOGPROB_TOL
         assert abs(s.reward - h.reward) < LOGPROB_TOL and 0.0 < s.reward < 1.0
-    served_bin = JudgeVerifier(served.engine, "Is the response correct?").verify_batch(tasks, answers)
-    local_bin = JudgeVerifier(served.hf, "Is the response correct?").verify_batch(tasks, answers)
-    assert [s.info["judge_output"] for s in served_bin] == [h.info["judge_output"] for h in local_bin]
+    served_bin = LLMGrader(served.engine, "Is the response correct?").verify_batch(tasks, answers)
+    local_bin = LLMGrader(served.hf, "Is the response correct?").verify_batch(tasks, answers)
+    assert [s.info["grader_output"] for s in served_bin] == [h.info["grader_output"] for h in local_bin]
 
 
 def test_bench_scores_a_served_model(served, tmp_path):
@@ -197,3 +197,11 @@ def test_bench_scores_a_served_model(served, tmp_path):
     assert report["tasks"] == 4 and len(report["per_task"]) == 4
     assert all(0.0 <= r <= 1.0 for t in report["per_task"] for r in t["rewards"]) and math.isfinite(report["reward_mean"])
     assert report["tokens_sampled"] > 0
+
+
+def test_check_engine_passes_on_a_served_model(served):
+    """The shipped contract checker holds the OpenAI-compatible engine to what it holds every engine to
+    (its weights are the server's: compared with the same model's, not synced)."""
+    from llmgym.engines import check_engine
+
+    check_engine(served.engine, model=served.model, sync=False)

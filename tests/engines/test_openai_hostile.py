@@ -28,8 +28,9 @@ def reply(token_ids=(5, 6), logprobs=(-0.1, -0.2), text="ab", finish="length", *
     shown = text if isinstance(text, str) else ""
     choice = {"index": 0, "text": text, "finish_reason": finish,
               "token_ids": list(token_ids) if isinstance(token_ids, tuple) else token_ids,
-              "logprobs": {"tokens": list(shown), "token_logprobs": None if logprobs is None else list(logprobs),
-                           "top_logprobs": None, "text_offset": list(range(len(shown)))}}
+              "logprobs": {"tokens": None if logprobs is None else [shown[:1]] * len(logprobs),  # one per log-prob
+                           "token_logprobs": None if logprobs is None else list(logprobs),
+                           "top_logprobs": None, "text_offset": None if logprobs is None else [0] * len(logprobs)}}
     choice.update(extra)
     return {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "tiny", "choices": [choice]}
 
@@ -155,6 +156,17 @@ HOSTILE = {
     "HTTP 500": ((500, "application/json", json.dumps({"error": {"message": "boom"}}).encode(), None),
                  r"answered HTTP 500 .*boom"),
     "HTTP 502 HTML": ((502, "text/html", b"<html>Bad Gateway</html>", None), r"answered HTTP 502"),
+    "another model answers": (_json({**reply(), "model": "big-model"}),
+                              r"answered as model 'big-model', not the requested 'tiny': another model"),
+    "a reply naming no model": (_json({k: v for k, v in reply().items() if k != "model"}),
+                                r"answered as model None, not the requested 'tiny': the reply names no model"),
+    "log-prob -1e300": (_json(reply(logprobs=(-0.1, -1e300))), r"log-prob -1e\+300 at position 1 is below -10000"),
+    "log-prob just under the floor": (_json(reply(logprobs=(-10000.5, -0.1))), r"log-prob -10000\.5 at position 0 is below"),
+    "listed tokens and log-probs of different lengths": (
+        _json({**reply(), "choices": [{**reply()["choices"][0], "logprobs": {"tokens": ["a", "b", "c"],
+                                                                           "token_logprobs": [-0.1, -0.2]}}]}),
+        r"logprobs.tokens lists 3 tokens for 2 log-probs"),
+    "choice index out of order": (_json(reply(index=3)), r"choice 0: its index is 3, not 0"),
 }
 
 
@@ -234,3 +246,111 @@ def test_a_compressed_reply_is_refused_before_it_is_inflated(server, tok):
     with pytest.raises(ServerError, match=r"compressed \(gzip\) though identity was asked for"):
         _sample(engine)
     assert server.accept_encodings[-1] == "identity"
+
+
+def test_vllms_zero_probability_is_still_a_log_prob(server, tok):
+    """vLLM writes -9999.0 where a probability is zero (JSON has no -inf): above the floor, accepted as sent."""
+    server.answer = _json(reply(logprobs=(-9999.0, -0.2)))
+    assert _sample(_engine(server, tok)).logprobs == [-9999.0, -0.2]
+
+
+# -- replies that are not HTTP: a raw socket plays the server ------------------------------------------------------
+_BODY = json.dumps(reply()).encode()
+
+
+def _http(body: bytes, *headers: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + b"".join(h + b"\r\n" for h in headers) + \
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+RAW = {  # what the server sends to POST /v1/completions, and the error it must give
+    "bad chunk size": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       b"zz\r\n" + _BODY + b"\r\n0\r\n\r\n", r"malformed HTTP response from \S+: bad chunk size"),
+    "a 200 kB header": (_http(_BODY, b"X-Pad: " + b"a" * 200_000), r"malformed HTTP response from \S+: a header section"),
+    "no status line": (b"Content-Type: application/json\r\n\r\n" + _BODY,
+                       r"malformed HTTP response from \S+: no status line"),
+    "not HTTP at all": (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", r"malformed HTTP response from \S+: no status line"),
+    "a truncated body": (_http(_BODY)[:-40], r"malformed HTTP response from \S+: truncated body \(.*received \d+ bytes, "
+                                             r"expected \d+"),
+}
+
+
+class RawServer:
+    """A socket that answers GET with the model list and POST with ``self.answer``, byte for byte, then closes."""
+
+    def __init__(self, answer: bytes):
+        import socket
+
+        self.answer, self.sock = answer, socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                try:
+                    # Connection: close, so the client does not race this socket's close with its next request
+                    models = _http(json.dumps(MODELS).encode(), b"Connection: close")
+                    conn.sendall(models if head.startswith(b"GET") else self.answer)
+                except OSError:  # the client hung up on a reply it refused
+                    pass
+
+    def close(self):
+        import socket
+
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
+        except OSError:
+            pass
+        self.sock.close()
+        self.thread.join(timeout=5)
+        assert not self.thread.is_alive()
+
+
+@pytest.mark.parametrize("case", sorted(RAW))
+def test_malformed_http_is_named_not_reported_as_a_silent_server(tok, case):
+    from llmgym.engines.openai_api import MalformedResponseError
+
+    answer, pattern = RAW[case]
+    raw = RawServer(answer)
+    try:
+        engine = OpenAIEngine(raw.url, "tiny", tok, max_retries=0, timeout=5)
+        with pytest.raises(MalformedResponseError, match=pattern) as info:
+            _sample(engine)
+        engine.close()
+    finally:
+        raw.close()
+    message = str(info.value)
+    assert "stopped answering" not in message and "\n" not in message and raw.url in message, message
+
+
+def test_a_server_that_closes_without_answering_stopped_answering(tok):
+    from llmgym.engines.openai_api import MalformedResponseError
+
+    raw = RawServer(b"")
+    try:
+        engine = OpenAIEngine(raw.url, "tiny", tok, max_retries=0, timeout=5)
+        with pytest.raises(ServerError, match=r"stopped answering \(1 tries: Server disconnected") as info:
+            _sample(engine)
+        engine.close()
+    finally:
+        raw.close()
+    assert not isinstance(info.value, MalformedResponseError)

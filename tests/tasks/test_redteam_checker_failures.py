@@ -6,7 +6,7 @@
 * A code sandbox killed from outside in the middle of a run (its supervisor gone without a report,
   no limit hit) scored the completion 0.0 with "the sandbox could not run the program". Now it raises
   :class:`~llmgym.sandbox.SandboxError` out of ``env.step``.
-* A judge model or a reward model that raises (out of memory, a dead server, a context too long for
+* A grader model or a reward model that raises (out of memory, a dead server, a context too long for
   it) scored every completion 0.0 with the error in ``info``; now ``env.step`` raises
   :class:`~llmgym.env.verifiers.VerifierUnavailableError` naming it.
 """
@@ -102,17 +102,17 @@ class _BrokenEngine:
         raise RuntimeError("CUDA out of memory")
 
 
-def test_a_judge_model_that_fails_raises():
-    from llmgym.rlhf.llm_judges import JudgeVerifier
+def test_a_grader_model_that_fails_raises():
+    from llmgym.rlhf.llm_graders import LLMGrader
     from llmgym.runtime.models import build_tokenizer
 
-    judge = JudgeVerifier(_BrokenEngine(build_tokenizer()), "Is the response polite?")
-    env = SequenceEnv([Task("say hi")], judge)
+    grader = LLMGrader(_BrokenEngine(build_tokenizer()), "Is the response polite?")
+    env = SequenceEnv([Task("say hi")], grader)
     env.reset(seed=0)
-    with pytest.raises(VerifierUnavailableError, match="judge model failed.*CUDA out of memory"):
+    with pytest.raises(VerifierUnavailableError, match="grader model failed.*CUDA out of memory"):
         env.step("hello")
     with pytest.raises(VerifierUnavailableError):
-        judge.verify_batch([Task("q")] * 2, ["a", "b"])
+        grader.verify_batch([Task("q")] * 2, ["a", "b"])
 
 
 def test_a_reward_model_that_fails_raises():

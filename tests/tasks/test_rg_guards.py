@@ -265,3 +265,56 @@ def test_a_constant_answer_scores_only_its_own_label():
         gymnasium.make("llmgym/RG-basic_arithmetic-v0", balanced=True)
     skewed = gymnasium.make("llmgym/RG-syllogism-v0", balanced=False)  # as reasoning-gym generates them
     assert sum(skewed.reset(seed=s)[1]["task"].answer == "Yes" for s in range(200)) > 120
+
+
+# -- content-free answers: copies of the question redrawn, concentrated answers balanced or capped -------------------
+
+def test_an_answer_copied_from_the_question_is_found_in_any_segment():
+    from llmgym.envs.math.reasoning import answer_in_prompt
+
+    question = ("Rotate the matrix below by 0 degrees clockwise:\n1 2\n3 4\n\nThe string is: ABCD\n"
+                "Say 'infeasible' if there is none.")
+    for copied in ("1 2\n3 4", "1.0 2.0\n3.0 4.0", "1  2 3 4", "ABCD", "abcd", "infeasible", question):
+        assert answer_in_prompt(question, copied), copied
+    for answer in ("3 1\n4 2", "ABCDA", "2", "", None):
+        assert not answer_in_prompt(question, answer), answer
+
+
+def test_acceptance_caps_every_frequent_answer_or_balances_a_small_domain():
+    from llmgym.envs.math.reasoning import _acceptance
+
+    shares = {"infeasible": 0.4, "a": 0.06}  # the remaining 0.54: answers each rarer than 5 %, kept as drawn
+    keep = _acceptance(shares, 0.05)
+    kept = {a: p * keep.get(a, 1.0) for a, p in shares.items()}
+    total = sum(kept.values()) + 0.54
+    assert max(kept.values()) / total <= 0.05 + 1e-9 and keep["infeasible"] < keep["a"] < 1
+    assert _acceptance({"a": 0.04}, 0.05) == {}  # nothing over the cap: nothing dropped
+
+
+@pytest.mark.parametrize("dataset", ["string_insertion", "rotate_matrix"])
+def test_the_filter_keeps_items_reproducible_and_can_be_turned_off(dataset):
+    from llmgym.envs.math.reasoning import answer_in_prompt
+
+    def items(**kwargs):
+        env = gymnasium.make(f"llmgym/RG-{dataset}-v0", **kwargs)
+        return [env.reset(seed=s)[1]["task"] for s in range(30)]
+
+    first, again, raw = items(), items(), items(content_free_filter=False)
+    assert [t.id for t in first] == [t.id for t in again]  # same seed, same item
+    assert not any(answer_in_prompt(t.metadata["entry"]["question"], t.answer) for t in first)
+    assert sum(answer_in_prompt(t.metadata["entry"]["question"], t.answer) for t in raw) >= 5  # as generated
+
+
+def test_a_small_domain_family_is_balanced_over_its_values():
+    import collections
+
+    from llmgym.envs.math.reasoning import answer_values
+
+    values = answer_values("self_reference")
+    assert 3 <= len(values) <= 10, values
+    env = gymnasium.make("llmgym/RG-self_reference-v0")
+    n = 200
+    counts = collections.Counter(str(env.reset(seed=s)[1]["task"].answer) for s in range(n))
+    assert set(counts) <= set(values), counts
+    chance = 1 / len(values)
+    assert max(counts.values()) / n <= chance + 4 * (chance * (1 - chance) / n) ** 0.5, (counts, values)
