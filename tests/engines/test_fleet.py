@@ -234,9 +234,11 @@ def test_serve_refuses_a_missing_model_in_one_line(capsys):
     (["--host", "10.1.2.3"], {}, "no secret: anyone who reaches 10.1.2.3"),
     (["--", "--host", "0.0.0.0"], {}, "--host after --"),
     (["--", "--uds=/tmp/x.sock"], {}, "--uds after --"),
+    (["--", "--api-key", "0123456789abcdef-k"], {"LLMGYM_SERVE_SECRET": "s" * 32}, "--api-key after --: a key on the "
+                                                                                  "command line is shown by ps"),
     ([], {"LLMGYM_SERVE_SECRET": "short"}, "at least 16 characters"),
     (["--secret-file", "/no/such/secret"], {}, "--secret-file /no/such/secret: cannot read it"),
-], ids=["loopback", "any-address", "lan-address", "host-after-dashes", "uds-after-dashes", "short-secret", "missing-secret-file"])
+], ids=["loopback", "any-address", "lan-address", "host-after-dashes", "uds-after-dashes", "api-key-after-dashes", "short-secret", "missing-secret-file"])
 def test_serve_refuses_an_open_door_in_one_line(flags, env, expected, tmp_path, capsys, monkeypatch):
     """A rollout server needs a secret, on loopback too (its weight-sync routes are the learner's run)."""
     from llmgym.cli import main
