@@ -85,6 +85,16 @@ def engine_arguments(args) -> dict[str, Any]:
     return engine_args
 
 
+_SECRET_ARGS = {
+    "vllm-server": {"secret": "set LLMGYM_SERVE_SECRET in the learner's environment instead",
+                    "api_key": "the servers' generation key is their secret (LLMGYM_SERVE_SECRET in the learner's "
+                               "environment); a separate key (servers started with -- --api-key) is "
+                               "FleetEngine(api_key=...) from Python"},
+    "openai": {"api_key": "set OPENAI_API_KEY in the environment instead"},
+}
+"""``--engine-arg`` keys that hold a secret, per engine, and where the secret goes instead."""
+
+
 def _engine_parameters(kind: str) -> set[str]:
     import inspect
 
@@ -148,6 +158,9 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
     except ImportError as exc:
         raise UsageError(f"--engine {kind}: {str(exc).splitlines()[0]}") from None
     for key in engine_args:
+        if key in _SECRET_ARGS.get(kind, {}):
+            raise UsageError(f"--engine-arg {key}: a secret on the command line is shown by ps to every user of the "
+                             f"machine and written into the run's config.json; {_SECRET_ARGS[kind][key]}")
         if key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=2)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""

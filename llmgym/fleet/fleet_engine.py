@@ -209,6 +209,8 @@ class FleetEngine:
             sampled (:meth:`check_logprobs`) — before the fleet drops it as not holding the learner's
             weights (:class:`UntrustedServerWarning`). An fp32 server is within ~1e-6 of an fp32 learner;
             a bf16 one within a few hundredths.
+        token_tolerance: the largest |server log-prob − learner log-prob| (nats) on any one token, probe or
+            batch: a mean over many tokens would let a server lie by a lot on a few of them.
 
     Raises:
         FleetError: a server does not answer, or answers something that is not an OpenAI-compatible API.
@@ -223,7 +225,8 @@ class FleetEngine:
     def __init__(self, servers: Sequence[str], tokenizer: Any, model: Any = None, *, served_model: str | None = None,
                  max_concurrency: int = 16, timeout: float = 120.0, max_retries: int = 2, api_key: str | None = None,
                  sync_address: str | None = None, sync_timeout_s: float = 120.0,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, secret: str | None = None, logprob_tolerance: float = 0.5):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, secret: str | None = None, logprob_tolerance: float = 0.5,
+                 token_tolerance: float = 5.0):
         from llmgym.engines.openai_api import ModelNotServedError, OpenAIEngine, ServerError, bounded_http_client
 
         if isinstance(servers, str):
@@ -239,6 +242,9 @@ class FleetEngine:
             raise ValueError(f"sync_timeout_s must be > 0, got {sync_timeout_s}")
         if not logprob_tolerance > 0:
             raise ValueError(f"logprob_tolerance must be > 0 (nats per token), got {logprob_tolerance}")
+        if not token_tolerance >= logprob_tolerance:
+            raise ValueError(f"token_tolerance must be >= logprob_tolerance ({logprob_tolerance}), got {token_tolerance}")
+        self.token_tolerance = float(token_tolerance)
         secret = secret if secret is not None else (os.environ.get("LLMGYM_SERVE_SECRET") or None)
         self.logprob_tolerance = float(logprob_tolerance)
         self.probe_gaps: dict[str, float] = {}  # the last sync's probe: mean |server - learner| per server
@@ -546,12 +552,17 @@ class FleetEngine:
                 self._lose(server, f"it could not be checked after the sync of version {version}: {answer}"
                            if alive else answer, untrusted=alive)
                 continue
-            gap = sum(abs(a - b) for a, b in zip(answer, learner)) / len(learner)
+            gaps = [abs(a - b) for a, b in zip(answer, learner)]
+            gap, worst = sum(gaps) / len(learner), max(gaps, default=0.0)
             self.probe_gaps[server.root] = gap
             if not gap <= self.logprob_tolerance:
                 self._lose(server, f"after the sync of version {version} its log-probs differ from the learner's by "
                                    f"{gap:.3g} nats per token (tolerance {self.logprob_tolerance:g}): it does not "
                                    f"hold the learner's weights", untrusted=True)
+            elif not worst <= self.token_tolerance:
+                self._lose(server, f"after the sync of version {version} one of its probe log-probs differs from the "
+                                   f"learner's by {worst:.3g} nats (token tolerance {self.token_tolerance:g}): it does "
+                                   f"not hold the learner's weights", untrusted=True)
 
     def check_logprobs(self, batch: Any, learner_logprobs: Any, version: int | None = None) -> dict[str, float]:
         """Compare the log-probs the servers reported for ``batch``'s tokens (``batch.old_logprobs``) with the
@@ -590,12 +601,13 @@ class FleetEngine:
                         chosen = (-d).clamp(min=0) + (d - slack).clamp(min=0)
                         if versions is not None and version is not None:
                             chosen = chosen[versions[row, columns] == int(version)]
-                        total = sums.setdefault(index, [0.0, 0.0])
+                        total = sums.setdefault(index, [0.0, 0.0, 0.0])
                         total[0] += float(chosen.sum())
                         total[1] += int(chosen.numel())
+                        total[2] = max(total[2], float(chosen.max()) if chosen.numel() else 0.0)
                     start = None
         result = {}
-        for index, (gap_sum, count) in sums.items():
+        for index, (gap_sum, count, worst) in sums.items():
             if count == 0:
                 continue
             server = self.servers[index]
@@ -606,6 +618,10 @@ class FleetEngine:
                                    f"learner's recomputation by {gap:.3g} nats per token (tolerance "
                                    f"{self.logprob_tolerance:g}): it does not sample the learner's policy",
                            untrusted=True)
+            elif server.lost is None and not worst <= self.token_tolerance:
+                self._lose(server, f"the log-prob it reported for a token of a batch differs from the learner's "
+                                   f"recomputation by {worst:.3g} nats (token tolerance {self.token_tolerance:g}): it "
+                                   f"does not sample the learner's policy", untrusted=True)
         self.batch_gaps = result
         self._live_servers()  # report; none left: FleetError
         return result

@@ -10,7 +10,7 @@ with what a learner needs to push weights into it — nothing is added to the se
   (vLLM's ``--middleware``): every route not on its allow-list (vLLM's development routes among
   them: ``/collective_rpc``, ``/weight_checker``, ``/update_weight_version``, ...) answers 404,
   and the control routes need the server's **secret** (``LLMGYM_SERVE_SECRET``, or
-  ``--secret-file``), which is also the generation routes' API key unless ``-- --api-key`` gives
+  ``--secret-file``), which is also the generation routes' API key unless ``VLLM_API_KEY`` gives
   another. Without a secret the server does not start (on loopback too: every local process, of every
   user, reaches a loopback port);
 * ``--weight-transfer-config {"backend": "llmgym_gloo"}``: llmgym's backend
@@ -57,6 +57,7 @@ GUARD = "llmgym.fleet.guard.ControlPlaneGuard"
 SECRET_ENV = "LLMGYM_SERVE_SECRET"
 """The environment variable holding a rollout server's secret (the learner's ``FleetEngine`` reads it too)."""
 # vLLM options that would open another door, or move this one past the checks main() makes
+_MAX_SECRET_FILE_BYTES = 4096  # a secret, not a device or a log file
 _REFUSED_EXTRA = ("--host", "--port", "--uds", "--grpc-port", "--api-server-count", "--headless")
 
 
@@ -194,11 +195,26 @@ def is_loopback(host: str) -> bool:
 def read_secret(secret_file: str | None = None) -> str | None:
     """The control secret: ``secret_file``'s content (stripped), else ``LLMGYM_SERVE_SECRET``, else ``None``.
 
-    Raises ``ValueError`` for a file that cannot be read, an empty one, or a secret under 16 characters."""
+    Raises ``ValueError`` for a file that cannot be read, is not a regular file, is open to other users (any
+    group or other permission bit: whoever reads it controls the server, whoever writes it chooses the
+    secret; ``chmod 600``), holds over 4096 bytes or is empty, or a secret under 16 characters."""
     if secret_file is not None:
+        import stat
+
         try:
-            with open(secret_file, encoding="utf-8") as f:
-                secret = f.read().strip()
+            with open(secret_file, "rb") as f:
+                info = os.fstat(f.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise ValueError(f"--secret-file {secret_file} is not a regular file: put the secret in a file")
+                if info.st_mode & 0o077:
+                    raise ValueError(f"--secret-file {secret_file} is open to other users (mode "
+                                     f"{stat.S_IMODE(info.st_mode):04o}): anyone who reads it controls the server; "
+                                     f"chmod 600 {secret_file}")
+                secret = f.read(_MAX_SECRET_FILE_BYTES + 1).decode("utf-8")
+            if len(secret) > _MAX_SECRET_FILE_BYTES:
+                raise ValueError(f"--secret-file {secret_file} holds over {_MAX_SECRET_FILE_BYTES} bytes: put only "
+                                 f"the secret in it")
+            secret = secret.strip()
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"--secret-file {secret_file}: cannot read it ({exc.__class__.__name__})") from None
         if not secret:
@@ -243,6 +259,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.fleet.
             if option.split("=")[0] in _REFUSED_EXTRA:
                 raise ValueError(f"{option.split('=')[0]} after --: give llmgym serve's own --host/--port (a rollout "
                                  f"server listens on one checked address, behind its guard)")
+        for option in extra:
+            if option.split("=")[0] == "--api-key":
+                raise ValueError("--api-key after --: a key on the command line is shown by ps to every user of the "
+                                 "machine; set VLLM_API_KEY in the server's environment instead (by default the "
+                                 "generation key is the server's secret)")
         if os.environ.get("VLLM_USE_RUST_FRONTEND", "0") not in ("", "0"):
             raise ValueError("VLLM_USE_RUST_FRONTEND is set: vLLM's Rust front end would not run the rollout server's "
                              "guard; unset it")
@@ -270,7 +291,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.fleet.
     from llmgym.fleet import guard as serve_guard
 
     serve_guard.configure(secret)
-    if not any(a.split("=")[0] == "--api-key" for a in extra) and not os.environ.get("VLLM_API_KEY"):
+    if not os.environ.get("VLLM_API_KEY"):
         os.environ["VLLM_API_KEY"] = secret  # generation needs the secret too (vLLM guards /v1 with it)
     os.environ.update(server_environment(server_args))
     import runpy

@@ -21,7 +21,9 @@ enough (``setsid``, ``setpgid(0, 0)`` and a double fork leave it), so containmen
 * where this process may make a cgroup v2 with ``cgroup.kill`` (root, Linux >= 5.14), each call gets one
   (``<own cgroup>/llmgym-killable/<pid>-<n>``), joined before the call's code runs, and is ended with one
   write to ``cgroup.kill`` -- also what a crashed child or a child killed by its own descendant left;
-* at the deadline the parent writes ``cgroup.kill``; without a cgroup it stops the child (``SIGSTOP``: it can
+* at the deadline the parent freezes the call's cgroup (the child stays the subreaper of what it started), kills
+  every descendant it finds in ``/proc`` (those that moved to another cgroup too), then writes ``cgroup.kill``;
+  without a cgroup it stops the child (``SIGSTOP``: it can
   fork no more, and stays the subreaper), kills every descendant it finds in ``/proc``, then the child.
 
 Without a cgroup two things escape: the descendants of a child that died on its own before answering
@@ -431,10 +433,17 @@ def call_in_killable_child(fn: Callable[..., Any], *args: Any, limit: float,
         os.close(pipe_r)
         if outcome is not None:  # the child may still run: end it and all it started
             if cgroup is not None:
+                # frozen, nothing in the cgroup forks again and the child stays the subreaper of what it started:
+                # the sweep by ancestry then kills its descendants that moved to another cgroup (a process may
+                # write its pid into any cgroup.procs it can write), cgroup.kill the rest
+                with contextlib.suppress(OSError):
+                    with open(os.path.join(cgroup, "cgroup.freeze"), "w") as fh:
+                        fh.write("1")
+                _stop_and_sweep(pid)
                 with contextlib.suppress(OSError):
                     with open(os.path.join(cgroup, "cgroup.kill"), "w") as fh:
                         fh.write("1")
-            if cgroup is None or not _in_cgroup(pid, cgroup):
+            else:
                 _stop_and_sweep(pid)
         try:
             os.killpg(pid, signal.SIGKILL)

@@ -142,6 +142,8 @@ def engine_bad_inputs(model_dir: str, tmp: Path) -> list[tuple[list[str], str]]:
         (train + ["--out", str(tmp / "v4"), "--engine", "vllm", "--lora-r", "4"], "train LoRA with --engine hf"),
         (bench + ["--engine", "openai", "--base-url", f"http://127.0.0.1:{free_port()}/v1", "--engine-arg",
                   "max_retries=0"], "no OpenAI-compatible server answers at"),
+        (bench + ["--engine", "openai", "--base-url", f"http://127.0.0.1:{free_port()}/v1", "--engine-arg",
+                  "api_key=sk-0123456789"], "--engine-arg api_key: a secret on the command line is shown by ps"),
     ]
 
 

@@ -223,11 +223,12 @@ class WeightServer:
     answers ``/update_weights`` with HTTP 500 at once; sampling answers ``sample_logprob`` per token (a liar
     claims near-certainty). Records the ``Authorization`` header of every request."""
 
-    def __init__(self, model, *, keep=True, refuse=False, sample_logprob=None):
+    def __init__(self, model, *, keep=True, refuse=False, sample_logprob=None, probe_lie=0.0):
         from llmgym.engines.hf import sequence_logprobs
         from llmgym.fleet.weight_transfer import open_group, receive_named_tensors
 
         self.model, self.keep, self.refuse, self.sample_logprob = model, keep, refuse, sample_logprob
+        self.probe_lie = probe_lie  # added to one token's probe log-prob: a lie a mean over the probe would hide
         self.version, self.group, self.auth, self.updates = "default", None, [], 0
         outer = self
 
@@ -286,6 +287,7 @@ class WeightServer:
                     ids = torch.tensor([body["prompt"]])
                     with torch.no_grad():
                         lp = sequence_logprobs(outer.model, ids, torch.ones_like(ids))[0].tolist()
+                    lp[len(lp) // 2] -= outer.probe_lie
                     rows = [None] + [{str(t): {"logprob": v, "rank": 1}} for t, v in zip(body["prompt"][1:], lp)]
                     self._send(200, reply(token_ids=(5,), logprobs=(-0.5,), text="a", prompt_logprobs=rows))
                 elif path == "/v1/completions":
@@ -377,6 +379,24 @@ def test_a_server_whose_batches_carry_other_log_probs_is_dropped_by_the_learner_
                     pytest.raises(FleetError, match="every rollout server is lost"):
                 agent.learn(gym.make("llmgym/Copy-v0", tokenizer=tok), steps=1)
             assert all(torch.equal(before[k], v) for k, v in learner.state_dict().items())  # no step taken
+    finally:
+        liar.close()
+
+
+def test_a_lie_on_one_probe_token_is_caught_though_the_mean_gap_would_pass(tok, learner):
+    """12 nats off on one of the probe's tokens is under the mean tolerance (0.5 nats per token over 31
+    tokens) but over the per-token one: the server is dropped, and with none left the fleet stops."""
+    import copy
+
+    from llmgym.fleet.fleet_engine import PROBE_TOKENS, FleetEngine, FleetError, UntrustedServerWarning
+
+    assert 12.0 / (PROBE_TOKENS - 1) < 0.5
+    liar = WeightServer(copy.deepcopy(learner), probe_lie=12.0)
+    try:
+        with pytest.warns(UntrustedServerWarning, match=r"one of its probe log-probs differs from the learner's by "
+                                                         r"1[12](\.\d+)? nats \(token tolerance 5\)"), \
+                pytest.raises(FleetError, match="every rollout server is lost"):
+            FleetEngine([liar.url], tok, learner, max_retries=0, timeout=10, sync_timeout_s=30)
     finally:
         liar.close()
 

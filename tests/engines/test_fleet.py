@@ -177,6 +177,11 @@ def test_the_pipeline_refuses_completions_sampled_by_another_version(tokenizer):
      "did you mean max_concurrency"),
     (["--engine", "vllm-server", "--server", "http://127.0.0.1:9", "--engine-arg", "max_retries=0"],
      "no OpenAI-compatible server answers at http://127.0.0.1:9"),
+    # a secret in argv is in `ps` for every user, and in the run's config.json
+    (["--engine", "vllm-server", "--server", "http://127.0.0.1:9", "--engine-arg", "secret=0123456789abcdef-x"],
+     "--engine-arg secret: a secret on the command line is shown by ps to every user"),
+    (["--engine", "vllm-server", "--server", "http://127.0.0.1:9", "--engine-arg", "api_key=0123456789abcdef-x"],
+     "--engine-arg api_key: a secret on the command line"),
 ])
 def test_engine_vllm_server_mistakes_are_one_line_and_exit_2(flags, expected, tmp_path, capsys):
     from llmgym.cli import main
@@ -229,9 +234,11 @@ def test_serve_refuses_a_missing_model_in_one_line(capsys):
     (["--host", "10.1.2.3"], {}, "no secret: anyone who reaches 10.1.2.3"),
     (["--", "--host", "0.0.0.0"], {}, "--host after --"),
     (["--", "--uds=/tmp/x.sock"], {}, "--uds after --"),
+    (["--", "--api-key", "0123456789abcdef-k"], {"LLMGYM_SERVE_SECRET": "s" * 32}, "--api-key after --: a key on the "
+                                                                                  "command line is shown by ps"),
     ([], {"LLMGYM_SERVE_SECRET": "short"}, "at least 16 characters"),
     (["--secret-file", "/no/such/secret"], {}, "--secret-file /no/such/secret: cannot read it"),
-], ids=["loopback", "any-address", "lan-address", "host-after-dashes", "uds-after-dashes", "short-secret", "missing-secret-file"])
+], ids=["loopback", "any-address", "lan-address", "host-after-dashes", "uds-after-dashes", "api-key-after-dashes", "short-secret", "missing-secret-file"])
 def test_serve_refuses_an_open_door_in_one_line(flags, env, expected, tmp_path, capsys, monkeypatch):
     """A rollout server needs a secret, on loopback too (its weight-sync routes are the learner's run)."""
     from llmgym.cli import main
@@ -242,6 +249,40 @@ def test_serve_refuses_an_open_door_in_one_line(flags, env, expected, tmp_path, 
     code = main(["serve", "--model", str(tmp_path), *flags])
     err = capsys.readouterr().err.strip()
     assert code == 2 and expected in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("mode, content, expected", [
+    (0o644, "s" * 32, "is open to other users (mode 0644)"),
+    (0o640, "s" * 32, "is open to other users (mode 0640)"),
+    (0o602, "s" * 32, "is open to other users (mode 0602)"),
+    (0o600, "s" * 5000, "holds over 4096 bytes"),
+], ids=["world-readable", "group-readable", "world-writable", "not-a-secret"])
+def test_serve_refuses_a_secret_file_other_users_can_read_or_write(mode, content, expected, tmp_path, capsys,
+                                                                  monkeypatch):
+    """Another user of the machine who reads the secret file pushes weights; one who writes it chooses the secret."""
+    import os
+
+    from llmgym.cli import main
+
+    monkeypatch.delenv("LLMGYM_SERVE_SECRET", raising=False)
+    secret = tmp_path / "secret"
+    secret.write_text(content)
+    os.chmod(secret, mode)
+    code = main(["serve", "--model", str(tmp_path), "--secret-file", str(secret)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and expected in err and len(err.splitlines()) == 1, err
+    if mode & 0o077:
+        assert f"chmod 600 {secret}" in err and content not in err
+
+
+def test_serve_refuses_a_secret_file_that_is_not_a_file(tmp_path, capsys, monkeypatch):
+    """``--secret-file /dev/zero`` read without end (memory); a FIFO waited for a writer."""
+    from llmgym.cli import main
+
+    monkeypatch.delenv("LLMGYM_SERVE_SECRET", raising=False)
+    code = main(["serve", "--model", str(tmp_path), "--secret-file", "/dev/zero"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "/dev/zero is not a regular file" in err and len(err.splitlines()) == 1, err
 
 
 def test_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):

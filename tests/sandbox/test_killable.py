@@ -142,6 +142,28 @@ def test_with_a_cgroup_a_call_killed_by_its_own_descendant_takes_it_down(mode):
             os.kill(pid, signal.SIGKILL)
 
 
+def _leaves_its_cgroup_then_hang(procs: str, marker: str) -> None:
+    """A detached descendant moves itself out of the call's cgroup (into the caller's: a process may write its
+    pid into any ``cgroup.procs`` it can write), then sleeps on; the call runs past its limit."""
+    subprocess.Popen(["setsid", "/bin/sh", "-c", f"echo $$ > {procs} && exec sleep {marker}"])
+    time.sleep(60)
+
+
+def test_with_a_cgroup_a_descendant_that_left_the_call_s_cgroup_dies_at_the_time_limit(mode):
+    """cgroup.kill alone missed it, and the child it ran under then died: it was handed to init and slept on."""
+    if mode != "cgroup":
+        pytest.skip("the subreaper alone: the detached-child tests above")
+    marker = _marker()
+    procs = os.path.join(killable._own_v2_cgroup(), "cgroup.procs")
+    try:
+        outcome = killable.call_in_killable_child(_leaves_its_cgroup_then_hang, procs, marker, limit=2.0)
+        assert outcome.status == "timeout"
+        assert _settled(lambda: _with_marker(marker)) == []
+    finally:
+        for pid in _with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _nested() -> int:
     return killable.call_in_killable_child(_double_fork_then_answer, limit=30).value
 
