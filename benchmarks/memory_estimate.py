@@ -104,7 +104,9 @@ def _model(shape: str):
                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
     cfg._attn_implementation = "sdpa"
     model = Qwen2ForCausalLM(cfg)
-    model.to = lambda *a, **k: model  # a fake model cannot be moved or swapped; it is already fp32 on its device
+    # a fake module's parameters cannot be swapped (``Module.to``/``_apply``); every module here is already
+    # fp32 on the one device (the trainer's move, peft's move of adapters to their base layer's device)
+    torch.nn.Module.to = lambda self, *a, **k: self
     return model, torch
 
 
