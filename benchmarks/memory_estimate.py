@@ -131,7 +131,7 @@ class LiveStorages:
         self.live: dict[int, list] = {}  # id(storage) -> [nbytes, class]
         self.total = 0
         self.by = {"weights": 0, "optimizer": 0, "activations": 0, "temporaries": 0}
-        self.peak, self.at_peak = 0, {}
+        self.peak, self.at_peak, self.top = 0, {}, []
         for p in self.params:
             self._add(p, "weights")
         for state in optimizer.state.values():
@@ -140,19 +140,19 @@ class LiveStorages:
                     self._add(v, "optimizer")
         self._update()
 
-    def _add(self, t, cls: str) -> None:
+    def _add(self, t, cls: str, op: str = "") -> None:
         st = t.untyped_storage()
         key = id(st)
         if key in self.live:
             return
         n = int(st.nbytes())  # a pinned data-dependent size is a SymInt with a value
-        self.live[key] = [n, cls]
+        self.live[key] = [n, cls, f"{op} {str(t.dtype).replace('torch.', '')}{list(map(int, t.shape))}"]
         self.total += n
         self.by[cls] += n
         self._weakref.finalize(st, self._drop, key)
 
     def _drop(self, key: int) -> None:
-        n, cls = self.live.pop(key)
+        n, cls, _ = self.live.pop(key)
         self.total -= n
         self.by[cls] -= n
 
@@ -179,6 +179,9 @@ class LiveStorages:
         if self.total <= self.peak:
             return
         self.peak = self.total
+        self.top = sorted((e for e in self.live.values() if e[1] in ("activations", "temporaries")),
+                          key=lambda e: -e[0])[:6]
+        self.top = [f"{e[1][:4]} {e[0] / MIB:.0f} MiB {e[2]}" for e in self.top]
         snap = dict(self.by)
         seen = set()
         for p in self.params:  # gradients are op outputs (temporaries) until they land in .grad
@@ -205,7 +208,7 @@ class LiveStorages:
                 for t in tree_flatten(out)[0]:
                     if isinstance(t, torch.Tensor) and t.device.type != "meta":
                         tracker._pin_unbacked(t)
-                        tracker._add(t, "temporaries")
+                        tracker._add(t, "temporaries", str(func.__name__ if hasattr(func, "__name__") else func))
                 tracker._update()
                 return out
 
@@ -226,7 +229,7 @@ class LiveStorages:
     def snapshot(self) -> dict:
         out = {k: self.at_peak.get(k, 0) / MIB for k in ("weights", "grads", "optimizer", "activations", "temporaries")}
         out["tracked_peak"] = self.peak / MIB
-        return {k: round(v, 1) for k, v in out.items()}
+        return {**{k: round(v, 1) for k, v in out.items()}, "largest_at_peak": self.top}
 
 
 def _warm_optimizer(optimizer, params) -> None:
@@ -368,6 +371,34 @@ def cell_llmgym(a) -> dict:
                 "cell_s": round(time.perf_counter() - t0, 1)}
 
 
+class _TritonLaunch:
+    """A Triton kernel launch (``kernel[grid](...)``) as memory sees it: it writes into the buffers it is
+    handed and allocates nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def _trl_cuda_head() -> bool:
+    """TRL's chunked log-prob head takes its CUDA path: on a Triton device it scores only the completion
+    positions (``hidden[mask]``) and folds each ``[4096, 32768]`` logits tile in a Triton kernel that
+    writes into preallocated buffers; its CPU fallback (``_forward_tile``/``_backward_tile`` in torch)
+    materialises several fp32 tiles (512 MiB each) that the GPU never allocates; the fp32 accumulation
+    of the gradients differs the same way (below). Only the memory of the kernels is modelled (they allocate nothing); the matmuls into the tile buffer stay TRL's own."""
+    try:
+        import trl.kernels.chunked_logprob as ck
+        import trl.trainer.utils as tu
+    except ImportError:
+        return False
+    ck._use_triton = lambda device: True
+    tu._use_triton = lambda device: True
+    ck._forward_kernel = ck._backward_kernel = _TritonLaunch()
+    # its fp32 accumulation ``acc += tile @ w``: on CUDA one ``addmm(out_dtype=float32, out=acc)`` that
+    # writes into ``acc``; the CPU branch first makes fp32 copies of both operands (the tile: 512 MiB)
+    ck._addmm_fp32 = lambda acc, a, b: None
+    return True
+
+
 def cell_trl(a) -> dict:
     import tempfile
 
@@ -386,6 +417,7 @@ def cell_trl(a) -> dict:
     _values_read_as_one()
     gt.nanmin = lambda t: torch.zeros((), device=t.device)  # logging-only, data-dependent
     gt.nanmax = lambda t: torch.zeros((), device=t.device)
+    cuda_head = _trl_cuda_head()
     with _fake_mode():
         model, _ = _model(a.shape)
         tok = build_tokenizer()
@@ -425,7 +457,8 @@ def cell_trl(a) -> dict:
             "old_per_token_logps": None,
         }
         trainer.model.train()
-        tracker = LiveStorages(trainer.model.parameters(), trainer.optimizer)
+        # the CUDA head's hidden[mask]: every completion token is scored (all masks are ones)
+        tracker = LiveStorages(trainer.model.parameters(), trainer.optimizer, unbacked_size=a.rows * a.tokens)
         t0 = time.perf_counter()
         with tracker:
             loss = trainer.compute_loss(wrapped, inputs, num_items_in_batch=inputs["num_items_in_batch"])
@@ -433,7 +466,7 @@ def cell_trl(a) -> dict:
             trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), config.max_grad_norm)
             trainer.optimizer.step()
             trainer.model.zero_grad(set_to_none=True)
-        return {**tracker.snapshot(), "trained_params_m": round(sum(p.numel() for p in params) / 1e6, 2),
+        return {**tracker.snapshot(), "trl_cuda_head": cuda_head, "pinned_sizes": len(tracker.unbacked_seen), "trained_params_m": round(sum(p.numel() for p in params) / 1e6, 2),
                 "cell_s": round(time.perf_counter() - t0, 1)}
 
 
