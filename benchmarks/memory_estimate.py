@@ -160,9 +160,10 @@ class LiveStorages:
         """A data-dependent size (``hidden[select]``: the number of selected rows) is a symbol without a
         value on fake tensors; pin each new one to the value the real batch gives it."""
         import torch
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
         for d in t.shape:
-            if isinstance(d, torch.SymInt) and not d.node.expr.is_number:
+            if isinstance(d, torch.SymInt) and free_unbacked_symbols(d):
                 if self.unbacked_size is None:
                     raise RuntimeError(f"memory_estimate: a data-dependent size {d} and no value for it")
                 torch._check(d == self.unbacked_size)
@@ -255,7 +256,9 @@ def _episodes_batch(a):
     n = a.prompt + a.tokens
     episodes = []
     for i in range(a.rows):
-        ids = [3 + (i * 7919 + j * 104729) % (SHAPES[a.shape]["vocab_size"] - 3) for j in range(n)]
+        # a group's samples share their prompt (as collected); completions differ per row
+        ids = [3 + ((i // a.group if j < a.prompt else i) * 7919 + j * 104729) % (SHAPES[a.shape]["vocab_size"] - 3)
+               for j in range(n)]
         rewards = [0.0] * n
         rewards[-1] = float(i % 3)
         episodes.append(Episode(Task(f"t{i // a.group}"), i // a.group, ids, [0] * a.prompt + [1] * a.tokens,
@@ -293,7 +296,7 @@ def _shared_prefixes_from(real_batch, mode) -> None:
             split = real(real_batch.input_ids, real_batch.attention_mask, sel)
             if split is None or 8 * split.saved_tokens < int(real_batch.attention_mask.sum()):
                 return None
-        fake = {f.name: mode.from_tensor(getattr(split, f.name)) if isinstance(getattr(split, f.name), torch.Tensor)
+        fake = {f.name: mode.from_tensor(getattr(split, f.name), static_shapes=True) if isinstance(getattr(split, f.name), torch.Tensor)
                 else getattr(split, f.name) for f in dataclasses.fields(split)}
         return type(split)(**fake)
 
