@@ -126,8 +126,10 @@ class LiveStorages:
 
         self.unbacked_size = unbacked_size
         self.unbacked_seen = set()
+        self.adopted = 0
         self._weakref = weakref
         self.params = list(params)
+        self.param_shapes = {(tuple(p.shape), p.dtype) for p in self.params}
         self.live: dict[int, list] = {}  # id(storage) -> [nbytes, class]
         self.total = 0
         self.by = {"weights": 0, "optimizer": 0, "activations": 0, "temporaries": 0}
@@ -152,7 +154,10 @@ class LiveStorages:
         self._weakref.finalize(st, self._drop, key)
 
     def _drop(self, key: int) -> None:
-        n, cls, _ = self.live.pop(key)
+        entry = self.live.pop(key, None)
+        if entry is None:  # handed over to the storage that adopted it (see _adopt)
+            return
+        n, cls, _ = entry
         self.total -= n
         self.by[cls] -= n
 
@@ -168,6 +173,20 @@ class LiveStorages:
                     raise RuntimeError(f"memory_estimate: a data-dependent size {d} and no value for it")
                 torch._check(d == self.unbacked_size)
                 self.unbacked_seen.add(str(d.node.expr))
+
+    def _adopt(self, out, acc) -> bool:
+        """``out = acc + g`` summing two gradient flows into one parameter (a tied embedding's, from the
+        head and from the lookup): the autograd engine's input buffer adds in place on the device
+        (``acc.add_(g)``: ``acc`` is its only owner) but out of place here (a fake tensor has more owners).
+        Count ``out`` as ``acc``'s storage: no new bytes."""
+        entry = self.live.pop(id(acc.untyped_storage()), None)
+        if entry is None:
+            return False
+        st = out.untyped_storage()
+        self.live[id(st)] = entry
+        self._weakref.finalize(st, self._drop, id(st))
+        self.adopted += 1
+        return True
 
     def _saved(self, t) -> None:
         entry = self.live.get(id(t.untyped_storage())) if hasattr(t, "untyped_storage") else None
@@ -206,6 +225,12 @@ class LiveStorages:
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
+                if (func is torch.ops.aten.add.Tensor and torch._C._current_graph_task_id() != -1
+                        and isinstance(out, torch.Tensor) and (tuple(out.shape), out.dtype) in tracker.param_shapes
+                        and all(isinstance(x, torch.Tensor) and x.shape == out.shape for x in args[:2])
+                        and tracker._adopt(out, args[0])):
+                    tracker._update()
+                    return out
                 for t in tree_flatten(out)[0]:
                     if isinstance(t, torch.Tensor) and t.device.type != "meta":
                         tracker._pin_unbacked(t)
@@ -230,7 +255,8 @@ class LiveStorages:
     def snapshot(self) -> dict:
         out = {k: self.at_peak.get(k, 0) / MIB for k in ("weights", "grads", "optimizer", "activations", "temporaries")}
         out["tracked_peak"] = self.peak / MIB
-        return {**{k: round(v, 1) for k, v in out.items()}, "largest_at_peak": self.top}
+        return {**{k: round(v, 1) for k, v in out.items()}, "largest_at_peak": self.top,
+                "gradient_sums_in_place": self.adopted}
 
 
 def _warm_optimizer(optimizer, params) -> None:
@@ -594,6 +620,20 @@ def calibrate(a) -> dict:
     return {"calibration": rows, "llmgym_root": a.llmgym_root}
 
 
+def meta() -> dict:
+    """What produced the numbers: the date, the load, the libraries (fake tensors cost only CPU time)."""
+    import importlib.metadata as md
+
+    versions = {}
+    for name in ("torch", "transformers", "trl", "peft", "accelerate"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            versions[name] = None
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg_1_5_15": list(os.getloadavg()),
+            "versions": versions, "rows": ROWS, "prompt": PROMPT, "precision": "bf16-mixed (fp32 weights)"}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cell", choices=["llmgym", "trl"], dest="side", help=argparse.SUPPRESS)
@@ -632,6 +672,7 @@ def main(argv=None) -> dict:
                          "(git worktree add ../at-5cbf4e9 5cbf4e9)")
     report = calibrate(a) if a.calibrate else grid(a)
     report["gpu_terms"] = GPU_TERMS
+    report["meta" if not a.calibrate else "calibration_meta"] = meta()
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(out.read_text()) if out.exists() else {}
