@@ -55,3 +55,20 @@ def test_bad_grid_arguments_are_named():
         me.main(["--modes", "fast"])
     with pytest.raises(SystemExit, match="--calibrate needs --llmgym-root"):
         me.main(["--calibrate"])
+
+
+def test_a_tied_weights_two_gradients_are_summed_in_place():
+    """On fake tensors the engine sums a parameter's two gradient flows out of place; the device sums
+    them into the first (its only owner): the tracker counts one gradient, not two plus the sum."""
+    me._values_read_as_one()
+    with me._fake_mode():
+        w = torch.nn.Parameter(torch.zeros(512, 512))  # 1 MiB
+        x = torch.zeros(4, 512)
+        opt = torch.optim.SGD([w], lr=0.1)
+        tracker = me.LiveStorages([w], opt)
+        with tracker:
+            ((x @ w).sum() + (x @ w.t()).sum()).backward()  # two uses of w
+    assert tracker.adopted == 1
+    assert tracker.by["weights"] == MIB and w.grad is not None
+    # w and its one gradient (+ a few KiB of small tensors); out of place it would peak at 4 MiB
+    assert tracker.total < 2.1 * MIB and tracker.peak < 3.5 * MIB  # w + both flows; not + their sum too
