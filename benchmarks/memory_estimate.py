@@ -634,6 +634,46 @@ def meta() -> dict:
             "versions": versions, "rows": ROWS, "prompt": PROMPT, "precision": "bf16-mixed (fp32 weights)"}
 
 
+def notes(report: dict) -> str:
+    """``results/notes_memory_estimate.md``: the calibration and the grid as tables (docs/benchmarks.md
+    includes ``notes_*.md`` as they are)."""
+    m = report.get("meta", {})
+    cm = report.get("calibration_meta", {})
+    out = ["## GPU memory of one GRPO update, estimated without a GPU", "",
+           "`benchmarks/memory_estimate.py` (method: `benchmarks/README.md`, \"GPU memory without a GPU\"): "
+           "fake tensors, one process per cell; the number is `max_memory_allocated` of the update step. "
+           "Qwen2 shapes with fp32 weights, bf16 autocast, 4 prompts × 8 samples, prompt 25 tokens, every "
+           "completion full length, β = 0, AdamW, LoRA r 16 on all linear layers.", ""]
+    if report.get("calibration"):
+        out += [f"**Calibration** against the measured H100 runs of commit 5cbf4e9 (NVIDIA H100 80GB, "
+                f"Qwen2-0.5B shape; estimator run {cm.get('date', '?')}, load {cm.get('load_avg_1_5_15', ['?'])[0]:.1f} "
+                "on 2 shared cores — fake tensors cost CPU time only, the numbers do not depend on load):", "",
+                "| side | tokens | mode | measured MiB | estimated MiB | error | estimate: weights / grads / optimiser / activations / temporaries |",
+                "|---|---|---|---|---|---|---|"]
+        for r in report["calibration"]:
+            e = r["estimate"]
+            comp = " / ".join(f"{e.get(k, 0):,.0f}" for k in COMPONENTS) if "error" not in e else e["error"]
+            err = f"{r['error']:+.1%}" if r["error"] is not None else "—"
+            out.append(f"| {r['side']} | {r['tokens']} | {r['mode']} | {r['measured_mib']:,.0f} | "
+                       f"{e.get('estimate_mib', float('nan')):,.0f} | {err} | {comp} |")
+        out.append("")
+    if report.get("cells"):
+        out += [f"**Today's code**, llmgym vs TRL {m.get('versions', {}).get('trl', '?')} (run {m.get('date', '?')}); "
+                "ratio = llmgym / TRL:", "",
+                "| shape | tokens | mode | llmgym MiB | TRL MiB | ratio | llmgym: grads / activations / temporaries | TRL: grads / activations / temporaries |",
+                "|---|---|---|---|---|---|---|---|"]
+        for c in report["cells"]:
+            def part(r):
+                return "error" if "error" in r else " / ".join(f"{r[k]:,.0f}" for k in ("grads", "activations", "temporaries"))
+            est = [c[s].get("estimate_mib") for s in ("llmgym", "trl")]
+            cells = [f"{v:,.0f}" if v is not None else "not run" for v in est]
+            ratio = f"{c['ratio']:.2f}×" if c.get("ratio") else "—"
+            out.append(f"| {c['shape']} | {c['tokens']:,} | {c['mode']} | {cells[0]} | {cells[1]} | {ratio} | "
+                       f"{part(c['llmgym'])} | {part(c['trl'])} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cell", choices=["llmgym", "trl"], dest="side", help=argparse.SUPPRESS)
@@ -652,6 +692,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--calibrate", action="store_true", help="compare with the measured H100 peaks")
     p.add_argument("--llmgym-root", default=None, help="a checkout whose llmgym side to run (calibration: 5cbf4e9's)")
     p.add_argument("--measured", default="/work/shared/gpu-results/h100-2026-11-26")
+    p.add_argument("--notes", action="store_true",
+                   help="write results/notes_memory_estimate.md from the JSON (no cells run)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "memory_estimate.json"))
     return p
 
@@ -667,6 +709,10 @@ def main(argv=None) -> dict:
     for m in a.modes:
         if m not in MODES:
             raise SystemExit(f"unknown mode {m!r}: choose from {', '.join(MODES)}")
+    if a.notes:
+        report = json.loads(Path(a.out).read_text())
+        (Path(a.out).parent / "notes_memory_estimate.md").write_text(notes(report))
+        return report
     if a.calibrate and not a.llmgym_root:
         raise SystemExit("--calibrate needs --llmgym-root: a checkout of the measured commit "
                          "(git worktree add ../at-5cbf4e9 5cbf4e9)")
