@@ -648,7 +648,7 @@ def notes(report: dict) -> str:
         out += [f"**Calibration** against the measured H100 runs of commit 5cbf4e9 (NVIDIA H100 80GB, "
                 f"Qwen2-0.5B shape; estimator run {cm.get('date', '?')}, load {cm.get('load_avg_1_5_15', ['?'])[0]:.1f} "
                 "on 2 shared cores — fake tensors cost CPU time only, the numbers do not depend on load):", "",
-                "| side | tokens | mode | measured MiB | estimated MiB | error | estimate: weights / grads / optimiser / activations / temporaries |",
+                "| side | tokens | mode | measured MiB | estimated MiB | error | estimate: weights / grads / optimiser / activations / temporaries (+ 88 CUDA context) |",
                 "|---|---|---|---|---|---|---|"]
         for r in report["calibration"]:
             e = r["estimate"]
