@@ -188,6 +188,18 @@ class LiveStorages:
         self.adopted += 1
         return True
 
+    @staticmethod
+    def _from_engine() -> bool:
+        """Whether the op running now was issued by the autograd engine itself (its nearest Python frame
+        is torch's own: ``_engine_run_backward`` or a wrapper), not by Python code such as a custom
+        ``backward`` (whose ``a + b`` is out of place on the device too)."""
+        import torch
+
+        f = sys._getframe(2)
+        while f is not None and f.f_code.co_filename == __file__:
+            f = f.f_back
+        return f is not None and f.f_code.co_filename.startswith(os.path.dirname(torch.__file__) + os.sep)
+
     def _saved(self, t) -> None:
         entry = self.live.get(id(t.untyped_storage())) if hasattr(t, "untyped_storage") else None
         if entry is not None and entry[1] == "temporaries":
@@ -226,7 +238,7 @@ class LiveStorages:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
                 if (func is torch.ops.aten.add.Tensor and torch._C._current_graph_task_id() != -1
-                        and isinstance(out, torch.Tensor) and (tuple(out.shape), out.dtype) in tracker.param_shapes
+                        and tracker._from_engine() and isinstance(out, torch.Tensor) and (tuple(out.shape), out.dtype) in tracker.param_shapes
                         and all(isinstance(x, torch.Tensor) and x.shape == out.shape for x in args[:2])
                         and tracker._adopt(out, args[0])):
                     tracker._update()
@@ -504,9 +516,12 @@ def run_cell(a) -> None:
 
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float32)  # fp32 weights under bf16 autocast, as the measured runs
-    out = (cell_llmgym if a.side == "llmgym" else cell_trl)(a)
-    out["estimate_mib"] = round(out["tracked_peak"] + GPU_TERMS["cuda_context_allocated_mib"], 1)
-    print("RESULT " + json.dumps(out), flush=True)
+    # "both": the two sides one after the other in one process, for a quick check of the benchmark
+    # itself (each side's adjustments touch only its own code); the grid runs each side alone
+    for side in ("llmgym", "trl") if a.side == "both" else (a.side,):
+        out = (cell_llmgym if side == "llmgym" else cell_trl)(a)
+        out["estimate_mib"] = round(out["tracked_peak"] + GPU_TERMS["cuda_context_allocated_mib"], 1)
+        print("RESULT " + json.dumps({"side": side, **out}), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,15 +537,19 @@ def spawn(side: str, shape: str, tokens: int, mode: str, *, rows: int = ROWS, gr
     if llmgym_root:
         cmd += ["--llmgym-root", llmgym_root]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    path = [llmgym_root] if (llmgym_root and side == "llmgym") else [str(ROOT)]
+    path = [llmgym_root] if (llmgym_root and side != "trl") else [str(ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(path + [p for p in [os.environ.get("PYTHONPATH")] if p])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
+    results = {}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            r = json.loads(line[len("RESULT "):])
+            results[r.pop("side")] = r
+    if results and (side != "both" or len(results) == 2):
+        return results if side == "both" else results[side]
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-4:]
     return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
 
@@ -676,7 +695,7 @@ def notes(report: dict) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cell", choices=["llmgym", "trl"], dest="side", help=argparse.SUPPRESS)
+    p.add_argument("--cell", choices=["llmgym", "trl", "both"], dest="side", help=argparse.SUPPRESS)
     p.add_argument("--shape", default="qwen2-0.5b", help=argparse.SUPPRESS)
     p.add_argument("--mode", default="plain", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--tokens", type=int, default=128, help=argparse.SUPPRESS)

@@ -35,17 +35,23 @@ def test_tracker_peak_and_what_holds_it():
     del c
 
 
-@pytest.mark.parametrize("side", ["llmgym", "trl"])
-def test_tiny_cell_runs_and_its_composition_adds_up(side):
-    r = me.spawn(side, "tiny", 16, "plain", rows=8, group=4, prompt=8, timeout=120)
-    assert "error" not in r, r
-    parts = sum(r[k] for k in me.COMPONENTS)
-    assert abs(parts - r["tracked_peak"]) < 0.5, r  # the classes partition the peak
-    params = me.SHAPES["tiny"]
-    weights_mib = r["trained_params_m"] * 1e6 * 4 / MIB  # fp32, every weight trained
-    assert abs(r["weights"] - weights_mib) < 0.1 and abs(r["optimizer"] - 2 * weights_mib) < 0.1, r  # AdamW: m, v
-    assert r["activations"] > 0 and params["vocab_size"] == 1024
-    assert r["estimate_mib"] == round(r["tracked_peak"] + me.GPU_TERMS["cuda_context_allocated_mib"], 1)
+def test_tiny_cell_of_each_side_runs_and_its_composition_adds_up():
+    both = me.spawn("both", "tiny", 16, "plain", rows=8, group=4, prompt=8, timeout=240)
+    assert set(both) == {"llmgym", "trl"}, both
+    for side, r in both.items():
+        parts = sum(r[k] for k in me.COMPONENTS)
+        assert abs(parts - r["tracked_peak"]) < 0.5, (side, r)  # the classes partition the peak
+        weights_mib = r["trained_params_m"] * 1e6 * 4 / MIB  # fp32, every weight trained
+        assert abs(r["weights"] - weights_mib) < 0.1, (side, r)
+        assert abs(r["optimizer"] - 2 * weights_mib) < 0.1, (side, r)  # AdamW: m and v, allocated before the step
+        assert r["activations"] > 0, (side, r)
+        assert r["estimate_mib"] == round(r["tracked_peak"] + me.GPU_TERMS["cuda_context_allocated_mib"], 1)
+    assert both["llmgym"]["weights"] == both["trl"]["weights"]  # the same model on both sides
+    assert both["trl"]["trl_cuda_head"] is True
+    # the engine's in-place sums: TRL's one (the tied embedding: head + lookup); llmgym's shared-prompt
+    # forward runs the decoder twice, so every weight of it gets two gradient flows
+    assert both["trl"]["gradient_sums_in_place"] == 1
+    assert both["llmgym"]["gradient_sums_in_place"] > 1
 
 
 def test_bad_grid_arguments_are_named():
