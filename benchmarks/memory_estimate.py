@@ -283,12 +283,18 @@ def _warm_optimizer(optimizer, params) -> None:
 
 def _episodes_batch(a):
     """llmgym's Batch of ``rows`` full-length episodes (imports work for today's layout and 5cbf4e9's)."""
-    try:
-        from llmgym.engines.batch import Batch
-        from llmgym.engines.rollout import Episode
-    except ImportError:
-        from llmgym.batch import Batch
-        from llmgym.rollout import Episode
+    import importlib
+
+    for batch_mod, episode_mod in (("llmgym.rollout.batch", "llmgym.rollout.episodes"),  # the layouts over time
+                                   ("llmgym.engines.batch", "llmgym.engines.rollout"), ("llmgym.batch", "llmgym.rollout")):
+        try:
+            Batch = importlib.import_module(batch_mod).Batch
+            Episode = importlib.import_module(episode_mod).Episode
+            break
+        except (ImportError, AttributeError):
+            continue
+    else:
+        raise ImportError("memory_estimate: no llmgym Batch/Episode in this checkout's known layouts")
     from llmgym import Task
 
     n = a.prompt + a.tokens
