@@ -19,12 +19,31 @@ def _capture():
     return module
 
 
+_CHECK = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("capture_docs", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules["capture_docs"] = module
+spec.loader.exec_module(module)
+found = module.capture(module.PAGES)
+print(json.dumps({"commands": [b.command for entries in found.values() for b, _ in entries],
+                  "stale": module.stale(found)}))
+"""
+
+
 def test_the_captured_blocks_are_fresh():
-    capture = _capture()
-    found = capture.capture(capture.PAGES)
-    commands = [b.command for entries in found.values() for b, _ in entries]
+    """Captured in a fresh process, as a user runs the commands: inside the suite's worker, envs other tests
+    registered would show up in ``llmgym list``."""
+    import json
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", _CHECK, str(ROOT / "scripts" / "capture_docs.py")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    commands = result["commands"]
     assert "llmgym --help" in commands and "llmgym list" in commands and len(commands) >= 10
-    stale = capture.stale(found)
+    stale = result["stale"]
     assert not stale, "stale captured output; run python scripts/capture_docs.py:\n" + "\n".join(stale)
 
 
