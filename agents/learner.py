@@ -58,6 +58,7 @@ from llmgym.agents import functional as F
 from llmgym.agents.corrections import ImportanceWeightStats, stale_token_mask, truncated_importance_weights
 from llmgym.agents.fused_head import TILE_ELEMENTS, head_logprobs_and_entropy, logit_transform
 from llmgym.agents.shared_prefix import shared_prefix_hidden, shared_prefixes, supports_shared_prefixes
+from llmgym.engines.base import optional_member
 from llmgym.rollout.batch import Batch
 from llmgym.runtime.install import install_hint
 
@@ -519,7 +520,8 @@ class Learner:
             stale_token_mask(batch.policy_versions, version, batch.action_mask).any())
         # an engine that cannot be taken at its word (a fleet of rollout servers) checks the log-probs it
         # reported against the learner's, which the update computes anyway (before any optimiser step)
-        self._check_logprobs = getattr(getattr(agent, "engine", None), "check_logprobs", None)
+        engine = getattr(agent, "engine", None)  # None: an agent that samples nothing (DPO's pairs)
+        self._check_logprobs = None if engine is None else optional_member(engine, "check_logprobs")
         if not on_policy and (c.tis is not None or c.precision != "fp32" or weight_stats is not None
                               or self._check_logprobs is not None):
             # π_old (the proximal policy) from the learner itself, once, before the first optimiser step:

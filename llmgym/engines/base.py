@@ -119,10 +119,11 @@ OPTIONAL_MEMBERS: dict[str, tuple[Any, str]] = {
     "open_session": (None, "``open_session(contexts) -> DecodeSession``: incremental decoding for token level"),
     "next_token_logits": (None, "``next_token_logits(contexts) -> [N, V]``: recomputed next-token logits"),
     "close": (None, "``close()``: release the engine's memory, processes or connections"),
+    "check_logprobs": (None, "``check_logprobs(batch, learner_logprobs, version)``: an engine that cannot be taken "
+                             "at its word (a fleet of servers) checks the log-probs it reported against the "
+                             "learner's recomputation, which the update calls before any optimiser step"),
 }
 """The members an engine may have, each with the default a rollout assumes where it has none, and its meaning."""
-
-_CALLABLE_MEMBERS = ("generation_done", "open_session", "next_token_logits", "close")
 
 
 def optional_member(engine: Any, name: str) -> Any:
