@@ -347,27 +347,30 @@ def _score_in_process(monkeypatch):
     monkeypatch.setattr(reasoning, "reasoning_gym_score", score)
 
 
-def measure_content_free(dataset: str, n_learn: int, n_measure: int) -> tuple[dict[str, float], float, int]:
+def measure_content_free(dataset: str, n_measure: int) -> tuple[dict[str, float], float, int]:
     """``(mean reward per strategy, chance, items measured)`` for one reasoning-gym family as its env samples it.
 
-    The commonest answer is learned on ``n_learn`` items (seeds 10,000 on) and measured, with every other
-    strategy, on ``n_measure`` others (seeds 0 on). Chance is :func:`~llmgym.envs.math.reasoning.content_free_chance`
-    of the number of distinct answers in the learning sample (what the family, as sampled, can answer).
+    Every strategy is measured on ``n_measure`` items (seeds 0 on); the commonest answer for each item is learned
+    on the other ``n_measure - 1`` (leave one out: no item is generated only to learn from, and the strategy never
+    sees its own item's answer). Chance is :func:`~llmgym.envs.math.reasoning.content_free_chance` of the number
+    of distinct answers in the sample (what the family, as sampled, can answer).
     """
     import collections
 
     from llmgym.envs.math.reasoning import CHOICE_FAMILIES, content_free_chance, item_chance, make_env
 
     env = make_env(dataset=dataset)
-    learn = [env.reset(seed=10_000 + i)[1]["task"] for i in range(n_learn)]
-    answers = collections.Counter(str(t.answer) for t in learn if t.answer is not None)
-    learned = answers.most_common(1)[0][0] if answers else None
+    tasks = [env.reset(seed=i)[1]["task"] for i in range(n_measure)]
+    answers = collections.Counter(str(t.answer) for t in tasks if t.answer is not None)
     k = len(answers) or None  # the values a few-valued family gives (labels, counts ...); many for open answers
     totals: dict[str, float] = collections.defaultdict(float)
-    for i in range(n_measure):
-        task = env.reset(seed=i)[1]["task"]
+    for task in tasks:
+        others = answers.copy()
+        if task.answer is not None:
+            others[str(task.answer)] -= 1
+        common = [a for a, c in others.most_common(1) if c > 0]
         by_answer: dict[str, list[str]] = collections.defaultdict(list)
-        for kind, answer in _rg_strategies(task, learned).items():
+        for kind, answer in _rg_strategies(task, common[0] if common else None).items():
             by_answer[answer].append(kind)
         for answer, kinds in by_answer.items():  # each distinct answer scored once
             reward = env.verifier(task, f"<answer>{answer}</answer>").reward
@@ -375,8 +378,7 @@ def measure_content_free(dataset: str, n_learn: int, n_measure: int) -> tuple[di
                 totals[kind] += reward
     chance = content_free_chance(k)
     if dataset in CHOICE_FAMILIES:  # pick one of the listed options: chance is one over the options, item by item
-        chance = sum(item_chance(dataset, env.reset(seed=i)[1]["task"].metadata["entry"]) for i in range(n_measure))
-        chance /= n_measure
+        chance = sum(item_chance(dataset, t.metadata["entry"]) for t in tasks) / n_measure
     return {kind: total / n_measure for kind, total in totals.items()}, chance, n_measure
 
 
@@ -400,7 +402,7 @@ KNOWN_CONTENT_FREE = ("string_insertion", "rotate_matrix", "pool_matrix", "strin
 def test_content_free_strategies_do_not_beat_chance_where_they_used_to(dataset, monkeypatch):
     pytest.importorskip("reasoning_gym")
     _score_in_process(monkeypatch)
-    means, chance, n = measure_content_free(dataset, n_learn=60, n_measure=80)
+    means, chance, n = measure_content_free(dataset, n_measure=80)
     assert not _over_chance(means, chance, n), (dataset, chance, _over_chance(means, chance, n))
 
 
@@ -413,7 +415,7 @@ def test_no_content_free_strategy_beats_chance_on_any_reasoning_gym_family(datas
     other items, a copy of the prompt and of each segment of its question -- none earns more than chance."""
     pytest.importorskip("reasoning_gym")
     _score_in_process(monkeypatch)
-    means, chance, n = measure_content_free(dataset, n_learn=40, n_measure=60)
+    means, chance, n = measure_content_free(dataset, n_measure=60)
     over = _over_chance(means, chance, n)
     assert not over, (f"{dataset}: content-free answers beat chance ({chance:.2f}): {over}; filter or balance it "
                       f"(llmgym.envs.math.reasoning.CAPPED_FAMILIES caps the share of any one answer)")
