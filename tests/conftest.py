@@ -136,8 +136,8 @@ def pytest_xdist_auto_num_workers(config):
 # running one of them alone at the end; measured with --durations on the 2-core machine. The rest follow in
 # collection order.
 SLOWEST_FILES_FIRST = (
-    "test_learning_tools.py", "test_fleet.py", "test_learning.py", "test_reward_integrity.py", "test_vllm.py",
-    "test_interop_verifiers.py", "test_openai_engine.py", "test_tools.py", "test_vllm_paths.py",
+    "test_learning_tools.py", "test_fleet.py", "test_learning.py", "test_reasoning_gym_chance.py",
+    "test_reward_integrity.py", "test_vllm.py", "test_interop_verifiers.py", "test_openai_engine.py", "test_tools.py", "test_vllm_paths.py",
     "test_interrupt.py", "test_learning_new_losses.py", "test_examples.py", "test_code_judge.py",
 )
 
