@@ -24,7 +24,7 @@ from typing import Any
 from llmgym.cli.common import check_device, parse_overrides
 from llmgym.cli.console import format_value
 from llmgym.cli.engine_options import bf16_on_slow_cpu, build_engine, check_engine, engine_arguments, engine_options
-from llmgym.cli.resolve import apply_threads, load_run_model, make_run_env, require_env, resolve_model
+from llmgym.cli.resolve import load_run_model, make_run_env, require_env, resolve_model
 from llmgym.cli.run_files import atomic_write_text, check_out_file
 from llmgym.cli.usage import UsageError
 from llmgym.runtime.display import make_console
@@ -164,8 +164,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         if args.base_url or args.served_model:
             raise UsageError("--base-url and --served-model are for --engine openai")
-        model, tokenizer = load_run_model(args.model, device=device)
-        apply_threads(args.threads, model)
+        model, tokenizer, _ = load_run_model(args.model, device=device, threads=args.threads)
         engine = HFEngine(model, tokenizer) if kind == "hf" else None
     try:
         env = make_run_env(args.env, tokenizer, args.level, args.max_new_tokens, env_args)
@@ -366,6 +365,7 @@ def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env
     from rich.table import Table
 
     from llmgym.env.core import MultiTurnEnv
+    from llmgym.env.registry import EnvInfo
     from llmgym.runtime.metrics import pass_at_k, reward_interval
     from llmgym.rollout import distinct_tasks
 
@@ -384,7 +384,7 @@ def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env
     started = time.perf_counter()
     n = args.samples
     # an adapter spec (verifiers:/textarena:) has no registry entry: ask the env it made
-    multi_turn = info.multi_turn if info is not None else isinstance(env.unwrapped, MultiTurnEnv)
+    multi_turn = info.multi_turn if isinstance(info, EnvInfo) else isinstance(env.unwrapped, MultiTurnEnv)
     settings = _settings(args, env_args, tasks, engine_report)
     kept = _load_partial(out, settings, n) if args.resume else {}
     todo = [g for g in range(len(tasks)) if g not in kept]

@@ -23,7 +23,7 @@ from typing import Any
 
 from llmgym.cli.common import check_device
 from llmgym.cli.console import files_table, format_value
-from llmgym.cli.resolve import apply_threads, load_run_model, make_run_env
+from llmgym.cli.resolve import load_run_model, make_run_env
 from llmgym.cli.run_files import RUN_FILES, atomic_write_text, check_out_dir, existing_files, keep_previous_run
 from llmgym.cli.usage import EXIT_INTERRUPTED, UsageError, invoked_as
 from llmgym.runtime.display import make_console
@@ -124,8 +124,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     base_path = quickstart_base_model(console, threads=args.threads)
     console.print(f"base model (after warm-up): {base_path}")
-    model, tokenizer = load_run_model(str(base_path), device=device)
-    threads = apply_threads(args.threads, model)
+    model, tokenizer, threads = load_run_model(str(base_path), device=device, threads=args.threads)
     held_out = sample_tasks(QUICKSTART_HELD_OUT["task"], QUICKSTART_HELD_OUT["n"], seed=QUICKSTART_HELD_OUT["seed"])
     eval_env = make_run_env("llmgym/Copy-v0", tokenizer)
     samples = 4

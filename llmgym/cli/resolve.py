@@ -29,17 +29,17 @@ def require_env(env_id: str):
     """The :class:`~llmgym.env.registry.EnvInfo` of ``env_id``; a :class:`UsageError` if unknown or unusable.
 
     An adapter spec (``verifiers:<module>``, ``textarena:<game id>``) is checked instead (package
-    installed, module or game known) and gives ``None``.
+    installed, module or game known) and gives the ``gymnasium`` ``EnvSpec`` that makes it
+    (:func:`llmgym.interop.adapters.adapted_env_spec`).
     """
-    from llmgym.interop.adapters import check_env_spec, parse_env_spec
+    from llmgym.interop.adapters import adapted_env_spec, parse_env_spec
     from llmgym.env.registry import env_info
 
     if parse_env_spec(env_id) is not None:
         try:
-            check_env_spec(env_id)
+            return adapted_env_spec(env_id)
         except (ValueError, ModuleNotFoundError) as exc:
             raise UsageError(str(exc)) from None
-        return None
     try:
         info = env_info(env_id)
     except KeyError as exc:
@@ -74,18 +74,17 @@ def make_run_env(env_id: str, tokenizer, level: str = "sequence", max_new_tokens
     """``gymnasium.make(env_id, ...)`` with ``env_args`` (``--env-arg``); a bad env or argument is a :class:`UsageError`."""
     import gymnasium
 
-    adapted = require_env(env_id) is None
+    from llmgym.env.registry import EnvInfo
+
+    checked = require_env(env_id)  # an adapter spec: the EnvSpec that makes it; an llmgym id: made by its id
     env_args = dict(env_args or {})
     reserved = [key for key in ENV_ARG_RESERVED if key in env_args]
     if reserved:
         raise UsageError(f"--env-arg {reserved[0]}=... is set by llmgym itself (use --level / --max-new-tokens "
                          f"or the agent's max_new_tokens)")
     try:
-        if adapted:
-            from llmgym.interop.adapters import make_adapted_env
-
-            return make_adapted_env(env_id, tokenizer, level=level, max_new_tokens=max_new_tokens, **env_args)
-        return gymnasium.make(env_id, tokenizer=tokenizer, level=level, max_new_tokens=max_new_tokens, **env_args)
+        return gymnasium.make(env_id if isinstance(checked, EnvInfo) else checked, tokenizer=tokenizer, level=level,
+                              max_new_tokens=max_new_tokens, **env_args)
     except ModuleNotFoundError as exc:
         raise UsageError(f"{env_id}: {exc}") from None
     except (TypeError, ValueError, FileNotFoundError, gymnasium.error.Error) as exc:
@@ -167,20 +166,22 @@ def resolve_model(spec: str) -> str:
     return spec
 
 
-def load_run_model(spec: str, device: str | None = None):
-    """``(model, tokenizer)`` from ``'tiny'``, a saved directory or a hub id, on ``device`` (``None``: CPU);
-    a :class:`UsageError` if absent."""
+def load_run_model(spec: str, device: str | None = None, threads: int | None = None):
+    """``(model, tokenizer, threads)`` from ``'tiny'``, a saved directory or a hub id, on ``device`` (``None``:
+    CPU), with torch's CPU threads set for it (:func:`apply_threads`; ``threads``: ``--threads``) and their
+    count; a :class:`UsageError` if absent."""
     from llmgym.runtime.models import load_model
 
     target = resolve_model(spec)
     quiet_hf_progress()
     try:
-        return load_model(target, device=device if device not in (None, "cpu") else None)
+        model, tokenizer = load_model(target, device=device if device not in (None, "cpu") else None)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from None
     except (OSError, ValueError) as exc:  # a directory with a broken or missing tokenizer / weights
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"could not load model {spec!r} ({first}); {MODEL_HINT}") from None
+    return model, tokenizer, apply_threads(threads, model)
 
 
 def apply_threads(requested: int | None, model) -> int:

@@ -115,19 +115,19 @@ def train_run(
     config = build_agent_config(agent_cls, spec.agent_config)
     require_env(spec.env)  # before the model loads
     last = out / "checkpoints" / "last"
+    # CPU threads change float rounding: a resumed run uses the count the run started with
     if base_model is not None:
         model, tokenizer = base_model
+        spec.threads = apply_threads(spec.threads, model)
     else:
         try:
-            model, tokenizer = load_run_model(spec.model, device=spec.device)
+            model, tokenizer, spec.threads = load_run_model(spec.model, device=spec.device, threads=spec.threads)
         except UsageError:
             if not (resume and (last / "config.json").is_file()) or config.lora_r > 0:
                 raise  # a LoRA run resumes on its base model: the checkpoint's model has the adapters merged in
             console.print(f"[yellow]the run's model {spec.model!r} is gone; resuming on {last} "
                           f"(a KL reference model, if the agent uses one, becomes that checkpoint)[/]")
-            model, tokenizer = load_run_model(str(last), device=spec.device)
-    # CPU threads change float rounding: a resumed run uses the count the run started with
-    spec.threads = apply_threads(spec.threads, model)
+            model, tokenizer, spec.threads = load_run_model(str(last), device=spec.device, threads=spec.threads)
     env = make_run_env(spec.env, tokenizer, spec.level, config.max_new_tokens, spec.env_args)
     eval_env = eval_tasks = None
     if spec.eval_every > 0:  # its own env: the training env's task stream is not touched

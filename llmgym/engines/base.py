@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from llmgym.engines.sampling import row_keys
 
-__all__ = ["SamplingParams", "Completion", "Engine", "OPTIONAL_MEMBERS", "optional_member", "DecodeSession", "expand_rows",
-           "sync_engine_weights"]
+__all__ = ["SamplingParams", "Completion", "Engine", "OPTIONAL_MEMBERS", "optional_member", "EngineView", "DecodeSession",
+           "expand_rows", "sync_engine_weights"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +140,51 @@ def optional_member(engine: Any, name: str) -> Any:
         raise KeyError(f"{name!r} is not an optional engine member (OPTIONAL_MEMBERS: {', '.join(OPTIONAL_MEMBERS)})")
     value = getattr(engine, name, None)
     return OPTIONAL_MEMBERS[name][0] if value is None else value
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineView:
+    """An engine as a rollout drives it: its optional members read once, each with its declared default.
+
+    A rollout builds one per call (:meth:`of`) and reads these fields instead of asking the engine
+    member by member. ``policy_version`` alone is read afresh each time: it changes as weights are
+    synced while a pipelined learner rolls out.
+
+    Example:
+        >>> from llmgym.engines.base import EngineView
+        >>> class Minimal:
+        ...     max_batch_size = 8
+        ...     eos_ids = [2]
+        >>> view = EngineView.of(Minimal())
+        >>> view.max_batch_size, view.eos_ids, view.generation_done, view.policy_version
+        (8, (2,), None, None)
+    """
+
+    engine: Any
+    eos_ids: tuple[int, ...]
+    max_batch_size: int
+    generation_done: Callable[[], Any] | None
+    open_session: Callable[..., DecodeSession] | None
+    next_token_logits: Callable[..., Any] | None
+
+    @classmethod
+    def of(cls, engine: Any) -> EngineView:
+        """The view of ``engine`` (its :data:`OPTIONAL_MEMBERS` through :func:`optional_member`)."""
+        return cls(engine=engine, eos_ids=tuple(optional_member(engine, "eos_ids")),
+                   max_batch_size=int(optional_member(engine, "max_batch_size")),
+                   generation_done=optional_member(engine, "generation_done"),
+                   open_session=optional_member(engine, "open_session"),
+                   next_token_logits=optional_member(engine, "next_token_logits"))
+
+    @property
+    def policy_version(self) -> int | None:
+        """The version of the weights the engine samples from now (``None``: it does not say)."""
+        return optional_member(self.engine, "policy_version")
+
+    @property
+    def steps_tokens(self) -> bool:
+        """Whether the engine can drive a token-level env (it has ``open_session`` or ``next_token_logits``)."""
+        return self.open_session is not None or self.next_token_logits is not None
 
 
 @runtime_checkable

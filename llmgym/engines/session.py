@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from llmgym.engines.base import DecodeSession, optional_member
+from llmgym.engines.base import DecodeSession, EngineView
 from llmgym.engines.model_inputs import cache_of, pad_left
 
 __all__ = ["HFDecodeSession", "RecomputeSession", "TokenStepper", "open_decode_session", "token_stepper",
@@ -482,7 +482,8 @@ def open_decode_session(engine, contexts: Sequence[Sequence[int]] = ()) -> Decod
     Uses ``engine.open_session`` where the engine has it and it does not raise
     ``NotImplementedError``; otherwise a :class:`RecomputeSession` over
     ``engine.next_token_logits`` (the whole context at every call). An engine with neither (vLLM)
-    cannot step one token at a time: ``TypeError``.
+    cannot step one token at a time: ``TypeError``. ``engine`` may also be the
+    :class:`~llmgym.engines.base.EngineView` a rollout already holds.
 
     Example:
         >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
@@ -493,16 +494,16 @@ def open_decode_session(engine, contexts: Sequence[Sequence[int]] = ()) -> Decod
         >>> type(session).__name__, session.logits().shape[0]
         ('HFDecodeSession', 2)
     """
-    opener = optional_member(engine, "open_session")
-    if opener is not None:
+    view = engine if isinstance(engine, EngineView) else EngineView.of(engine)
+    if view.open_session is not None:
         try:
-            return opener(contexts)
+            return view.open_session(contexts)
         except NotImplementedError:
             pass
-    if optional_member(engine, "next_token_logits") is not None:
-        return RecomputeSession(engine, contexts)
+    if view.next_token_logits is not None:
+        return RecomputeSession(view.engine, contexts)
     raise TypeError(
-        f"{type(engine).__name__} cannot step one token at a time (it has neither open_session nor "
+        f"{type(view.engine).__name__} cannot step one token at a time (it has neither open_session nor "
         f"next_token_logits); use HFEngine for token-level envs, or the sequence-level env"
     )
 

@@ -3,6 +3,7 @@
 An adapter spec names an env of another ecosystem wherever an llmgym env id goes on the command line
 (``llmgym train|bench --env textarena:GuessTheNumber-v0``). :func:`check_env_spec` says what is wrong
 with one (package missing, module or game unknown) without importing the heavy package where it can;
+:func:`adapted_env_spec` checks it and gives the ``gymnasium`` ``EnvSpec`` that makes it, and
 :func:`make_adapted_env` builds it through ``gymnasium.make`` (the usual wrappers, ``level="token"``
 included), without registering anything.
 
@@ -25,7 +26,7 @@ from typing import Any
 from llmgym.runtime.install import install_hint
 
 __all__ = ["Adapter", "ADAPTERS", "adapter_versions", "import_package", "parse_env_spec", "check_env_spec",
-           "make_adapted_env"]
+           "adapted_env_spec", "make_adapted_env"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +157,25 @@ def _search_current_folder() -> None:
         sys.path.insert(0, cwd)
 
 
+def adapted_env_spec(spec: str) -> Any:
+    """The checked (:func:`check_env_spec`) ``gymnasium.envs.registration.EnvSpec`` of an adapter spec:
+    ``gymnasium.make(it, tokenizer=..., level=..., max_new_tokens=..., **kwargs)`` builds the env, as
+    often as wanted, without checking the spec again.
+
+    Example:
+        >>> from llmgym.interop.adapters import adapted_env_spec
+        >>> env_spec = adapted_env_spec("textarena:GuessTheNumber-v0")
+        >>> env_spec.id, env_spec.entry_point
+        ('textarena:GuessTheNumber-v0', 'llmgym.env.registry:make_env')
+    """
+    import gymnasium
+
+    adapter, target = check_env_spec(spec)
+    return gymnasium.envs.registration.EnvSpec(
+        id=spec, entry_point="llmgym.env.registry:make_env",
+        kwargs={"factory": adapter.factory, adapter_argument(adapter): target}, disable_env_checker=False)
+
+
 def make_adapted_env(spec: str, tokenizer: Any = None, *, level: str = "sequence", max_new_tokens: int = 64,
                      **kwargs: Any) -> Any:
     """``gymnasium.make`` of an adapter spec, with llmgym's ``level=`` / ``max_new_tokens=`` and the adapter's kwargs.
@@ -168,11 +188,8 @@ def make_adapted_env(spec: str, tokenizer: Any = None, *, level: str = "sequence
     """
     import gymnasium
 
-    adapter, target = check_env_spec(spec)
-    env_spec = gymnasium.envs.registration.EnvSpec(
-        id=spec, entry_point="llmgym.env.registry:make_env",
-        kwargs={"factory": adapter.factory, adapter_argument(adapter): target}, disable_env_checker=False)
-    return gymnasium.make(env_spec, tokenizer=tokenizer, level=level, max_new_tokens=max_new_tokens, **kwargs)
+    return gymnasium.make(adapted_env_spec(spec), tokenizer=tokenizer, level=level, max_new_tokens=max_new_tokens,
+                          **kwargs)
 
 
 def adapter_argument(adapter: Adapter) -> str:

@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from llmgym.engines.base import Completion, SamplingParams, optional_member
+from llmgym.engines.base import Completion, EngineView, SamplingParams
 from llmgym.engines.sampling import row_keys, sample_next_token
 from llmgym.env.types import Task
 from llmgym.env.verifiers import Verifier
@@ -187,6 +187,7 @@ def collect_episodes(
         (6, True, 0, 1)
     """
     tokenizer = engine.tokenizer
+    view = EngineView.of(engine)  # the engine's optional members, read once for the whole rollout
     _ensure_tokenizer(env, tokenizer)
     if tasks is None:
         tasks = draw_tasks(env, num_tasks, seed)
@@ -204,12 +205,12 @@ def collect_episodes(
     started = time.perf_counter()
     clock = _RolloutClock(on_episodes_done, observer)
     if is_token_level(env):
-        _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock, first_row)
+        _run_token_level(envs, episodes, observations, view, sampling, seed, max_turns, clock, first_row)
     else:
         one_turn = max_turns <= 1 or at_most_one_turn(env)
-        _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock, step_pool, one_turn,
+        _run_sequence_level(envs, episodes, observations, view, sampling, seed, max_turns, clock, step_pool, one_turn,
                             first_row)
-    _generation_done(engine)
+    _generation_done(view)
     elapsed = time.perf_counter() - started
     return episodes, {"rollout_s": elapsed, "generate_s": clock.generate_s, "verify_s": clock.verify_s,
                       "tokens_sampled": float(clock.sampled),
@@ -250,10 +251,9 @@ class _Timer:
         self.stage.__exit__(*exc)
 
 
-def _generation_done(engine: Any) -> None:
-    done = optional_member(engine, "generation_done")
-    if done is not None:
-        done()
+def _generation_done(view: EngineView) -> None:
+    if view.generation_done is not None:
+        view.generation_done()
 
 
 def at_most_one_turn(env: gym.Env) -> bool:
@@ -311,17 +311,17 @@ def _record_turn(ep: Episode, completion_ids: list[int], logprobs: list[float], 
         ep.rewards += [0.0] * len(reply)
 
 
-def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock, step_pool=None,
+def _run_sequence_level(envs, episodes, observations, view, sampling, seed, max_turns, clock, step_pool=None,
                         one_turn=False, first_row=0) -> None:
     for e in envs:  # a turn the engine stopped on one of its ids is a turn the model closed (chat replies)
         inner = e.unwrapped
         if hasattr(inner, "stop_token_ids"):
-            inner.stop_token_ids = set(inner.stop_token_ids) | set(optional_member(engine, "eos_ids"))
+            inner.stop_token_ids = set(inner.stop_token_ids) | set(view.eos_ids)
     live = list(range(len(envs)))
     turn = 0
     per_turn = dataclasses.replace(sampling, n=1)
     # the engine's own batches (an engine without max_batch_size takes the whole turn at once)
-    chunk = int(optional_member(engine, "max_batch_size")) or max(1, len(envs))
+    chunk = view.max_batch_size or max(1, len(envs))
     while live and turn < max_turns:
         keys_all = _row_keys(seed, first_row, len(envs), turn)
         still = []
@@ -329,10 +329,10 @@ def _run_sequence_level(envs, episodes, observations, engine, sampling, seed, ma
             rows = live[start:start + chunk]
             prompts = [observations[i]["prompt_ids"].tolist() for i in rows]
             with clock.generating():
-                groups = engine.generate(prompts, per_turn, keys=[keys_all[i] for i in rows])
-            version = optional_member(engine, "policy_version")
+                groups = view.engine.generate(prompts, per_turn, keys=[keys_all[i] for i in rows])
+            version = view.policy_version
             if one_turn and start + chunk >= len(live):
-                _generation_done(engine)  # the engine is free while these completions are verified
+                _generation_done(view)  # the engine is free while these completions are verified
             with clock.verifying():
                 _prefetch_scores(envs, rows, groups)
             if step_pool is not None:  # the turn's checks run concurrently; results are used in row order
@@ -380,10 +380,10 @@ def _token_wrapper(env: gym.Env):
     raise TypeError("a token-level env must contain llmgym.TokenLevel")
 
 
-def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_turns, clock, first_row=0) -> None:
-    if optional_member(engine, "open_session") is None and optional_member(engine, "next_token_logits") is None:
+def _run_token_level(envs, episodes, observations, view, sampling, seed, max_turns, clock, first_row=0) -> None:
+    if not view.steps_tokens:
         raise TypeError(
-            f"{type(engine).__name__} cannot drive a token-level env (it has neither open_session nor "
+            f"{type(view.engine).__name__} cannot drive a token-level env (it has neither open_session nor "
             f"next_token_logits); use HFEngine, or the sequence-level env"
         )
     if sampling.stop:
@@ -392,21 +392,21 @@ def _run_token_level(envs, episodes, observations, engine, sampling, seed, max_t
     for e in envs:  # the agent's budget and stop tokens rule, as at sequence level
         wrapper = _token_wrapper(e)
         wrapper.max_new_tokens = sampling.max_new_tokens
-        wrapper.stop_token_ids = wrapper.stop_token_ids | set(optional_member(engine, "eos_ids"))
+        wrapper.stop_token_ids = wrapper.stop_token_ids | set(view.eos_ids)
     # rows are independent (keyed sampling, one env each): a session per engine batch bounds the cache
-    chunk = max(1, int(optional_member(engine, "max_batch_size")) or len(envs))
+    chunk = max(1, view.max_batch_size or len(envs))
     for start in range(0, len(envs), chunk):
-        _run_token_rows(list(range(start, min(start + chunk, len(envs)))), envs, episodes, observations, engine,
+        _run_token_rows(list(range(start, min(start + chunk, len(envs)))), envs, episodes, observations, view,
                         sampling, seed, max_turns, clock, first_row)
 
 
-def _run_token_rows(live, envs, episodes, observations, engine, sampling, seed, max_turns, clock, first_row=0) -> None:
+def _run_token_rows(live, envs, episodes, observations, view, sampling, seed, max_turns, clock, first_row=0) -> None:
     """Step episodes ``live`` one token at a time; the model sees each context token once (a session)."""
     from llmgym.engines.session import open_decode_session
 
     with clock.generating():
-        session = open_decode_session(engine, [observations[i]["prompt_ids"] for i in live])
-    version = optional_member(engine, "policy_version")
+        session = open_decode_session(view, [observations[i]["prompt_ids"] for i in live])
+    version = view.policy_version
     with session:  # eval mode held for the whole rollout, not switched per token
         _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock, version, first_row)
 

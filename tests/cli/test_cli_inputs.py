@@ -369,3 +369,18 @@ def test_list_in_80_columns_prints_every_description_whole(monkeypatch, capsys):
     printed = capsys.readouterr().out
     for info in registered_envs("toy"):
         assert info.id in printed and info.description in printed
+
+
+def test_loading_a_run_model_sets_its_cpu_threads_and_says_how_many():
+    import torch
+
+    from llmgym.cli.resolve import load_run_model
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        model, tokenizer, threads = load_run_model("tiny", threads=1)
+        assert threads == 1 == torch.get_num_threads()
+        assert model.config.model_type == "llama" and tokenizer.pad_token_id is not None
+    finally:
+        torch.set_num_threads(before)

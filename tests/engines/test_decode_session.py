@@ -254,3 +254,42 @@ def test_a_rollout_leaves_a_training_model_in_training_mode(tiny_model, tokenize
     got, _ = collect_episodes(env, engine, **kw)
     assert tiny_model.training
     _same_episodes(got, expected)
+
+
+def test_a_rollout_reads_the_engines_optional_members_once_and_the_version_per_call(tiny_model, tokenizer):
+    from llmgym.engines.base import OPTIONAL_MEMBERS, EngineView
+
+    class Counting:
+        """An engine whose reads of optional members are counted; its version moves at every generate."""
+
+        def __init__(self, engine):
+            self.inner, self.reads, self.version = engine, {}, 0
+            self.tokenizer, self.pad_id, self.max_batch_size = engine.tokenizer, engine.pad_id, 2
+
+        def __getattribute__(self, name):
+            if name in OPTIONAL_MEMBERS:
+                reads = object.__getattribute__(self, "reads")
+                reads[name] = reads.get(name, 0) + 1
+            return object.__getattribute__(self, name)
+
+        @property
+        def policy_version(self):
+            return self.version
+
+        def generate(self, *args, **kwargs):
+            self.version += 1
+            return self.inner.generate(*args, **kwargs)
+
+        def sync_weights(self, model):
+            self.inner.sync_weights(model)
+
+    engine = Counting(HFEngine(tiny_model, tokenizer))
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    episodes, _ = collect_episodes(env, engine, num_tasks=2, group_size=2, sampling=SamplingParams(max_new_tokens=3),
+                                   seed=0)
+    assert {n: c for n, c in engine.reads.items() if n != "policy_version"} == {
+        n: 1 for n in ("eos_ids", "max_batch_size", "generation_done", "open_session", "next_token_logits")}
+    assert engine.reads["policy_version"] == 2  # once per engine batch: 4 rows, 2 at a time
+    assert [ep.policy_versions[-1] for ep in episodes] == [1, 1, 2, 2]
+    view = EngineView.of(engine)
+    assert (view.max_batch_size, view.eos_ids, view.steps_tokens) == (2, (), False)

@@ -166,6 +166,19 @@ def test_bad_textarena_specs_are_one_line_before_any_work(spec, message, capsys,
     assert not (tmp_path / "x" / "config.json").exists()
 
 
+def test_the_command_line_checks_an_adapter_spec_once_per_env_it_makes(tokenizer, monkeypatch):
+    import llmgym.interop.adapters as adapters
+    from llmgym.cli.resolve import make_run_env, require_env
+
+    checks = []
+    real = adapters.check_env_spec
+    monkeypatch.setattr(adapters, "check_env_spec", lambda spec: checks.append(spec) or real(spec))
+    env_spec = require_env("textarena:GuessTheNumber-v0")  # the checked spec: gymnasium makes the env from it
+    assert env_spec.id == "textarena:GuessTheNumber-v0" and len(checks) == 1
+    env = make_run_env("textarena:GuessTheNumber-v0", tokenizer, env_args={"max_turns": 2})
+    assert type(env.unwrapped).__name__ == "TextArenaEnv" and len(checks) == 2  # not twice (check, then make)
+
+
 def test_a_missing_adapter_package_names_the_extra(monkeypatch):
     import llmgym.interop.adapters as adapters
 
