@@ -101,6 +101,9 @@ def report_data(path: str | os.PathLike) -> dict[str, Any]:
             samples = path.with_name(path.stem + ".samples.jsonl")
             records = _read_jsonl(samples)
             tasks = summary_json["per_task"]
+            prompts = {t.get("id"): t.get("prompt") for t in tasks if isinstance(t, dict)}
+            for r in records:  # the samples file leaves the prompt to the summary
+                r.setdefault("prompt", prompts.get(r.get("task_id")))
             config = {k: v for k, v in summary_json.items() if k != "per_task"}
             keys = [k for k in summary_json if k.startswith("pass@")] + ["reward_mean", "reward_ci95", "tasks",
                                                                          "samples", "tokens_per_s", "wall_s"]
@@ -179,6 +182,7 @@ padding:.4em .6em}.rec.bad{border-left:4px solid #d9534f}.rec.good{border-left:4
 .rec .head{display:flex;gap:1.2em;flex-wrap:wrap;font-size:.92em}.rec .reward{font-weight:600}
 pre{white-space:pre-wrap;word-break:break-word;background:#fafafa;border:1px solid #eee;padding:.4em;margin:.3em 0;
 max-height:24em;overflow:auto}.label{color:#888;font-size:.85em;margin-top:.3em}
+.rec .body{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,2fr);gap:.8em}.rec details{font-size:.9em}
 """
 
 _SCRIPT = r"""
@@ -186,7 +190,7 @@ _SCRIPT = r"""
 const data = JSON.parse(document.getElementById("report-data").textContent);
 const $ = (id) => document.getElementById(id);
 function el(tag, text, cls) { const e = document.createElement(tag); if (text !== undefined && text !== null) e.textContent = String(text); if (cls) e.className = cls; return e; }
-function fmt(v) { if (v === null || v === undefined) return "—"; if (typeof v === "number") return Number.isInteger(v) ? String(v) : v.toPrecision(4); if (typeof v === "string") return v; return JSON.stringify(v); }
+function fmt(v) { if (v === null || v === undefined) return "—"; if (typeof v === "number") return Number.isInteger(v) ? String(v) : v.toPrecision(4); if (typeof v === "string") return v; if (Array.isArray(v) && v.every((x) => typeof x === "number")) return "[" + v.map(fmt).join(", ") + "]"; return JSON.stringify(v); }
 function asText(v) { return typeof v === "string" ? v : JSON.stringify(v, null, 1); }
 document.title = data.title + " · llmgym report";
 $("title").textContent = data.title;
@@ -218,15 +222,17 @@ for (const r of data.records) {
     if (r[f] !== undefined && r[f] !== null && !(f === data.group_by)) head.append(el("span", f + " " + fmt(r[f])));
   }
   card.append(head);
-  if (r.prompt !== undefined) { card.append(el("div", "prompt", "label"), el("pre", asText(r.prompt))); }
+  const body = el("div", null, "body"), left = el("div"), right = el("div");
+  if (r.prompt !== undefined) left.append(el("div", "prompt", "label"), el("pre", asText(r.prompt)));
+  if (r.answer !== undefined && r.answer !== null && r.answer !== "") left.append(el("div", "reference answer", "label"), el("pre", asText(r.answer)));
   if (r.transcript && typeof r.transcript !== "string") {
-    card.append(el("div", "turns", "label"));
-    for (const t of r.transcript) card.append(el("pre", t.role + ": " + t.text));
+    right.append(el("div", "turns", "label"));
+    for (const t of r.transcript) right.append(el("pre", t.role + ": " + t.text));
   } else {
-    card.append(el("div", "completion", "label"), el("pre", asText(r.completion)));
-    if (typeof r.transcript === "string") card.append(el("div", "transcript", "label"), el("pre", r.transcript));
+    right.append(el("div", "completion", "label"), el("pre", asText(r.completion)));
+    if (typeof r.transcript === "string") right.append(el("div", "transcript", "label"), el("pre", r.transcript));
   }
-  if (r.answer !== undefined && r.answer !== null) card.append(el("div", "answer: " + asText(r.answer), "label"));
+  body.append(left, right); card.append(body);
   if (r.reward_parts && Object.keys(r.reward_parts).length) card.append(el("div", "reward parts: " + JSON.stringify(r.reward_parts), "label"));
   if (r.info !== undefined) { const d = el("details"); d.append(el("summary", "verifier info"), el("pre", JSON.stringify(r.info, null, 1))); card.append(d); }
   groupBox.append(card);
