@@ -34,6 +34,7 @@ from llmgym.cli.resolve import build_agent_config, check_model, require_agent, r
 from llmgym.cli.run_files import RUN_FILES, check_out_dir, existing_files
 from llmgym.cli.usage import EXIT_INTERRUPTED, UsageError, invoked_as
 from llmgym.runtime.display import make_console
+from llmgym.runtime.install import install_hint
 from llmgym.cli.training import RunSpec, train_run
 from llmgym.runtime.logging import TRACKERS
 
@@ -231,7 +232,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         import importlib.util
 
         if importlib.util.find_spec(tracker) is None:
-            raise UsageError(f"--log-to {tracker}: the {tracker} package is not installed (pip install 'llmgym-rl[{tracker}]', "
+            raise UsageError(f"--log-to {tracker}: the {tracker} package is not installed ({install_hint(tracker)}, "
                              f"or pip install {tracker})")
     args.resume_dir = out  # a second Ctrl-C ends in main(), which then prints how to resume
 

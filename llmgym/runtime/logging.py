@@ -108,7 +108,7 @@ class MetricsLogger:
             then continue the run's tracker runs (their ids are kept in ``<out_dir>/trackers.json``).
         tensorboard: ``None`` = use it if importable; ``False`` = never.
         trackers: experiment trackers to mirror every row to, by module name: ``"wandb"`` and/or
-            ``"trackio"`` (``pip install 'llmgym-rl[wandb]'`` / ``[trackio]``); one that is not
+            ``"trackio"`` (the project's extras of those names); one that is not
             installed raises ``ImportError`` naming the package. The project is ``$LLMGYM_PROJECT`` or
             ``"llmgym"``; wandb keeps its files in ``<out_dir>/wandb`` unless ``$WANDB_DIR`` says otherwise,
             trackio its database in its own folder (``$TRACKIO_DIR``; view it with ``trackio show``).
@@ -262,7 +262,9 @@ class _Tracker:
         try:
             module = importlib.import_module(name)
         except ImportError:
-            raise ImportError(f"logging to {name} needs the {name} package: pip install 'llmgym-rl[{name}]' "
+            from llmgym.runtime.install import install_hint
+
+            raise ImportError(f"logging to {name} needs the {name} package: {install_hint(name)} "
                               f"(or pip install {name})") from None
         project = os.environ.get("LLMGYM_PROJECT", "llmgym")
         config = dict(run_config or {})
