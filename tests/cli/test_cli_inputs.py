@@ -112,6 +112,8 @@ def bad_inputs(model_dir: str, run_dir: Path, tmp: Path) -> list[tuple[list[str]
         # train settings
         (train + ["--out", str(tmp / "r-eval"), "--eval-every", "-1"], "--eval-every must be >= 0"),
         (train + ["--out", str(tmp / "r-eval2"), "--eval-tasks", "0"], "--eval-tasks must be >= 1"),
+        (train + ["--out", str(tmp / "r-ro"), "--rollouts-every", "-1"], "--rollouts-every must be >= 0"),
+        (train + ["--out", str(tmp / "r-ro2"), "--rollouts-per-step", "0"], "--rollouts-per-step must be >= 1"),
         (train + ["--out", str(tmp / "r-log"), "--log-to", "wandb"], "--log-to wandb: the wandb package is not installed"),
         # --engine
         (train + ["--out", str(tmp / "r-e1"), "--engine", "vlm"], "--engine 'vlm': give one of hf, vllm"),

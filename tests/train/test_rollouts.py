@@ -75,6 +75,17 @@ def test_a_run_records_sampled_episodes_and_a_resume_neither_repeats_nor_loses_o
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
 
 
+def test_a_pipelined_run_records_the_version_that_sampled_each_episode_and_its_staleness(saved_tiny_model_dir,
+                                                                                        tmp_path):
+    agent, env, _ = _objects(saved_tiny_model_dir)
+    Trainer(agent, env, tmp_path, checkpoint_every=None, max_staleness=1, rollouts_every=1, rollouts_per_step=2,
+            progress=False).run(3)
+    records = read_rollouts(tmp_path)
+    # K = 1: step 1 learns from the base model's samples; steps 2 and 3 from those of one update before
+    assert [(r["step"], r["policy_version"], r["staleness"]) for r in records] == [
+        (1, 0, 0), (1, 0, 0), (2, 0, 1), (2, 0, 1), (3, 1, 1), (3, 1, 1)]
+
+
 def test_no_rollouts_file_when_asked_and_bad_settings_are_refused(saved_tiny_model_dir, tmp_path):
     agent, env, _ = _objects(saved_tiny_model_dir)
     Trainer(agent, env, tmp_path, checkpoint_every=None, rollouts_every=0, progress=False).run(1)
