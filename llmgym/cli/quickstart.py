@@ -170,9 +170,10 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     atomic_write_text(out / "eval.json", json.dumps(report, indent=2) + "\n")
     console.print(files_table(f"run files ({wall:.0f} s in all)", {
         "metrics": out / "metrics.jsonl", "curves": result.curves, "before/after": out / "eval.json",
-        "config": out / "config.json", "checkpoint": result.checkpoint, "tensorboard": result.tensorboard_dir,
-        "earlier run": kept,
+        "config": out / "config.json", "rollouts": (out / "rollouts.jsonl") if (out / "rollouts.jsonl").is_file() else None,
+        "checkpoint": result.checkpoint, "tensorboard": result.tensorboard_dir, "earlier run": kept,
     }))
+    console.print(f"one page of it all: {invoked_as()} report {out}")
     console.print(f"next: {invoked_as()} bench --env llmgym/Copy-v0 --model {result.checkpoint} --samples 8 --max-new-tokens 6")
     if result.interrupted:
         console.print(f"[yellow]interrupted at step {result.agent.step_count}; the table shows the model so far[/]")

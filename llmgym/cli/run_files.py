@@ -65,7 +65,8 @@ def check_out_file(path: str | Path, flag: str = "--out", example: str = "result
     return out
 
 
-RUN_FILES = ("metrics.jsonl", "curves.png", "config.json", "eval.json", "checkpoints", "tensorboard")
+RUN_FILES = ("metrics.jsonl", "curves.png", "config.json", "eval.json", "checkpoints", "tensorboard", "rollouts.jsonl",
+             "report.html", "trackers.json", "wandb")
 """What a training run writes into its directory (``train``, ``quickstart``)."""
 
 

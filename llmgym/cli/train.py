@@ -34,6 +34,7 @@ from llmgym.cli.resolve import build_agent_config, check_model, require_agent, r
 from llmgym.cli.run_files import RUN_FILES, check_out_dir, existing_files
 from llmgym.cli.usage import EXIT_INTERRUPTED, UsageError, invoked_as
 from llmgym.runtime.display import make_console
+from llmgym.runtime.install import install_hint
 from llmgym.cli.training import RunSpec, train_run
 from llmgym.runtime.logging import TRACKERS
 
@@ -78,6 +79,11 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
     p.add_argument("--log-to", action="append", choices=TRACKERS, metavar="TRACKER",
                    help=f"also log every step to an experiment tracker ({', '.join(TRACKERS)}; repeatable; "
                         f"the package must be installed; project name from $LLMGYM_PROJECT)")
+    p.add_argument("--rollouts-every", type=int, metavar="N",
+                   help="write a sample of the episodes of every N steps (and of the first, the last and each "
+                        "evaluation) to rollouts.jsonl (default 10; 0 = none)")
+    p.add_argument("--rollouts-per-step", type=int, metavar="M",
+                   help="episodes of each such step in rollouts.jsonl, whole groups first (default 8)")
     p.set_defaults(handler=cmd_train)
     return p
 
@@ -131,8 +137,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                     if value is not None]
         if clashing:
             raise UsageError(f"--resume continues the run as recorded in its config.json; drop {', '.join(clashing)} "
-                             f"(only --steps, --checkpoint-every, --eval-every, --log-to, --device and --threads "
-                             f"may change)")
+                             f"(only --steps, --checkpoint-every, --eval-every, --log-to, --rollouts-every, "
+                             f"--rollouts-per-step, --device and --threads may change)")
         out = Path(args.resume)
         config_path = out / "config.json"
         if not config_path.is_file():
@@ -159,6 +165,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             spec.eval_every = args.eval_every
         if args.log_to:
             spec.log_to = list(args.log_to)
+        if args.rollouts_every is not None:
+            spec.rollouts_every = args.rollouts_every
+        if args.rollouts_per_step is not None:
+            spec.rollouts_per_step = args.rollouts_per_step
         check_engine(spec.engine, spec.engine_args, spec.model, level=spec.level,
                      lora=int(spec.agent_config.get("lora_r") or 0) > 0)  # the recorded engine must still work
         from llmgym.train import checkpoint_step
@@ -204,6 +214,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                        eval_tasks=args.eval_tasks if args.eval_tasks is not None else 32,
                        log_to=list(args.log_to or []), device=device, engine=engine, engine_args=engine_args,
                        max_staleness=max_staleness, verify_workers=verify_workers,
+                       rollouts_every=10 if args.rollouts_every is None else args.rollouts_every,
+                       rollouts_per_step=8 if args.rollouts_per_step is None else args.rollouts_per_step,
                        imports=list(args.imports or []), import_dir=os.getcwd() if args.imports else None)
     if spec.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {spec.steps}")
@@ -212,11 +224,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be >= 0 (0 = off), got {value}")
     if spec.eval_tasks < 1:
         raise UsageError(f"--eval-tasks must be >= 1, got {spec.eval_tasks}")
+    if spec.rollouts_every < 0:
+        raise UsageError(f"--rollouts-every must be >= 0 (0 = no rollouts.jsonl), got {spec.rollouts_every}")
+    if spec.rollouts_per_step < 1:
+        raise UsageError(f"--rollouts-per-step must be >= 1, got {spec.rollouts_per_step}")
     for tracker in spec.log_to:
         import importlib.util
 
         if importlib.util.find_spec(tracker) is None:
-            raise UsageError(f"--log-to {tracker}: the {tracker} package is not installed (pip install {tracker})")
+            raise UsageError(f"--log-to {tracker}: the {tracker} package is not installed ({install_hint(tracker)}, "
+                             f"or pip install {tracker})")
     args.resume_dir = out  # a second Ctrl-C ends in main(), which then prints how to resume
 
     verb = "resuming" if args.resume else "training"
@@ -257,10 +274,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         table.add_row(*cells, format_value(rows[-1].get("kl"), 4),
                       format_value(sum(r["tokens_per_s"] for r in rows) / len(rows), 0), format_value(result.wall_s, 1))
         console.print(table)
+    rollouts = out / "rollouts.jsonl"
     console.print(files_table("files", {
         "metrics": out / "metrics.jsonl", "curves": result.curves, "config": out / "config.json",
+        "rollouts": rollouts if rollouts.is_file() else None,
         "checkpoint": result.checkpoint, "tensorboard": result.tensorboard_dir,
     }))
+    console.print(f"one page of it all: {invoked_as()} report {out}")
     if result.interrupted:
         if result.checkpoint is not None:
             console.print(f"[yellow]interrupted; checkpoint saved at step {result.checkpoint_step}. Continue with: "

@@ -52,6 +52,11 @@ class RunSpec:
     eval_tasks: int = 32
     log_to: list[str] = dataclasses.field(default_factory=list)
     """Extra trackers (``"wandb"``, ``"trackio"``) mirroring ``metrics.jsonl``."""
+    rollouts_every: int = 10
+    """``rollouts.jsonl`` gets the sampled episodes of every this many steps (and of the first, the last and
+    each evaluation); 0 = no such file."""
+    rollouts_per_step: int = 8
+    """At most this many episodes of each such step (and of each evaluation)."""
     device: str | None = None
     """Where the model is loaded and trained (``"cpu"``, ``"cuda"``, ``"cuda:N"``; ``None``: CPU)."""
     engine: str = "hf"
@@ -142,6 +147,7 @@ def train_run(
         options = dict(eval_env=eval_env, eval_every=spec.eval_every,
                        eval_tasks=eval_tasks if eval_tasks is not None else spec.eval_tasks,
                        checkpoint_every=spec.checkpoint_every if checkpoints else None, trackers=spec.log_to,
+                       rollouts_every=spec.rollouts_every, rollouts_per_step=spec.rollouts_per_step,
                        max_staleness=spec.max_staleness, verify_workers=spec.verify_workers, config=spec.to_json(),
                        env_id=spec.env, console=console, progress=progress, description=description)
         if resume:

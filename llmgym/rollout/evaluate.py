@@ -39,13 +39,15 @@ def evaluate(
     *,
     seed: int = 0,
     success_reward: float = 1.0,
+    episodes_out: list | None = None,
 ) -> dict[str, float]:
     """The policy behind ``engine`` on fixed ``tasks``: ``reward_mean``, ``exact_match``, ``episodes``.
 
     Greedy decoding of 32 new tokens by default, so before/after comparisons are not sampling noise.
     With a temperature above 0, ``sampling.n`` completions are sampled per task (with ``seed``: the
     same draws every call). ``exact_match`` is the share of episodes whose total reward reached
-    ``success_reward`` (full credit). The engine's own sampling state is not touched.
+    ``success_reward`` (full credit). The engine's own sampling state is not touched. ``episodes_out``: a
+    list that receives the episodes (a run records a sample of them).
 
     Example:
         >>> import gymnasium, llmgym
@@ -64,6 +66,8 @@ def evaluate(
     group_size = sampling.n if sampling.temperature > 0 else 1
     episodes, _ = collect_episodes(env, engine, num_tasks=len(tasks), group_size=group_size, sampling=sampling,
                                    seed=seed, tasks=list(tasks))
+    if episodes_out is not None:
+        episodes_out.extend(episodes)
     rewards = [e.total_reward for e in episodes]
     return {"reward_mean": float(np.mean(rewards)),
             "exact_match": float(np.mean([r >= success_reward - 1e-9 for r in rewards])),

@@ -28,7 +28,11 @@ from typing import Any
 __all__ = [
     "TIMING_FIELDS",
     "json_safe",
+    "CURVE_PANELS",
+    "TABLE_COLUMNS",
+    "curve_panels",
     "TRACKERS",
+    "TRACKER_IDS",
     "MetricsLogger",
     "moving_average",
     "plot_comparison",
@@ -43,7 +47,7 @@ TIMING_FIELDS: tuple[str, ...] = (
     "wall_s", "tokens_per_s", "rollout_s", "generate_s", "verify_s", "time", "eval_s",
     # the pipelined learner's stage clocks and weight copies (when a copy is made depends on thread timing)
     "generate_busy_s", "generate_idle_s", "verify_busy_s", "verify_idle_s", "learn_busy_s", "learn_idle_s",
-    "weight_sync_s", "weight_snapshots",
+    "weight_sync_s", "weight_snapshots", "update_s",
 )
 """Per-step fields that measure time (or depend on thread timing), so differ between two otherwise
 identical runs; every other field of a seeded run repeats exactly on one machine."""
@@ -100,12 +104,14 @@ class MetricsLogger:
 
     Args:
         out_dir: the run directory (created if missing).
-        append: keep existing rows (resuming a run) instead of starting the file afresh.
+        append: keep existing rows (resuming a run) instead of starting the file afresh; the trackers
+            then continue the run's tracker runs (their ids are kept in ``<out_dir>/trackers.json``).
         tensorboard: ``None`` = use it if importable; ``False`` = never.
         trackers: experiment trackers to mirror every row to, by module name: ``"wandb"`` and/or
-            ``"trackio"`` (both have ``init(project=, name=, config=)``, ``log(dict, step=)`` and
-            ``finish()``). Not dependencies of llmgym: a tracker that is not installed raises
-            ``ImportError`` naming the package. The project is ``$LLMGYM_PROJECT`` or ``"llmgym"``.
+            ``"trackio"`` (the project's extras of those names); one that is not
+            installed raises ``ImportError`` naming the package. The project is ``$LLMGYM_PROJECT`` or
+            ``"llmgym"``; wandb keeps its files in ``<out_dir>/wandb`` unless ``$WANDB_DIR`` says otherwise,
+            trackio its database in its own folder (``$TRACKIO_DIR``; view it with ``trackio show``).
         run_name, run_config: the tracker run's name and config.
     """
 
@@ -115,6 +121,9 @@ class MetricsLogger:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
+        for name in trackers:
+            if name not in TRACKERS:
+                raise ValueError(f"unknown tracker {name!r}: choose from {', '.join(TRACKERS)}")
         self._file = open(self.path, "a" if append else "w", encoding="utf-8")
         self._writer = None
         if tensorboard is not False:
@@ -124,7 +133,19 @@ class MetricsLogger:
                 self._writer = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
             except Exception:  # tensorboard not installed (or broken): JSONL only
                 self._writer = None
-        self._trackers = [_start_tracker(name, run_name, run_config) for name in trackers]
+        self._trackers: list[_Tracker] = []
+        try:
+            ids_path = self.out_dir / TRACKER_IDS
+            ids = _read_tracker_ids(ids_path) if append else {}
+            for name in trackers:
+                tracker = _Tracker.start(name, run_name, run_config, ids.get(name), self.out_dir)
+                self._trackers.append(tracker)
+                ids[name] = tracker.run_id
+            if trackers:
+                _write_tracker_ids(ids_path, ids)
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def tensorboard_dir(self) -> Path | None:
@@ -146,18 +167,34 @@ class MetricsLogger:
             numbers = {k: v for k, v in clean.items()
                        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
             for tracker in self._trackers:
-                tracker.log(numbers, step=step)
+                tracker.log(numbers, step)
+
+    def log_table(self, key: str, records: Sequence[Mapping[str, Any]], step: int) -> None:
+        """Sampled episodes (``rollouts.jsonl`` records) to each tracker as its table type (``wandb.Table``,
+        ``trackio.Table``) and to TensorBoard as text, under ``key`` at ``step``."""
+        if not records:
+            return
+        rows = [[_table_cell(r.get(c)) for c in TABLE_COLUMNS] for r in records]
+        for tracker in self._trackers:
+            tracker.table(key, list(TABLE_COLUMNS), rows, step)
+        if self._writer is not None:
+            self._writer.add_text(key, _markdown_table(list(TABLE_COLUMNS), rows), step)
+
+    @property
+    def tracker_runs(self) -> dict[str, str]:
+        """Each tracker's run id (wandb) or name (trackio), as kept in ``trackers.json``."""
+        return {t.name: t.run_id for t in self._trackers}
 
     def close(self) -> None:
-        """Close the JSONL file and the TensorBoard writer."""
+        """Close the JSONL file and the TensorBoard writer; finish the tracker runs."""
         if not self._file.closed:
             self._file.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        for tracker in self._trackers:
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
             tracker.finish()
-        self._trackers = []
 
     def __enter__(self) -> MetricsLogger:
         return self
@@ -167,21 +204,88 @@ class MetricsLogger:
 
 
 TRACKERS: tuple[str, ...] = ("wandb", "trackio")
-"""Experiment trackers :class:`MetricsLogger` can mirror rows to (optional; never installed by llmgym)."""
+"""Experiment trackers :class:`MetricsLogger` can mirror rows to (the extras ``llmgym-rl[wandb]``, ``[trackio]``)."""
+
+TRACKER_IDS = "trackers.json"
+"""The run folder's record of its tracker runs (``{"wandb": id, "trackio": name}``): ``--resume`` continues them."""
+
+TABLE_COLUMNS: tuple[str, ...] = ("step", "split", "group", "task_id", "prompt", "completion", "reward",
+                                  "advantage", "staleness", "finish_reason", "info")
+"""The columns of the sampled-episodes table a tracker gets (fields of a ``rollouts.jsonl`` record)."""
 
 
-def _start_tracker(name: str, run_name: str | None, run_config: Mapping[str, Any] | None):
-    """Import tracker ``name`` and start a run; return the module (its ``log``/``finish`` act on that run)."""
-    import importlib
+def _table_cell(value: Any) -> Any:
+    """A table cell: numbers and strings as they are, anything else (chat messages, info) as JSON text."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    return json.dumps(value, ensure_ascii=False)
 
-    if name not in TRACKERS:
-        raise ValueError(f"unknown tracker {name!r}: choose from {', '.join(TRACKERS)}")
+
+def _markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table for TensorBoard's text tab (cells escaped, one line each)."""
+    def cell(v: Any) -> str:
+        text = "" if v is None else str(v)
+        return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ⏎ ")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _read_tracker_ids(path: Path) -> dict[str, str]:
     try:
-        module = importlib.import_module(name)
-    except ImportError:
-        raise ImportError(f"logging to {name} needs the {name} package: pip install {name}") from None
-    module.init(project=os.environ.get("LLMGYM_PROJECT", "llmgym"), name=run_name, config=dict(run_config or {}))
-    return module
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if k in TRACKERS and isinstance(v, str)} if isinstance(data, dict) else {}
+
+
+def _write_tracker_ids(path: Path, ids: Mapping[str, str]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(dict(ids), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class _Tracker:
+    """One tracker's run: ``log`` numbers, ``table`` rows, ``finish``; ``run_id`` continues it later."""
+
+    def __init__(self, name: str, module: Any, run_id: str):
+        self.name, self.module, self.run_id = name, module, run_id
+
+    @classmethod
+    def start(cls, name: str, run_name: str | None, run_config: Mapping[str, Any] | None, run_id: str | None,
+              out_dir: Path) -> _Tracker:
+        """Import tracker ``name`` and start its run (``run_id``: continue that one)."""
+        import importlib
+        import uuid
+
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            from llmgym.runtime.install import install_hint
+
+            raise ImportError(f"logging to {name} needs the {name} package: {install_hint(name)} "
+                              f"(or pip install {name})") from None
+        project = os.environ.get("LLMGYM_PROJECT", "llmgym")
+        config = dict(run_config or {})
+        if name == "wandb":
+            options: dict[str, Any] = {} if os.environ.get("WANDB_DIR") else {"dir": str(out_dir)}
+            run = module.init(project=project, name=run_name, config=config, id=run_id or uuid.uuid4().hex[:12],
+                              resume="allow" if run_id else "never", **options)
+            return cls(name, module, str(run.id))
+        # trackio names its runs: a new run gets a name of its own, so it never continues another's
+        name_ = run_id or f"{run_name or 'run'}-{uuid.uuid4().hex[:6]}"
+        module.init(project=project, name=name_, config=config, resume="must" if run_id else "never")
+        return cls(name, module, name_)
+
+    def log(self, numbers: Mapping[str, float], step: int) -> None:
+        self.module.log(dict(numbers), step=step)
+
+    def table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        self.module.log({key: self.module.Table(columns=columns, data=rows)}, step=step)
+
+    def finish(self) -> None:
+        self.module.finish()
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -260,16 +364,53 @@ def _pyplot():
     return plt
 
 
+def _series(rows: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    return [_float(r.get(key)) for r in rows]
+
+
+def _has(values: Sequence[float]) -> bool:
+    return any(math.isfinite(v) for v in values)
+
+
+CURVE_PANELS: tuple[str, ...] = ("reward", "kl", "entropy", "length", "clip", "zero_var", "importance",
+                                 "staleness", "speed", "time")
+"""The panels :func:`plot_curves` draws, in order, each where the run logged its fields: reward (train and
+held-out), KL to the reference, policy entropy, completion length (mean, max), clip fraction, the share of
+groups with zero reward variance, importance weights and staleness (off-policy runs), tokens/s and the
+time split of a step (generation, verification, update)."""
+
+
+def curve_panels(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The panels of :data:`CURVE_PANELS` that ``rows`` have data for (reward always).
+
+    Example:
+        >>> from llmgym.runtime.logging import curve_panels
+        >>> curve_panels([{"step": 1, "reward_mean": 0.5, "entropy": 2.0, "tokens_per_s": 90.0}])
+        ['reward', 'entropy', 'speed']
+    """
+    fields = {"kl": ["kl"], "entropy": ["entropy"], "length": ["completion_len", "completion_len_max"],
+              "clip": ["clip_frac"], "zero_var": ["zero_var_groups"],
+              "importance": ["is_weight_mean", "is_weight_min", "is_weight_max"],
+              "staleness": ["staleness_mean", "staleness_max"], "speed": ["tokens_per_s"],
+              "time": ["generate_s", "verify_s", "update_s"]}
+    return ["reward"] + [p for p in CURVE_PANELS[1:] if any(_has(_series(rows, k)) for k in fields[p])]
+
+
 def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, title: str = "",
                 reward_range: tuple[float, float] | None = None) -> Path:
-    """Save reward (mean, a moving average, a spread band, held-out evaluations) and KL over steps as one PNG.
+    """Save the curves that explain a run as one PNG: one panel per quantity the run logged (:func:`curve_panels`).
 
-    The band is the batch's ± std, clipped to ``reward_range`` when the reward's bounds are known
-    (a 0/1 reward with mean 0.8 has std 0.4, and mean + std would draw an impossible 1.2). Without
-    known bounds the band is the standard error of the batch mean (std / √n, with n the step's
-    sampled completions), which is what a reader of the mean's line needs, and the legend says so.
-    Rows with ``eval_reward`` (``--eval-every``) are drawn as points. Without a KL term (``kl_coef =
-    0``) the lower panel says so and shows the policy entropy instead.
+    Reward: the batch mean, a moving average, a spread band and held-out evaluations. The band is the
+    batch's ± std, clipped to ``reward_range`` when the reward's bounds are known (a 0/1 reward with
+    mean 0.8 has std 0.4, and mean + std would draw an impossible 1.2). Without known bounds the band
+    is the standard error of the batch mean (std / √n, with n the step's sampled completions), which
+    is what a reader of the mean's line needs, and the legend says so. Rows with ``eval_reward``
+    (``--eval-every``) are drawn as points. Then, where logged: KL to the reference (a run without a
+    KL term, ``kl_coef = 0``, says so in the entropy panel), policy entropy, completion length (mean
+    and max), clip fraction, the share of groups whose rewards were all equal (no signal for a
+    group-relative advantage), importance weights (mean, min, max) and staleness (mean, max) of an
+    off-policy run, sampling tokens/s, and each step's time split between generation, verification
+    and the update.
 
     Example:
         >>> import tempfile
@@ -286,36 +427,81 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, titl
     plt = _pyplot()
     path = Path(path)
     steps = [int(r["step"]) for r in rows]
-    reward = np.array([_float(r.get("reward_mean")) for r in rows])
-    kl = [_float(r.get("kl")) for r in rows]
-    fig, (ax_r, ax_kl) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    ax_r.plot(steps, reward, color="tab:blue", alpha=0.35, label="reward (batch mean)")
-    low, high, band = reward_band(rows, reward_range)
-    ax_r.fill_between(steps, low, high, color="tab:blue", alpha=0.12, label=band)
-    ax_r.plot(steps, moving_average(list(reward), max(1, len(steps) // 20)), color="tab:blue", label="moving average")
-    evals = [(int(r["step"]), _float(r.get("eval_reward"))) for r in rows if r.get("eval_reward") is not None]
-    evals = [(s, v) for s, v in evals if math.isfinite(v)]
-    if evals:
-        ax_r.plot(*zip(*evals), "o-", color="tab:green", markersize=4, label="held-out reward (greedy)")
-    ax_r.set_ylabel("reward")
-    ax_r.legend(loc="lower right", fontsize=8)
-    ax_r.grid(alpha=0.3)
-    if any(math.isfinite(v) for v in kl):
-        ax_kl.plot(steps, kl, color="tab:red")
-        ax_kl.set_ylabel("KL to reference")
-    else:
-        entropy = [_float(r.get("entropy")) for r in rows]
-        if any(math.isfinite(v) for v in entropy):
-            ax_kl.plot(steps, entropy, color="tab:purple")
-            ax_kl.set_ylabel("policy entropy (nats/token)")
-        ax_kl.set_title("no KL to a reference (kl_coef = 0): policy entropy shown", fontsize=9)
-    ax_kl.set_xlabel("step")
-    ax_kl.grid(alpha=0.3)
-    if title:
-        ax_r.set_title(title)
+    panels = curve_panels(rows)
+    cols = 1 if len(panels) <= 2 else 3 if len(panels) > 4 else 2
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols if cols > 1 else 7, 3 * nrows + 0.4),
+                             sharex=True, squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[len(panels):]:
+        ax.set_visible(False)
+    no_kl = not _has(_series(rows, "kl"))
+
+    def line(ax, key, label, **kw):
+        values = _series(rows, key)
+        if _has(values):
+            ax.plot(steps, values, label=label, **kw)
+
+    for ax, panel in zip(flat, panels):
+        ax.grid(alpha=0.3)
+        if panel == "reward":
+            reward = np.array(_series(rows, "reward_mean"))
+            ax.plot(steps, reward, color="tab:blue", alpha=0.35, label="reward (batch mean)")
+            low, high, band = reward_band(rows, reward_range)
+            ax.fill_between(steps, low, high, color="tab:blue", alpha=0.12, label=band)
+            ax.plot(steps, moving_average(list(reward), max(1, len(steps) // 20)), color="tab:blue",
+                    label="moving average")
+            evals = [(int(r["step"]), _float(r.get("eval_reward"))) for r in rows if r.get("eval_reward") is not None]
+            evals = [(s, v) for s, v in evals if math.isfinite(v)]
+            if evals:
+                ax.plot(*zip(*evals), "o-", color="tab:green", markersize=4, label="held-out reward (greedy)")
+            ax.set_ylabel("reward")
+            ax.set_title(title or "reward", fontsize=9)
+        elif panel == "kl":
+            line(ax, "kl", "KL", color="tab:red")
+            ax.set_ylabel("KL to reference")
+        elif panel == "entropy":
+            line(ax, "entropy", "entropy", color="tab:purple")
+            ax.set_ylabel("policy entropy (nats/token)")
+            if no_kl:
+                ax.set_title("no KL to a reference (kl_coef = 0): policy entropy shown", fontsize=8)
+        elif panel == "length":
+            line(ax, "completion_len", "mean", color="tab:orange")
+            line(ax, "completion_len_max", "max", color="tab:orange", linestyle="--")
+            ax.set_ylabel("completion tokens")
+        elif panel == "clip":
+            line(ax, "clip_frac", "clip fraction", color="tab:brown")
+            ax.set_ylabel("clip fraction")
+        elif panel == "zero_var":
+            line(ax, "zero_var_groups", "groups with equal rewards", color="tab:gray")
+            ax.set_ylabel("zero-variance groups")
+            ax.set_ylim(-0.05, 1.05)
+        elif panel == "importance":
+            line(ax, "is_weight_mean", "mean", color="tab:cyan")
+            line(ax, "is_weight_min", "min", color="tab:cyan", linestyle=":")
+            line(ax, "is_weight_max", "max", color="tab:cyan", linestyle="--")
+            ax.set_ylabel("importance weight")
+        elif panel == "staleness":
+            line(ax, "staleness_mean", "mean", color="tab:olive")
+            line(ax, "staleness_max", "max", color="tab:olive", linestyle="--")
+            ax.set_ylabel("staleness (updates)")
+        elif panel == "speed":
+            line(ax, "tokens_per_s", "tokens/s", color="tab:green")
+            ax.set_ylabel("sampled tokens/s")
+        elif panel == "time":
+            parts = [(k, label) for k, label in (("generate_s", "generation"), ("verify_s", "verification"),
+                                                 ("update_s", "update")) if _has(_series(rows, k))]
+            ax.stackplot(steps, *[np.nan_to_num(_series(rows, k)) for k, _ in parts], labels=[lb for _, lb in parts],
+                         alpha=0.7)
+            ax.set_ylabel("seconds per step")
+        if panel == "reward" or len(ax.get_legend_handles_labels()[0]) > 1:
+            ax.legend(loc="lower right" if panel == "reward" else "best", fontsize=7)
+    for ax in flat[max(0, len(panels) - cols):len(panels)]:
+        ax.set_xlabel("step")
+        ax.xaxis.set_tick_params(labelbottom=True)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
 

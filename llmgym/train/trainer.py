@@ -32,9 +32,18 @@ from typing import Any
 
 from llmgym.errors import LLMGymError
 from llmgym.runtime.display import format_value, make_console, make_progress
+from llmgym.train.rollouts import (
+    ROLLOUTS_EVERY,
+    ROLLOUTS_FILE,
+    ROLLOUTS_PER_STEP,
+    RolloutLog,
+    episode_records,
+    sample_episodes,
+    truncate_rollouts,
+)
 
 __all__ = ["EVAL_SEED", "RolloutsLost", "RunExistsError", "StopOnSignals", "TrainResult", "Trainer",
-           "reward_progress", "samples_per_step"]
+           "batch_metrics", "reward_progress", "samples_per_step", "step_records"]
 
 EVAL_SEED = 1_000_003
 """Seed of the evaluation tasks of ``eval_every`` (a stream apart from the training draws' seeds)."""
@@ -235,6 +244,57 @@ def samples_per_step(config) -> int:
     return int(config.tasks_per_step) * int(config.group_size)
 
 
+def batch_metrics(batch, row: dict[str, Any]) -> dict[str, float]:
+    """What a step's row gains from its batch: ``completion_len_max`` (sampled tokens of the longest episode),
+    ``zero_var_groups`` (the share of the batch's groups whose rewards are all equal: no learning signal for a
+    group-relative advantage) and ``update_s`` (the update's time: the pipelined learner's busy time, else the
+    step's time less the rollout's).
+
+    Example:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> from llmgym.train.trainer import batch_metrics
+        >>> batch = SimpleNamespace(rewards=torch.tensor([1.0, 1.0, 0.0, 1.0]), groups=torch.tensor([0, 0, 1, 1]),
+        ...                         lengths=torch.tensor([3, 5, 2, 4]))
+        >>> batch_metrics(batch, {"wall_s": 1.0, "rollout_s": 0.25})
+        {'completion_len_max': 5.0, 'zero_var_groups': 0.5, 'update_s': 0.75}
+    """
+    out: dict[str, float] = {}
+    lengths = getattr(batch, "lengths", None)
+    if lengths is not None and len(lengths):
+        out["completion_len_max"] = float(lengths.max())
+    rewards, groups = getattr(batch, "rewards", None), getattr(batch, "groups", None)
+    if rewards is not None and groups is not None and len(groups):
+        per_group: dict[int, set[float]] = {}
+        for g, r in zip(groups.tolist(), rewards.tolist()):
+            per_group.setdefault(int(g), set()).add(round(float(r), 12))
+        out["zero_var_groups"] = sum(len(v) == 1 for v in per_group.values()) / len(per_group)
+    if "learn_busy_s" in row:
+        out["update_s"] = float(row["learn_busy_s"])
+    elif "wall_s" in row and "rollout_s" in row:
+        out["update_s"] = max(0.0, float(row["wall_s"]) - float(row["rollout_s"]))
+    return out
+
+
+def step_records(batch, tokenizer, step: int, per_step: int, *, on_policy: bool) -> list[dict[str, Any]]:
+    """``rollouts.jsonl`` records of up to ``per_step`` of ``batch``'s episodes (whole groups first), with
+    each episode's advantage (its mean over the sampled tokens) where the agent computed one.
+    ``on_policy``: the synchronous loop, whose engine samples with the weights of the step before (version
+    ``step - 1``) when it reports no version itself."""
+    episodes = list(getattr(batch, "episodes", []) or [])
+    advantages = None
+    adv = getattr(batch, "advantages", None)
+    if adv is not None and len(adv) == len(episodes):
+        adv = adv.detach().float().cpu()
+        if adv.dim() == 2:
+            mask = batch.action_mask.detach().float().cpu()
+            adv = (adv * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        advantages = adv.tolist()
+    return episode_records(episodes, tokenizer, step=step, advantages=advantages, current_version=step - 1,
+                           sampled_by=step - 1 if on_policy else None,
+                           indices=sample_episodes(episodes, per_step))
+
+
 def _env_id(env) -> str:
     spec = getattr(env, "spec", None) or getattr(getattr(env, "unwrapped", env), "spec", None)
     return getattr(spec, "id", None) or type(getattr(env, "unwrapped", env)).__name__
@@ -272,7 +332,11 @@ class Trainer:
             of its own, so the training env's task stream is not touched.
         checkpoint_every: ``checkpoints/step-N`` every this many steps, and ``checkpoints/last`` then,
             at the end and on an interrupt; ``0``: only ``last``; ``None``: no checkpoints at all.
-        trackers: experiment trackers mirroring ``metrics.jsonl`` (``"wandb"``, ``"trackio"``).
+        trackers: experiment trackers mirroring ``metrics.jsonl`` (``"wandb"``, ``"trackio"``); a resumed run
+            continues their runs, and the sampled episodes go to them as tables.
+        rollouts_every, rollouts_per_step: ``rollouts.jsonl`` gets up to ``rollouts_per_step`` episodes of
+            every ``rollouts_every``-th step, of the first and the last, and of every evaluation
+            (:mod:`llmgym.train.rollouts`); ``rollouts_every=0``: no such file.
         max_staleness, verify_workers: the pipelined learner (``agent.learn``'s options); ``None``: the
             synchronous loop.
         config: what ``config.json`` records (and the trackers get); default: agent, env, the agent's
@@ -308,7 +372,8 @@ class Trainer:
 
     def __init__(self, agent, env, out_dir: str | os.PathLike, *, eval_env=None, eval_every: int = 0,
                  eval_tasks: int | Sequence[Any] = 32, checkpoint_every: int | None = 50,
-                 trackers: Sequence[str] = (), max_staleness: int | None = None, verify_workers: int | None = None,
+                 trackers: Sequence[str] = (), rollouts_every: int = ROLLOUTS_EVERY,
+                 rollouts_per_step: int = ROLLOUTS_PER_STEP, max_staleness: int | None = None, verify_workers: int | None = None,
                  config: dict[str, Any] | None = None, env_id: str | None = None,
                  callback: Callable[[dict[str, Any]], Any] | None = None,
                  console=None, progress=None, description: str | None = None,
@@ -333,8 +398,12 @@ class Trainer:
                     raise ValueError(f"eval_tasks must be >= 1, got {eval_tasks}")
                 eval_tasks, _ = distinct_tasks(eval_env, eval_tasks, seed=EVAL_SEED)
             self.eval_tasks = list(eval_tasks)
+        if rollouts_every < 0 or rollouts_per_step < 1:
+            raise ValueError(f"rollouts_every must be >= 0 (0 = none) and rollouts_per_step >= 1, got "
+                             f"{rollouts_every} and {rollouts_per_step}")
         self.checkpoint_every = checkpoint_every
         self.trackers = list(trackers)
+        self.rollouts_every, self.rollouts_per_step = rollouts_every, rollouts_per_step
         self.max_staleness, self.verify_workers = max_staleness, verify_workers
         self.env_id = env_id or _env_id(env)
         self.config = config if config is not None else self._default_config()
@@ -360,6 +429,7 @@ class Trainer:
                 "agent_config": dataclasses.asdict(agent_config) if dataclasses.is_dataclass(agent_config) else {},
                 "checkpoint_every": self.checkpoint_every, "eval_every": self.eval_every,
                 "eval_tasks": len(self.eval_tasks or []), "trackers": self.trackers,
+                "rollouts_every": self.rollouts_every, "rollouts_per_step": self.rollouts_per_step,
                 "max_staleness": self.max_staleness, "verify_workers": self.verify_workers}
 
     @property
@@ -373,7 +443,7 @@ class Trainer:
 
         ``agent`` and ``env`` are built as the run's were (same class, config and model: a KL reference
         stays the base model); the checkpoint's weights, optimiser, counters and RNG are loaded into
-        ``agent``, and ``metrics.jsonl`` loses any row after the checkpoint's step. ``options`` are the
+        ``agent``, and ``metrics.jsonl`` and ``rollouts.jsonl`` lose any row after the checkpoint's step. ``options`` are the
         constructor's (give the same ``max_staleness``; the rest may change). Then :meth:`run` with the
         total number of steps logs what an uninterrupted run would have.
 
@@ -394,6 +464,7 @@ class Trainer:
             trainer._pipeline_state = load_pipeline_state(last)
         metrics = trainer.out_dir / "metrics.jsonl"
         trainer.rows = truncate_metrics(metrics, agent.step_count) if metrics.is_file() else []
+        truncate_rollouts(trainer.out_dir / ROLLOUTS_FILE, agent.step_count)
         trainer.checkpoint, trainer.checkpoint_step = last, agent.step_count
         trainer._continuing = True
         return trainer
@@ -429,7 +500,16 @@ class Trainer:
         _write_json(out / "config.json", self.config)
         logger = MetricsLogger(out, append=self._continuing, trackers=self.trackers,
                                run_name=f"{getattr(agent, 'name', 'agent')}-{self.env_id}", run_config=self.config)
+        try:
+            samples = RolloutLog(out, every=self.rollouts_every, per_step=self.rollouts_per_step,
+                                 append=self._continuing)
+        except BaseException:
+            logger.close()
+            raise
         self._continuing = True
+        batches: list[Any] = []  # the step's batch, from the agent's batch_observer to on_step
+        observer_before = getattr(agent, "batch_observer", None)
+        agent.batch_observer = batches.append
         rows = self.rows
         remaining = max(0, steps - agent.step_count)
         progress = self.progress
@@ -467,15 +547,31 @@ class Trainer:
                 tokens_total += sampled * float(row.get("completion_len", 0.0) or 0.0)
                 row = {**row, "samples_total": samples_total, "tokens_total": tokens_total}
                 step = int(row["step"])
+                batch = batches.pop() if batches else None
+                batches.clear()
+                records: list[dict[str, Any]] = []
+                if batch is not None:
+                    row.update(batch_metrics(batch, row))
+                    if samples.wants(step, steps):
+                        records += step_records(batch, agent.tokenizer, step, samples.per_step,
+                                                on_policy=self.max_staleness is None)
+                del batch
                 if self.eval_tasks is not None and (step % self.eval_every == 0 or step == steps):
                     from llmgym.engines import HFEngine, SamplingParams
                     from llmgym.rollout import evaluate
 
                     greedy = SamplingParams(temperature=0.0, max_new_tokens=agent.config.max_new_tokens)
+                    evaluated: list[Any] = []
                     result = evaluate(self.eval_env, HFEngine(agent.model, agent.tokenizer), self.eval_tasks, greedy,
-                                      seed=EVAL_SEED)
+                                      seed=EVAL_SEED, episodes_out=evaluated)
                     row["eval_reward"], row["eval_exact_match"] = result["reward_mean"], result["exact_match"]
+                    if samples.every > 0:
+                        records += episode_records(evaluated, agent.tokenizer, step=step, split="eval",
+                                                   current_version=step, sampled_by=step, indices=range(min(samples.per_step, len(evaluated))))
                 rows.append(row)
+                if records:
+                    samples.write(records)
+                    logger.log_table("rollouts", records, step)
                 logger.log(row)
                 completed_step = step
                 at_step_boundary = True
@@ -518,6 +614,8 @@ class Trainer:
             finally:
                 if own_progress:
                     progress.stop()
+                agent.batch_observer = observer_before
+                samples.close()
                 logger.close()
             if checkpoints and consistent:  # a pipelined run stopped between drain points keeps its batches ahead
                 self.checkpoint = save_checkpoint(agent, agent.tokenizer, self.checkpoint_dir / "last",

@@ -303,6 +303,13 @@ def test_quickstart_quick_improves_held_out_reward(tmp_path, capsys):
     assert (out / "checkpoints" / "last" / "agent.pt").is_file()
     printed = capsys.readouterr().out
     assert "before" in printed and "after" in printed and "exact match" in printed
+    # what a reader opens: sampled episodes of the first and last steps, the curves' panels, one page
+    from llmgym.runtime.logging import curve_panels
+    from llmgym.train.rollouts import read_rollouts
+
+    steps = {r["step"] for r in read_rollouts(out)}
+    assert {1, len(rows)} <= steps and {"reward", "length", "zero_var", "time"} <= set(curve_panels(rows))
+    assert main(["report", str(out)]) == 0 and (out / "report.html").is_file()
 
 
 def spread(seed: int):

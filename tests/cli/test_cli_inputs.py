@@ -112,7 +112,9 @@ def bad_inputs(model_dir: str, run_dir: Path, tmp: Path) -> list[tuple[list[str]
         # train settings
         (train + ["--out", str(tmp / "r-eval"), "--eval-every", "-1"], "--eval-every must be >= 0"),
         (train + ["--out", str(tmp / "r-eval2"), "--eval-tasks", "0"], "--eval-tasks must be >= 1"),
-        (train + ["--out", str(tmp / "r-log"), "--log-to", "wandb"], "pip install wandb"),
+        (train + ["--out", str(tmp / "r-ro"), "--rollouts-every", "-1"], "--rollouts-every must be >= 0"),
+        (train + ["--out", str(tmp / "r-ro2"), "--rollouts-per-step", "0"], "--rollouts-per-step must be >= 1"),
+        (train + ["--out", str(tmp / "r-log"), "--log-to", "wandb"], "--log-to wandb: the wandb package is not installed"),
         # --engine
         (train + ["--out", str(tmp / "r-e1"), "--engine", "vlm"], "--engine 'vlm': give one of hf, vllm"),
         (bench + ["--tasks", "2", "--engine", "hf", "--engine-arg", "dtype=bfloat16"], "--engine-arg is for --engine vllm"),
@@ -174,8 +176,7 @@ def test_every_bad_input_is_one_line_exit_2_and_no_traceback(model_dir, run_dir,
     import importlib.util
 
     monkeypatch.chdir(tmp_path)  # --import finds modules in the current directory
-    if importlib.util.find_spec("wandb") is not None:
-        pytest.skip("wandb is installed here: the --log-to wandb case would start a run")
+    monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # as if not installed (the test extra has it)
     for argv, phrase in bad_inputs(model_dir, run_dir, tmp_path):
         line = usage_error(capsys, argv)
         assert phrase in line, (argv, line)
@@ -324,24 +325,25 @@ def test_checkpoints_hold_the_weights_once_and_load_weights_only(run_dir):
     assert state["step_count"] == 4
 
 
-def test_log_to_a_tracker_mirrors_every_row(model_dir, tmp_path, monkeypatch):
-    """A stand-in ``wandb`` module (the real one is not a dependency) receives init, every row, finish."""
-    (tmp_path / "wandb.py").write_text(
-        "calls = []\n"
-        "def init(project=None, name=None, config=None):\n    calls.append(('init', project, name))\n"
-        "def log(data, step=None):\n    calls.append(('log', step, dict(data)))\n"
-        "def finish():\n    calls.append(('finish',))\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+def test_log_to_wandb_mirrors_every_row_and_resume_continues_the_same_wandb_run(model_dir, tmp_path, monkeypatch):
+    """The real wandb, offline: ``--resume`` continues the run's wandb run (its id in trackers.json)."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     monkeypatch.setenv("LLMGYM_PROJECT", "my-project")
     out = tmp_path / "run"
     assert main(["train", "--env", ENV, "--agent", "grpo", "--model", model_dir, "--steps", "2", "--out", str(out),
-                 *SMALL, "--log-to", "wandb"]) == 0
-    import wandb
-
-    assert wandb.calls[0] == ("init", "my-project", f"grpo-{ENV}") and wandb.calls[-1] == ("finish",)
-    logged = [c for c in wandb.calls if c[0] == "log"]
-    assert [c[1] for c in logged] == [1, 2] and all("reward_mean" in c[2] for c in logged)
-    monkeypatch.delitem(__import__("sys").modules, "wandb")
+                 *SMALL, "--checkpoint-every", "1", "--log-to", "wandb", "--rollouts-every", "1"]) == 0
+    run_id = json.loads((out / "trackers.json").read_text())["wandb"]
+    assert main(["train", "--resume", str(out), "--steps", "3"]) == 0
+    assert json.loads((out / "trackers.json").read_text()) == {"wandb": run_id}
+    runs = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
+    tables = [json.loads(p.read_text()) for r in runs for p in (r / "files" / "media" / "table").glob("*.json")]
+    steps = sorted({row[t["columns"].index("step")] for t in tables for row in t["data"]})
+    assert steps == [1, 2, 3]  # the sampled episodes of each step, as wandb tables, in one wandb run
 
 
 def test_a_second_ctrl_c_after_training_prints_the_resume_hint(model_dir, tmp_path, monkeypatch, capsys):

@@ -51,9 +51,11 @@ def straight(saved_tiny_model_dir, tmp_path_factory) -> dict[str | None, list[di
     for staleness in (None, 2):
         agent, env = _objects(saved_tiny_model_dir)
         out = tmp_path_factory.mktemp("straight")
-        result = Trainer(agent, env, out, checkpoint_every=100, max_staleness=staleness, progress=False).run(STEPS)
+        result = Trainer(agent, env, out, checkpoint_every=100, max_staleness=staleness, rollouts_every=2,
+                         progress=False).run(STEPS)
         assert not result.interrupted and [r["step"] for r in result.rows] == list(range(1, STEPS + 1))
         runs[staleness] = result.rows
+        runs["rollouts", staleness] = (out / "rollouts.jsonl").read_text()
     assert len({r["reward_mean"] for r in runs[None]}) > 2  # rewards vary: the weights move
     return runs
 
@@ -76,7 +78,7 @@ def test_an_interrupted_python_run_resumes_exactly(how, staleness, straight, sav
     previous = signal.getsignal(signal.SIGINT)
     agent, env = _objects(saved_tiny_model_dir)
     trainer = Trainer(agent, env, tmp_path, checkpoint_every=100, max_staleness=staleness, progress=False,
-                      callback=_stop_at_step_2(how))
+                      rollouts_every=2, callback=_stop_at_step_2(how))
     result = trainer.run(STEPS)
     assert signal.getsignal(signal.SIGINT) is previous  # the run's handler is gone with the run
     assert result.interrupted and result.checkpoint_step == 2 and agent.step_count == 2
@@ -89,11 +91,13 @@ def test_an_interrupted_python_run_resumes_exactly(how, staleness, straight, sav
     else:  # from disk: a new process would rebuild the objects just so
         agent, env = _objects(saved_tiny_model_dir)
         resumed = Trainer.resume(tmp_path, agent, env, checkpoint_every=100, max_staleness=staleness,
-                                 progress=False).run(STEPS)
+                                 rollouts_every=2, progress=False).run(STEPS)
     assert not resumed.interrupted and resumed.checkpoint_step == STEPS
     assert _without_timing(resumed.rows) == _without_timing(straight[staleness])
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == STEPS and (tmp_path / "curves.png").is_file() and (tmp_path / "config.json").is_file()
+    # the sampled episodes too: steps 1, 2, 4 and 5, each once, as the uninterrupted run wrote them
+    assert (tmp_path / "rollouts.jsonl").read_text() == straight["rollouts", staleness]
 
 
 def test_a_new_run_refuses_a_directory_that_holds_one_and_resume_needs_a_checkpoint(saved_tiny_model_dir, tmp_path):
