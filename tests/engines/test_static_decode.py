@@ -122,3 +122,26 @@ def test_compiled_step_gives_the_eager_tokens():
     other = SamplingParams(n=2, max_new_tokens=8, seed=4)
     assert _same(engine.generate(_prompts(tok), other), HFEngine(model, tok).generate(_prompts(tok), other))
     assert counters["stats"]["unique_graphs"] > 0, "nothing was compiled: the test compared eager with eager"
+
+
+@pytest.mark.parametrize("decode", ["eager", "static"])
+def test_a_prompt_shared_by_a_group_is_prefilled_once_with_the_same_tokens(model_and_tok, decode, monkeypatch):
+    # n samples of a prompt are n rows with the same ids: the prefill runs on the distinct prompts and
+    # copies their KV cache, and the samples are those of a prefill over every row
+    model, tok = model_and_tok
+    params = SamplingParams(n=4, max_new_tokens=10, seed=2)
+    prompts = _prompts(tok) + [_prompts(tok)[0]]  # a prompt given twice shares too
+    widths = []
+    hook = model.register_forward_pre_hook(lambda mod, args, kw: widths.append(kw["input_ids"].shape),
+                                           with_kwargs=True)
+    try:
+        shared = HFEngine(model, tok, decode=decode).generate(prompts, params)
+        prefill = widths[0]
+        monkeypatch.setattr("llmgym.engines.hf.shared_rows", lambda rows: None)
+        every = HFEngine(model, tok, decode=decode).generate(prompts, params)
+    finally:
+        hook.remove()
+    assert prefill[0] == 3 and widths[-1][0] == 16  # 3 distinct prompts prefilled, 16 rows decoded
+    assert _same(shared, every)
+    gap = max(abs(x - y) for g, h in zip(shared, every) for a, b in zip(g, h) for x, y in zip(a.logprobs, b.logprobs))
+    assert gap < 1e-5
