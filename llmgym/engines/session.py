@@ -55,6 +55,8 @@ def weights_version(model: torch.nn.Module | Sequence[torch.nn.Parameter]) -> in
 
 
 def _as_ids(context: Any) -> list[int]:
+    if type(context) is list and all(type(t) is int for t in context):  # the per-token case: already ids
+        return list(context)
     if isinstance(context, np.ndarray):
         return context.astype(np.int64, copy=False).tolist()
     if isinstance(context, torch.Tensor):
