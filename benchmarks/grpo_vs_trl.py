@@ -35,6 +35,9 @@ Usage (TRL is a benchmark-only extra: ``pip install -e '.[bench]'`` from the che
     python benchmarks/grpo_vs_trl.py --json results.json
     python benchmarks/grpo_vs_trl.py --device cuda --models qwen2-0.5b --new-tokens 512 --steps 40 --side-seconds 150
     python benchmarks/grpo_vs_trl.py --models 10m --profile 15      # + each side's top functions (cProfile)
+    OMP_NUM_THREADS=1 python benchmarks/grpo_vs_trl.py --models 10m --no-memory --steps 12 --interleaved --profile 1
+        # the CPU ratio on a shared machine: both sides in one process, step by step; per-step ratio
+        # min/median, tokens per row, and each side's split (generation, scoring, forward, backward, optimiser)
 
 Side-by-side ratios are only meaningful on a quiet machine (2-core hosts shared with other jobs
 inflate every number; see NOTES on thread oversubscription).
