@@ -71,7 +71,8 @@ def last_logits_only(model) -> dict:
 
 def _copy_static_rows(src, dst, index: torch.Tensor) -> bool:
     """Fill static cache ``dst`` (batch ``len(index)``) with rows ``index`` of the prefilled ``src``;
-    False (``dst`` untouched) when either holds layers other than plain ``StaticLayer``."""
+    False (``dst`` reset) when either holds layers other than plain ``StaticLayer`` or the layer's
+    internals are not the ones this copies."""
     from transformers.cache_utils import StaticLayer
 
     pairs = list(zip(src.layers, dst.layers))
@@ -79,13 +80,17 @@ def _copy_static_rows(src, dst, index: torch.Tensor) -> bool:
             type(a) is StaticLayer and type(b) is StaticLayer and a.is_initialized
             and isinstance(getattr(a, "cumulative_length", None), torch.Tensor) for a, b in pairs):
         return False
-    for a, b in pairs:
-        keys, values = a.keys.index_select(0, index), a.values.index_select(0, index)
-        if not b.is_initialized:
-            b.lazy_initialization(keys, values)
-        b.keys.copy_(keys)
-        b.values.copy_(values)
-        b.cumulative_length.copy_(a.cumulative_length)
+    try:
+        for a, b in pairs:
+            keys, values = a.keys.index_select(0, index), a.values.index_select(0, index)
+            if not b.is_initialized:
+                b.lazy_initialization(keys, values)
+            b.keys.copy_(keys)
+            b.values.copy_(values)
+            b.cumulative_length.copy_(a.cumulative_length)
+    except (TypeError, AttributeError, RuntimeError):  # another transformers' StaticLayer: prefill every row
+        dst.reset()
+        return False
     return True
 
 
