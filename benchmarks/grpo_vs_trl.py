@@ -35,6 +35,9 @@ Usage (TRL is a benchmark-only extra: ``pip install -e '.[bench]'`` from the che
     python benchmarks/grpo_vs_trl.py --json results.json
     python benchmarks/grpo_vs_trl.py --device cuda --models qwen2-0.5b --new-tokens 512 --steps 40 --side-seconds 150
     python benchmarks/grpo_vs_trl.py --models 10m --profile 15      # + each side's top functions (cProfile)
+    OMP_NUM_THREADS=1 python benchmarks/grpo_vs_trl.py --models 10m --no-memory --steps 12 --interleaved --profile 1
+        # the CPU ratio on a shared machine: both sides in one process, step by step; per-step ratio
+        # min/median, tokens per row, and each side's split (generation, scoring, forward, backward, optimiser)
 
 Side-by-side ratios are only meaningful on a quiet machine (2-core hosts shared with other jobs
 inflate every number; see NOTES on thread oversubscription).
@@ -286,6 +289,113 @@ def side_trl(a) -> dict:
             "threads": torch.get_num_threads(), **profiler.report()}
 
 
+# where a step's CPU time goes: (category, side) -> the functions whose cumulative time it is, as
+# "path tail:function name"; "collect"/"step" are the wholes that generation/scoring are carved out of
+SPLIT = {
+    "llmgym": {"collect": ["agents/base.py:collect"], "generation": ["engines/hf.py:_generate_rows",
+                                                                     "engines/session.py:_forward"],
+               "update": ["agents/learner.py:update"], "backward": ["~run_backward"],
+               "optimizer": ["optim/optimizer.py:wrapper", "utils/clip_grad.py:clip_grad_norm_"]},
+    "trl": {"collect": ["trainer/grpo_trainer.py:_generate_and_score_completions"],
+            "generation": ["trainer/grpo_trainer.py:_generate_single_turn"],
+            "scoring": ["trainer/grpo_trainer.py:_calculate_rewards"],
+            "update": ["trainer/grpo_trainer.py:compute_loss", "~run_backward",
+                       "optim/optimizer.py:wrapper", "utils/clip_grad.py:clip_grad_norm_"],
+            "backward": ["~run_backward"],
+            "optimizer": ["optim/optimizer.py:wrapper", "utils/clip_grad.py:clip_grad_norm_"]},
+}
+
+
+def profile_split(prof, side: str, steps: int) -> dict:
+    """CPU seconds per step by category from a cProfile (``time.process_time``) of ``steps`` steps:
+    generation, scoring + rollout bookkeeping, forward + loss, backward, optimiser (clipping
+    included), and the rest (the trainer's loop, batching, Python between the parts)."""
+    import pstats
+
+    stats = pstats.Stats(prof).stats
+    total = sum(tt for _, _, tt, _, _ in stats.values())
+
+    def cum(names):
+        out = 0.0
+        for (path, _line, fn), (_cc, _nc, _tt, ct, _callers) in stats.items():
+            label = fn if path == "~" else "/".join(Path(path).parts[-3:]) + ":" + fn
+            # "~name": a builtin (C) function whose name contains name; else the tail of path:function
+            out += ct if any((path == "~" and n[1:] in fn) if n.startswith("~") else (path != "~" and label.endswith(n))
+                             for n in names) else 0.0
+        return out
+
+    pick = SPLIT[side]
+    gen, collect = cum(pick["generation"]), cum(pick["collect"])
+    backward, optim = cum(pick["backward"]), cum(pick["optimizer"])
+    update = cum(pick["update"])
+    split = {"generation": gen, "scoring_and_rollout": collect - gen, "forward_and_loss": update - backward - optim,
+             "backward": backward, "optimizer": optim}
+    split["other"] = total - sum(split.values())
+    return {k: round(v / steps, 4) for k, v in {**split, "total": total}.items()}
+
+
+def side_pair(a) -> dict:
+    """Both sides in one process, interleaved step by step: TRL's trainer runs, and after each of its
+    steps (outside its timing) one llmgym step runs. Load from other jobs then falls on both alike.
+    Reports each side's CPU and wall seconds per step, tokens generated per step, the per-step
+    CPU ratios (min/median), and with ``--profile`` each side's split of a step."""
+    import cProfile
+
+    import torch
+    from transformers import TrainerCallback
+
+    agent, env = make_llmgym(a)
+    prof = {"llmgym": cProfile.Profile(time.process_time), "trl": cProfile.Profile(time.process_time)}
+    rec = {side: {"cpu_s": [], "step_s": [], "tokens": []} for side in prof}
+    box: dict = {}
+
+    def llmgym_step(profiled: bool):
+        p = prof["llmgym"] if profiled else None
+        if p:
+            p.enable()
+        c0, t0 = time.process_time(), time.perf_counter()
+        batch = agent.collect(env)
+        agent.update(batch)
+        c1, t1 = time.process_time(), time.perf_counter()
+        if p:
+            p.disable()
+        return c1 - c0, t1 - t0, float(batch.action_mask.sum()) / len(batch)
+
+    class Pair(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.profiled = bool(a.profile) and state.global_step >= 1  # the first step of each side is warm-up
+            if self.profiled:
+                prof["trl"].enable()
+            self.c0, self.t0 = time.process_time(), time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            c, t = time.process_time() - self.c0, time.perf_counter() - self.t0
+            if self.profiled:
+                prof["trl"].disable()
+            lengths = box["trainer"]._metrics["train"].get("completions/mean_length") or [float("nan")]
+            for side, (cpu, wall, tokens) in (("trl", (c, t, lengths[-1])),
+                                              ("llmgym", llmgym_step(self.profiled))):
+                rec[side]["cpu_s"].append(cpu)
+                rec[side]["step_s"].append(wall)
+                rec[side]["tokens"].append(tokens)
+
+    box["trainer"] = trainer = make_trl(a, callbacks=[Pair()])
+    trainer.train()
+    out = {"threads": torch.get_num_threads(), "load_avg": os.getloadavg()}
+    for side, r in rec.items():
+        out[side] = {**{k: [round(x, 4) for x in v] for k, v in r.items()},
+                     "median_cpu_s": round(_median_after_warmup(r["cpu_s"]), 4),
+                     "median_step_s": round(_median_after_warmup(r["step_s"]), 4),
+                     "tokens_per_row": round(statistics.mean(r["tokens"]), 2)}
+        if a.profile:
+            out[side]["split_cpu_s_per_step"] = profile_split(prof[side], side, len(r["cpu_s"]) - 1)
+    ratios = [x / y for x, y in zip(rec["llmgym"]["cpu_s"][1:], rec["trl"]["cpu_s"][1:])]
+    wall = [x / y for x, y in zip(rec["llmgym"]["step_s"][1:], rec["trl"]["step_s"][1:])]
+    out["cpu_ratio_min_median"] = [round(min(ratios), 3), round(statistics.median(ratios), 3)]
+    out["wall_ratio_min_median"] = [round(min(wall), 3), round(statistics.median(wall), 3)]
+    return out
+
+
 def side_update_memory(a) -> dict:
     """One GRPO update (no generation) on a fixed random batch of MEMORY_SHAPE; peak memory."""
     import torch
@@ -339,7 +449,7 @@ def run_side(a) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    fn = {"llmgym": side_llmgym, "trl": side_trl, "update-memory": side_update_memory}[a.side]
+    fn = {"llmgym": side_llmgym, "trl": side_trl, "pair": side_pair, "update-memory": side_update_memory}[a.side]
     result = fn(a)
     final = _peak()
     first = result.get("after_first_step") or {}
@@ -419,7 +529,7 @@ def build_model_dir(name: str, root: Path) -> Path:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--side", choices=["llmgym", "trl", "update-memory"], help=argparse.SUPPRESS)
+    p.add_argument("--side", choices=["llmgym", "trl", "pair", "update-memory"], help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--chunk", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--micro-batch-size", "--micro", dest="micro", type=int, default=None,
@@ -442,6 +552,10 @@ def main(argv=None) -> dict:
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on both sides")
     p.add_argument("--engine-decode", default=None, choices=["eager", "static", "compiled"],
                    help="HFEngine decoding (default: resolve_device_defaults: static on CPU, the fastest GPU-verified mode on GPU)")
+    p.add_argument("--interleaved", action="store_true",
+                   help="CPU step ratio: both sides in one process, one llmgym step after each TRL step (load falls "
+                        "on both alike); prints the per-step CPU ratio (min/median), tokens per row, and with "
+                        "--profile N each side's split of a step")
     p.add_argument("--no-trl", action="store_true")
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--timeout", type=int, default=900, help="seconds per side process (model loading included)")
@@ -473,6 +587,17 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="llmgym-bench-") as tmp:
         for name in [m for m in a.models.split(",") if m]:
             model_dir = build_model_dir(name, Path(tmp))
+            if a.interleaved:
+                print(f"== {name}: llmgym and TRL interleaved in one process", flush=True)
+                r = _spawn(["--side", "pair", "--model-dir", str(model_dir), *common], a.timeout)
+                report["step"][name] = r
+                print("   " + json.dumps({k: v for k, v in r.items() if "ratio" in k or k in ("error", "load_avg")}))
+                for side in ("llmgym", "trl"):
+                    if side in r:
+                        print(f"   {side}: " + json.dumps({k: v for k, v in r[side].items()
+                                                          if k in ("median_cpu_s", "median_step_s", "tokens_per_row",
+                                                                   "split_cpu_s_per_step")}), flush=True)
+                continue
             row = {}
             for side in ["llmgym"] + ([] if a.no_trl else ["trl"]):
                 print(f"== {name}: {side}", flush=True)

@@ -9,7 +9,7 @@ import torch
 
 from llmgym.env.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
-from llmgym.engines.model_inputs import cache_argument, cache_of, pad_left, position_ids
+from llmgym.engines.model_inputs import cache_argument, cache_of, pad_left, position_ids, shared_rows
 from llmgym.engines.sampling import keyed_uniforms, sample_next_token
 from llmgym.engines.session import HFDecodeSession
 from llmgym.engines.static_decode import DECODE_MODES, StaticCacheDecoder, last_logits_only
@@ -159,14 +159,20 @@ class HFEngine:
         check_every = self.done_check_every or (1 if device.type == "cpu" else _DONE_CHECK_EVERY)
         with self.eval_mode():
             static = self._static_decoder() if self.decode != "eager" else None
+            shared = shared_rows(rows)  # a group's samples share their prompt: prefill it once
             if static is not None:
-                logits = static.prefill(ids, attn, sampling.max_new_tokens)
+                logits = static.prefill(ids, attn, sampling.max_new_tokens, shared)
             else:
                 positions = position_ids(attn)
-                out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True,
-                                 **self._last_only)
+                pick = torch.tensor(shared[0], device=device) if shared is not None else slice(None)
+                out = self.model(input_ids=ids[pick], attention_mask=attn[pick], position_ids=positions[pick],
+                                 use_cache=True, **self._last_only)
                 cache, last_pos = cache_of(out), positions[:, -1:]
                 logits = out.logits[:, -1, :]
+                if shared is not None:  # the distinct rows' cache and logits, copied to every repeat
+                    index = shared[1].to(device)
+                    cache.reorder_cache(index)
+                    logits = logits.index_select(0, index)
             for step in range(sampling.max_new_tokens):
                 tok, lp = sample_next_token(logits, None, None, sampling.temperature, sampling.top_p,
                                             uniforms=uniforms[:, step])

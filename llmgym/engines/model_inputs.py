@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["pad_left", "position_ids", "cache_of", "cache_argument"]
+__all__ = ["pad_left", "position_ids", "cache_of", "cache_argument", "shared_rows"]
 
 
 def pad_left(sequences: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,3 +73,31 @@ def cache_argument(model) -> str:
     base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     params = inspect.signature(base.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def shared_rows(rows: Sequence[Sequence[int]]) -> tuple[list[int], torch.Tensor] | None:
+    """``(first, index)`` when some rows repeat: ``first`` the position of each distinct row's first
+    occurrence, ``index[i]`` the position in ``first`` of row ``i``'s copy; ``None`` when all differ.
+
+    A GRPO batch holds each prompt ``group_size`` times: the engine and the decode sessions run the
+    model over the distinct prompts only and copy their KV cache to the repeats (``index_select``
+    with ``index``), so a prompt's prefill is paid once per group, not once per sample.
+
+    Example:
+        >>> from llmgym.engines.model_inputs import shared_rows
+        >>> first, index = shared_rows([[5, 6], [7], [5, 6], [5, 6]])
+        >>> first, index.tolist()
+        ([0, 1], [0, 1, 0, 0])
+        >>> shared_rows([[5], [6]]) is None
+        True
+    """
+    seen: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    index = []
+    for i, row in enumerate(rows):
+        key = tuple(row)
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(i)
+        index.append(seen[key])
+    return None if len(first) == len(index) else (first, torch.tensor(index, dtype=torch.long))

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from llmgym.engines.base import DecodeSession, EngineView
-from llmgym.engines.model_inputs import cache_of, pad_left
+from llmgym.engines.model_inputs import cache_of, pad_left, shared_rows
 
 __all__ = ["HFDecodeSession", "RecomputeSession", "TokenStepper", "open_decode_session", "token_stepper",
            "weights_version"]
@@ -55,6 +55,8 @@ def weights_version(model: torch.nn.Module | Sequence[torch.nn.Parameter]) -> in
 
 
 def _as_ids(context: Any) -> list[int]:
+    if type(context) is list and all(type(t) is int for t in context):  # the per-token case: already ids
+        return list(context)
     if isinstance(context, np.ndarray):
         return context.astype(np.int64, copy=False).tolist()
     if isinstance(context, torch.Tensor):
@@ -112,7 +114,8 @@ class HFDecodeSession:
     an optimiser step, open a new session (``stale`` says when).
 
     Attributes:
-        tokens_computed: real (unpadded) tokens fed to the model so far — each context token once.
+        tokens_computed: real (unpadded) tokens fed to the model so far — each context token once, and a
+            context several rows start with (a group's prompt) once for all of them.
         prefills: model calls that started a cache (the first :meth:`add`, rows joining, rebuilds).
 
     Example:
@@ -280,8 +283,16 @@ class HFDecodeSession:
     def _prefill(self, contexts: list[list[int]]):
         ids, mask = pad_left(contexts, self.pad_id, self.engine.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache, logits = self._forward(ids, mask, positions, None)
-        self.tokens_computed += int(mask.sum())
+        shared = shared_rows(contexts)  # a group's samples share their prompt: run it once, copy its cache
+        if shared is None:
+            cache, logits = self._forward(ids, mask, positions, None)
+            self.tokens_computed += int(mask.sum())
+        else:
+            first, index = torch.tensor(shared[0], device=ids.device), shared[1].to(ids.device)
+            cache, logits = self._forward(ids[first], mask[first], positions[first], None)
+            cache.reorder_cache(index)
+            logits = logits.index_select(0, index)
+            self.tokens_computed += int(mask[first].sum())
         self.prefills += 1
         return cache, mask, logits
 

@@ -69,6 +69,31 @@ def last_logits_only(model) -> dict:
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
 
 
+def _copy_static_rows(src, dst, index: torch.Tensor) -> bool:
+    """Fill static cache ``dst`` (batch ``len(index)``) with rows ``index`` of the prefilled ``src``;
+    False (``dst`` reset) when either holds layers other than plain ``StaticLayer`` or the layer's
+    internals are not the ones this copies."""
+    from transformers.cache_utils import StaticLayer
+
+    pairs = list(zip(src.layers, dst.layers))
+    if len(src.layers) != len(dst.layers) or not all(
+            type(a) is StaticLayer and type(b) is StaticLayer and a.is_initialized
+            and isinstance(getattr(a, "cumulative_length", None), torch.Tensor) for a, b in pairs):
+        return False
+    try:
+        for a, b in pairs:
+            keys, values = a.keys.index_select(0, index), a.values.index_select(0, index)
+            if not b.is_initialized:
+                b.lazy_initialization(keys, values)
+            b.keys.copy_(keys)
+            b.values.copy_(values)
+            b.cumulative_length.copy_(a.cumulative_length)
+    except (TypeError, AttributeError, RuntimeError):  # another transformers' StaticLayer: prefill every row
+        dst.reset()
+        return False
+    return True
+
+
 class StaticCacheDecoder:
     """Prefill then one-token steps over a reusable ``transformers.StaticCache``.
 
@@ -135,8 +160,13 @@ class StaticCacheDecoder:
             self._compiled_step = torch.compile(_step, mode=mode, dynamic=False, fullgraph=False)
         return self._compiled_step
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """Run the (left-padded) prompts; return the next-token logits ``[B, V]``."""
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+                shared: tuple[list[int], torch.Tensor] | None = None) -> torch.Tensor:
+        """Run the (left-padded) prompts; return the next-token logits ``[B, V]``.
+
+        ``shared`` (from :func:`~llmgym.engines.model_inputs.shared_rows`) names repeated rows: the
+        model then runs on the distinct rows only and their cache entries are copied to the repeats.
+        """
         batch, width = input_ids.shape
         length = _cache_len(width, max_new_tokens)
         dtype = next(self.model.parameters()).dtype
@@ -146,6 +176,17 @@ class StaticCacheDecoder:
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         self._pos = positions[:, -1:].clone()
         self._slot = width
+        if shared is not None:
+            from transformers import StaticCache
+
+            first = torch.tensor(shared[0], device=input_ids.device)
+            index = shared[1].to(input_ids.device)
+            distinct = StaticCache(config=self.model.config, max_cache_len=length)
+            logits = _step(self.model, self.cache_arg, input_ids[first], self._mask[first], positions[first],
+                           distinct, self._last_only)
+            if _copy_static_rows(distinct, self._cache, index):
+                return logits.float().index_select(0, index)
+            self._cache.reset()  # a cache layout this cannot copy: prefill every row
         logits = _step(self.model, self.cache_arg, input_ids, self._mask, positions, self._cache, self._last_only)
         return logits.float()
 

@@ -12,7 +12,35 @@ from gymnasium import spaces
 from llmgym.env.core import end_of_turn_ids
 from llmgym.env.spaces import as_token_array
 
-__all__ = ["TokenLevel"]
+__all__ = ["TokenLevel", "text_decoder"]
+
+
+def text_decoder(tokenizer: Any):
+    """``ids -> tokenizer.decode(ids, skip_special_tokens=True)``, without ``transformers``' per-call
+    overhead where that adds nothing: a fast tokenizer that neither overrides decoding nor cleans up
+    spaces decodes in its Rust backend directly (a token-level env decodes its completion at every
+    token; the wrapper's argument checks cost several times the decoding of a short completion).
+
+    Example:
+        >>> from llmgym.env.token_level import text_decoder
+        >>> from llmgym.runtime.models import build_tokenizer
+        >>> tok = build_tokenizer()
+        >>> ids = tok.encode("2+2=4") + [tok.eos_token_id]
+        >>> text_decoder(tok)(ids) == tok.decode(ids, skip_special_tokens=True) == "2+2=4"
+        True
+    """
+    try:
+        from transformers import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers layout: its own decode
+        TokenizersBackend = None
+    backend = getattr(tokenizer, "_tokenizer", None)
+    cls = type(tokenizer)
+    if (TokenizersBackend is not None and isinstance(tokenizer, TokenizersBackend)
+            and cls.decode is PreTrainedTokenizerBase.decode and cls._decode is TokenizersBackend._decode
+            and not getattr(tokenizer, "clean_up_tokenization_spaces", True) and callable(getattr(backend, "decode", None))):
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
 
 class TokenLevel(gym.Wrapper):
@@ -70,6 +98,7 @@ class TokenLevel(gym.Wrapper):
         if getattr(inner, "tokenizer", None) is not tokenizer:
             inner.set_tokenizer(tokenizer)
         self.tokenizer = tokenizer
+        self._decode = text_decoder(tokenizer)  # runs at every token: the shortest path to the same text
         self.max_new_tokens = max_new_tokens
         self.eos_token_id = int(tokenizer.eos_token_id)
         # tokens that end a completion: EOS, the chat template's end of turn, the generation config's, any given
@@ -129,10 +158,12 @@ class TokenLevel(gym.Wrapper):
     def _observation(self) -> dict[str, Any]:
         text = self._context_text
         if self._buffer:
-            text += self.tokenizer.decode(self._buffer, skip_special_tokens=True)
+            text += self._decode(self._buffer)
         return {"prompt": text, "prompt_ids": as_token_array(self._context + self._buffer)}
 
     def _check_token(self, action: Any) -> int:
+        if type(action) is int and 0 <= action < self.action_space.n:  # the common case, checked first
+            return action
         if hasattr(action, "detach") and getattr(action, "ndim", None) == 0:  # a 0-d tensor; any other is refused
             action = action.detach().cpu().numpy()
         if isinstance(action, np.ndarray) and action.shape == () and np.issubdtype(action.dtype, np.integer):

@@ -13,7 +13,6 @@ The result is a list of :class:`Episode`; :class:`llmgym.rollout.batch.Batch` pa
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -238,17 +237,22 @@ class _RolloutClock:
 
 
 class _Timer:
+    # entered once per row per token at token level: no stage object unless an observer watches
+    __slots__ = ("clock", "field", "stage", "started")
+
     def __init__(self, clock: _RolloutClock, field: str, stage: str):
         self.clock, self.field = clock, field
-        self.stage = clock.observer.busy(stage) if clock.observer is not None else contextlib.nullcontext()
+        self.stage = clock.observer.busy(stage) if clock.observer is not None else None
 
     def __enter__(self) -> None:
-        self.stage.__enter__()
+        if self.stage is not None:
+            self.stage.__enter__()
         self.started = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
         setattr(self.clock, self.field, getattr(self.clock, self.field) + time.perf_counter() - self.started)
-        self.stage.__exit__(*exc)
+        if self.stage is not None:
+            self.stage.__exit__(*exc)
 
 
 def _generation_done(view: EngineView) -> None:

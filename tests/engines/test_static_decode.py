@@ -122,3 +122,54 @@ def test_compiled_step_gives_the_eager_tokens():
     other = SamplingParams(n=2, max_new_tokens=8, seed=4)
     assert _same(engine.generate(_prompts(tok), other), HFEngine(model, tok).generate(_prompts(tok), other))
     assert counters["stats"]["unique_graphs"] > 0, "nothing was compiled: the test compared eager with eager"
+
+
+@pytest.mark.parametrize("decode", ["eager", "static"])
+def test_a_prompt_shared_by_a_group_is_prefilled_once_with_the_same_tokens(model_and_tok, decode, monkeypatch):
+    # n samples of a prompt are n rows with the same ids: the prefill runs on the distinct prompts and
+    # copies their KV cache, and the samples are those of a prefill over every row
+    model, tok = model_and_tok
+    params = SamplingParams(n=4, max_new_tokens=10, seed=2)
+    prompts = _prompts(tok) + [_prompts(tok)[0]]  # a prompt given twice shares too
+    widths = []
+    hook = model.register_forward_pre_hook(lambda mod, args, kw: widths.append(kw["input_ids"].shape),
+                                           with_kwargs=True)
+    try:
+        shared = HFEngine(model, tok, decode=decode).generate(prompts, params)
+        prefill = widths[0]
+        monkeypatch.setattr("llmgym.engines.hf.shared_rows", lambda rows: None)
+        every = HFEngine(model, tok, decode=decode).generate(prompts, params)
+    finally:
+        hook.remove()
+    assert prefill[0] == 3 and widths[-1][0] == 16  # 3 distinct prompts prefilled, 16 rows decoded
+    assert _same(shared, every)
+    gap = max(abs(x - y) for g, h in zip(shared, every) for a, b in zip(g, h) for x, y in zip(a.logprobs, b.logprobs))
+    assert gap < 1e-5
+
+
+
+def test_a_static_cache_the_copy_does_not_know_prefills_every_row(model_and_tok, monkeypatch):
+    # a transformers whose StaticLayer internals differ (here: its lazy initialisation refuses the
+    # copy's call): the copy gives up, every row is prefilled, and the tokens are the same
+    from transformers.cache_utils import StaticLayer
+
+    model, tok = model_and_tok
+    params = SamplingParams(n=3, max_new_tokens=6, seed=4)
+    expected = HFEngine(model, tok, decode="static").generate(_prompts(tok), params)
+    original = StaticLayer.lazy_initialization
+
+    def other_layout(self, key_states, value_states):
+        if key_states.shape[2] == self.max_cache_len:  # the copy's call (a prefill's keys are narrower)
+            raise TypeError("lazy_initialization() takes 2 positional arguments but 3 were given")
+        return original(self, key_states, value_states)
+
+    monkeypatch.setattr(StaticLayer, "lazy_initialization", other_layout)
+    widths = []
+    hook = model.register_forward_pre_hook(lambda mod, args, kw: widths.append(kw["input_ids"].shape[0]),
+                                           with_kwargs=True)
+    try:
+        fallback = HFEngine(model, tok, decode="static").generate(_prompts(tok), params)
+    finally:
+        hook.remove()
+    assert widths[:2] == [3, 9]  # the distinct prompts, then (the copy refused) all 9 rows
+    assert _same(fallback, expected)

@@ -345,3 +345,26 @@ def test_a_transcript_that_outgrows_the_observation_space_ends_the_episode_inste
     assert env.observation_space.contains(obs)  # the tail that fits
     with pytest.raises(ValueError, match="max_prompt_chars"):  # a prompt that never fits is a set-up error
         SequenceEnv([Task("p" * 100)], None, max_prompt_chars=64).reset(seed=0)
+
+
+def test_token_level_text_is_the_tokenizers_decode_on_the_fast_path_and_off_it(tokenizer):
+    # the per-token decode skips transformers' wrapper only where it adds nothing: a tokenizer that
+    # cleans up spaces (or overrides decode) keeps its own decode, and both give decode()'s text
+    import copy
+
+    from llmgym.env.token_level import text_decoder
+
+    ids = tokenizer.encode("a ,b 12 .") + [tokenizer.eos_token_id]
+    fast = text_decoder(tokenizer)
+    assert "tokenizer" not in fast.__code__.co_freevars  # the backend's decode, not the wrapper
+    assert fast(ids) == tokenizer.decode(ids, skip_special_tokens=True)
+    cleaning = copy.deepcopy(tokenizer)
+    cleaning.clean_up_tokenization_spaces = True
+    slow = text_decoder(cleaning)
+    assert "tokenizer" in slow.__code__.co_freevars
+    assert slow(ids) == cleaning.decode(ids, skip_special_tokens=True)
+    env = TokenLevel(SequenceEnv([Task("q")], lambda t, c: 0.0), tokenizer, max_new_tokens=8)
+    env.reset(seed=0)
+    for t in ids[:3]:
+        obs, *_ = env.step(t)
+    assert obs["prompt"].endswith(tokenizer.decode(ids[:3], skip_special_tokens=True))
