@@ -52,6 +52,7 @@ __all__ = [
     "kl_penalised_rewards",
     "overlong_penalty",
     "reverse_kl_rewards",
+    "distillation_advantages",
     # log-probs, entropy and KL
     "logprobs_from_logits",
     "entropy_from_logits",
@@ -1103,6 +1104,40 @@ def reverse_kl_rewards(logprobs: Tensor, teacher_logprobs: Tensor, mask: Optiona
     return teacher_logprobs - logprobs
 
 
+def distillation_advantages(
+    old_logprobs: Tensor,
+    teacher_logprobs: Tensor,
+    mask: Tensor,
+    env_advantages: Optional[Tensor] = None,
+    distill_coef: float = 1.0,
+) -> Tensor:
+    """Per-token advantage of on-policy distillation, optionally mixed with the env's.
+
+    Formula::
+
+        A_t = α · r_t + (1 − α) · A_env,    r_t = −(log π_old(x_t) − log π_T(x_t))    (reverse_kl_rewards)
+
+    Each token's advantage is its own reverse-KL sample: discount 0, as in the Thinking Machines
+    post — the student is graded on the next token only, since the teacher has already scored every
+    later token where the student wrote it. α = ``distill_coef``; ``A_env`` (``[B, T]`` or ``[B]``) is
+    the env reward's advantage, weighted 1 − α (GKD's ``(1 − α)·r − α·D`` objective, Agarwal et al.
+    2024, for RL with on-policy distillation). 0 off ``mask``.
+
+    Example:
+        >>> old = torch.log(torch.tensor([[0.5, 0.25]]))
+        >>> teacher = torch.log(torch.tensor([[0.5, 0.5]]))
+        >>> distillation_advantages(old, teacher, torch.ones(1, 2), torch.tensor([1.0]), distill_coef=0.5)
+        tensor([[0.5000, 0.8466]])
+    """
+    if not 0.0 <= distill_coef <= 1.0:
+        raise ValueError(f"distill_coef must be in [0, 1] (the weight of the reverse-KL reward), got {distill_coef}")
+    advantages = distill_coef * reverse_kl_rewards(old_logprobs, teacher_logprobs, mask)
+    if env_advantages is not None and distill_coef < 1.0:
+        env = _expand_to(env_advantages.detach().to(advantages.dtype), advantages)
+        advantages = advantages + (1.0 - distill_coef) * torch.where(_valid(mask), env, torch.zeros_like(env))
+    return advantages
+
+
 def distillation_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -1118,18 +1153,15 @@ def distillation_loss(
 
     Formulas::
 
-        r_t   = −(log π_old(x_t) − log π_T(x_t))               # reverse_kl_rewards, x_t ~ π_old
-        A_t   = α · r_t + (1 − α) · A_env                       # α = distill_coef; A_env: the env's advantage
+        A_t   = α · (log π_T(x_t) − log π_old(x_t)) + (1 − α) · A_env      (distillation_advantages)
         ratio = exp(log π − log π_old)
-        loss  = −min(ratio · A_t, clip(ratio, 1 − ε_low, 1 + ε_high) · A_t)
+        loss  = −min(ratio · A_t, clip(ratio, 1 − ε_low, 1 + ε_high) · A_t)  (clipped_surrogate_loss)
 
-    Each token's advantage is its own reverse-KL sample (discount 0: the student is graded on the
-    next token only, as in the Thinking Machines post; the teacher has already scored every later
-    token where the student wrote it). ``A_t`` is data (detached): at an on-policy step (ratio = 1)
-    the gradient is ``−∇log π(x_t) · A_t``, whose expectation over ``x_t ~ π`` is exactly
-    ``−α·∇ E[r] = α·∇ KL(π ‖ π_T)`` per position (the score-function identity; ``E[∇log π] = 0``
-    removes the −1 of differentiating ``log π`` inside the KL). ``α < 1`` mixes in the env's reward
-    (GKD's ``(1 − α)·r − α·D`` objective for RL with on-policy distillation).
+    ``A_t`` is data (detached). At an on-policy step (ratio = 1) the gradient is
+    ``−∇log π(x_t) · A_t``, whose expectation over ``x_t ~ π`` is exactly ``α·∇ KL(π ‖ π_T)`` per
+    position: ``∇ KL = E[∇log π · (log π − log π_T)] + E[∇log π]`` and the score function's mean
+    ``E[∇log π]`` is 0. Minimising it moves the student towards the teacher's modes (reverse KL is
+    mode-seeking), on the student's own samples.
 
     Args:
         logprobs: ``[B, T]`` log π (with grad).
@@ -1150,11 +1182,7 @@ def distillation_loss(
         >>> loss.detach() + 0.0  # −A_t on-policy: A = (0, log 2)
         tensor([[ 0.0000, -0.6931]])
     """
-    if not 0.0 <= distill_coef <= 1.0:
-        raise ValueError(f"distill_coef must be in [0, 1] (the weight of the reverse-KL reward), got {distill_coef}")
-    advantages = distill_coef * reverse_kl_rewards(old_logprobs, teacher_logprobs, mask)
-    if env_advantages is not None and distill_coef < 1.0:
-        advantages = advantages + (1.0 - distill_coef) * _expand_to(env_advantages.detach(), advantages)
+    advantages = distillation_advantages(old_logprobs, teacher_logprobs, mask, env_advantages, distill_coef)
     return clipped_surrogate_loss(logprobs, old_logprobs, advantages, clip_low, clip_high, mask=mask)
 
 
