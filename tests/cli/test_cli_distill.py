@@ -59,7 +59,6 @@ def test_distill_trains_records_its_teacher_and_resumes_exactly(models, tmp_path
     assert all(r["reverse_kl"] == r["reverse_kl"] and r["teacher_logprob"] < 0 for r in rows)
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(vllm_missing_reason() is not None, reason=vllm_missing_reason() or "")
 def test_distill_with_vllm_rollouts_resumes_exactly(models, tmp_path):
     rows, config = _straight_and_resumed(models, tmp_path, "--engine", "vllm", "--engine-arg",
