@@ -1,7 +1,7 @@
 """Learning: on-policy distillation from a teacher the test trains brings a fresh student towards it.
 
 The teacher is a tiny model after a long supervised warm-up on Copy (as the quickstart trains its
-model); the student is another tiny model (other initial weights) after a short one. 30 steps of
+model); the student is another tiny model (other initial weights) after a short one. 50 steps of
 :class:`~llmgym.agents.OnPolicyDistillation` (16 prompts × 4 samples, the env's reward unused) must
 lower the reverse KL ``KL(π_S ‖ π_T)`` per token on the student's held-out samples by ``KL_MARGIN`` and
 raise the held-out reward of its sampled completions by ``REWARD_MARGIN``: the teacher's log-probs alone
@@ -28,7 +28,7 @@ from llmgym.runtime.models import TinyModelConfig, build_tiny_model, supervised_
 
 TEACHER_WARMUP = 200  # held-out reward ≈ 0.8
 STUDENT_WARMUP = 40  # ≈ 0.24: far from the teacher
-STEPS = 30
+STEPS = 50
 MAX_NEW_TOKENS = 6
 CONFIG = dict(tasks_per_step=16, group_size=4, lr=3e-3, max_new_tokens=MAX_NEW_TOKENS)
 HELD_OUT = sample_tasks("copy", 128, seed=999) * 2  # 256 sampled episodes
