@@ -15,6 +15,7 @@ Example:
 from llmgym.agents.base import Agent, AgentConfig
 from llmgym.agents.cispo import CISPO, CISPOConfig
 from llmgym.agents.dapo import DAPO, DAPOConfig
+from llmgym.agents.distill import DistillConfig, OnPolicyDistillation
 from llmgym.agents.gdpo import GDPO, GDPOConfig
 from llmgym.agents.dpo import DPO, DPOConfig
 from llmgym.agents.grpo import GRPO, GSPO, DrGRPO, DrGRPOConfig, GRPOConfig, GSPOConfig
@@ -26,7 +27,7 @@ from llmgym.agents.sapo import SAPO, SAPOConfig
 
 AGENTS: dict[str, type[Agent]] = {
     cls.name: cls for cls in (REINFORCE, RLOO, PPO, GRPO, DAPO, DrGRPO, GSPO, REINFORCEPlusPlus, ReMax,
-                              CISPO, SAPO, GDPO, DPO, RejectionSampling)
+                              CISPO, SAPO, GDPO, DPO, RejectionSampling, OnPolicyDistillation)
 }
 """Agents by their command-line name."""
 
@@ -37,4 +38,5 @@ __all__ = [
     "REINFORCEPlusPlus", "REINFORCEPlusPlusConfig", "ReMax", "ReMaxConfig",
     "CISPO", "CISPOConfig", "SAPO", "SAPOConfig", "GDPO", "GDPOConfig",
     "DPO", "DPOConfig", "RejectionSampling", "RejectionSamplingConfig",
+    "OnPolicyDistillation", "DistillConfig",
 ]

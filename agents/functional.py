@@ -20,7 +20,8 @@ Conventions
 References: PPO (Schulman et al. 2017), GAE (Schulman et al. 2016), dual-clip PPO (Ye et al. 2020),
 GRPO (Shao et al. 2024, DeepSeekMath), DAPO (Yu et al. 2025), RLOO (Ahmadian et al. 2024),
 Dr. GRPO (Liu et al. 2025), GSPO (Zheng et al. 2025), REINFORCE++ (Hu 2025), ReMax (Li et al. 2023),
-KL estimators k1/k2/k3 (Schulman 2020, "Approximating KL divergence").
+KL estimators k1/k2/k3 (Schulman 2020, "Approximating KL divergence"), on-policy distillation
+(Agarwal et al. 2024, GKD; Lu et al. 2025, Thinking Machines "On-Policy Distillation").
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ __all__ = [
     "token_level_rewards",
     "kl_penalised_rewards",
     "overlong_penalty",
+    "reverse_kl_rewards",
+    "distillation_advantages",
     # log-probs, entropy and KL
     "logprobs_from_logits",
     "entropy_from_logits",
@@ -64,6 +67,7 @@ __all__ = [
     "sequence_ratio_surrogate_loss",
     "cispo_loss",
     "sapo_loss",
+    "distillation_loss",
     "clipped_value_loss",
     "aggregate_loss",
     "LOSS_AGG_MODES",
@@ -1076,6 +1080,110 @@ def sapo_loss(
     loss = -gate * (4.0 / tau) * advantages
     gate_weight = (4.0 * gate * (1.0 - gate)).detach()
     return loss, gate_weight
+
+
+def reverse_kl_rewards(logprobs: Tensor, teacher_logprobs: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    """Per-token reward of on-policy distillation: the negative reverse-KL sample.
+
+    Formula::
+
+        r_t = −(log π_S(x_t | x_<t) − log π_T(x_t | x_<t))
+
+    for a token ``x_t`` the student π_S sampled. Its expectation under the student is
+    ``E_{x_t ~ π_S}[r_t] = −KL(π_S(·|x_<t) ‖ π_T(·|x_<t))``: the reverse (mode-seeking) KL,
+    per position, to the teacher π_T (the k1 estimator of :func:`kl_k1`, negated). Positive where the
+    teacher likes the token more than the student does. 0 at masked positions.
+
+    Example:
+        >>> s = torch.log(torch.tensor([[0.5, 0.25, 0.1]]))
+        >>> t = torch.log(torch.tensor([[0.5, 0.5, 1e-9]]))
+        >>> reverse_kl_rewards(s, t, torch.tensor([[1, 1, 0]]))  # log(.5/.5), log(.5/.25), masked
+        tensor([[0.0000, 0.6931, 0.0000]])
+    """
+    logprobs, teacher_logprobs = _zero_masked(mask, logprobs.detach(), teacher_logprobs.detach())
+    return teacher_logprobs - logprobs
+
+
+def distillation_advantages(
+    old_logprobs: Tensor,
+    teacher_logprobs: Tensor,
+    mask: Tensor,
+    env_advantages: Optional[Tensor] = None,
+    distill_coef: float = 1.0,
+) -> Tensor:
+    """Per-token advantage of on-policy distillation, optionally mixed with the env's.
+
+    Formula::
+
+        A_t = α · r_t + (1 − α) · A_env,    r_t = −(log π_old(x_t) − log π_T(x_t))    (reverse_kl_rewards)
+
+    Each token's advantage is its own reverse-KL sample: discount 0, as in the Thinking Machines
+    post — the student is graded on the next token only, since the teacher has already scored every
+    later token where the student wrote it. α = ``distill_coef``; ``A_env`` (``[B, T]`` or ``[B]``) is
+    the env reward's advantage, weighted 1 − α (GKD's ``(1 − α)·r − α·D`` objective, Agarwal et al.
+    2024, for RL with on-policy distillation). 0 off ``mask``.
+
+    Example:
+        >>> old = torch.log(torch.tensor([[0.5, 0.25]]))
+        >>> teacher = torch.log(torch.tensor([[0.5, 0.5]]))
+        >>> distillation_advantages(old, teacher, torch.ones(1, 2), torch.tensor([1.0]), distill_coef=0.5)
+        tensor([[0.5000, 0.8466]])
+    """
+    if not 0.0 <= distill_coef <= 1.0:
+        raise ValueError(f"distill_coef must be in [0, 1] (the weight of the reverse-KL reward), got {distill_coef}")
+    advantages = distill_coef * reverse_kl_rewards(old_logprobs, teacher_logprobs, mask)
+    if env_advantages is not None and distill_coef < 1.0:
+        env = _expand_to(env_advantages.detach().to(advantages.dtype), advantages)
+        advantages = advantages + (1.0 - distill_coef) * torch.where(_valid(mask), env, torch.zeros_like(env))
+    return advantages
+
+
+def distillation_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    teacher_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    env_advantages: Optional[Tensor] = None,
+    distill_coef: float = 1.0,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> tuple[Tensor, Tensor]:
+    """Per-token loss of on-policy distillation (GKD's on-policy reverse KL; the Thinking Machines recipe).
+
+    Formulas::
+
+        A_t   = α · (log π_T(x_t) − log π_old(x_t)) + (1 − α) · A_env      (distillation_advantages)
+        ratio = exp(log π − log π_old)
+        loss  = −min(ratio · A_t, clip(ratio, 1 − ε_low, 1 + ε_high) · A_t)  (clipped_surrogate_loss)
+
+    ``A_t`` is data (detached). At an on-policy step (ratio = 1) the gradient is
+    ``−∇log π(x_t) · A_t``, whose expectation over ``x_t ~ π`` is exactly ``α·∇ KL(π ‖ π_T)`` per
+    position: ``∇ KL = E[∇log π · (log π − log π_T)] + E[∇log π]`` and the score function's mean
+    ``E[∇log π]`` is 0. Minimising it moves the student towards the teacher's modes (reverse KL is
+    mode-seeking), on the student's own samples.
+
+    Args:
+        logprobs: ``[B, T]`` log π (with grad).
+        old_logprobs: ``[B, T]`` log π_old of the sampled tokens (the student when it sampled).
+        teacher_logprobs: ``[B, T]`` log π_T of the same tokens (detached; the teacher never trains).
+        mask: ``[B, T]`` the student's tokens (not prompts, env replies or padding).
+        env_advantages: ``[B, T]`` or ``[B]`` advantage from the env's reward; ``None`` = 0.
+        distill_coef: α in [0, 1].
+        clip_low, clip_high: the PPO clip of :func:`clipped_surrogate_loss` (inactive on-policy).
+
+    Returns:
+        ``(loss [B, T], is_clipped [B, T] bool)``; aggregate with :func:`aggregate_loss` over ``mask``.
+
+    Example:
+        >>> old = torch.log(torch.tensor([[0.5, 0.25]]))
+        >>> teacher = torch.log(torch.tensor([[0.5, 0.5]]))
+        >>> loss, _ = distillation_loss(old.clone().requires_grad_(), old, teacher, torch.ones(1, 2))
+        >>> loss.detach() + 0.0  # −A_t on-policy: A = (0, log 2)
+        tensor([[ 0.0000, -0.6931]])
+    """
+    advantages = distillation_advantages(old_logprobs, teacher_logprobs, mask, env_advantages, distill_coef)
+    return clipped_surrogate_loss(logprobs, old_logprobs, advantages, clip_low, clip_high, mask=mask)
 
 
 def clipped_value_loss(

@@ -61,6 +61,7 @@ RECIPES = {
     "rlhf": "test_rlhf_learning",
     "quickstart": "test_cli",
     "vllm": "test_vllm",
+    "distill": "test_learning_distill",
 }
 """Recipe name -> the test module whose ``spread(seed)`` runs it."""
 RECIPE_HELPERS = {"tools": ("warm_cache.py",), "learning": ("learning_recipe.py",), "vllm": ("learning_recipe.py",)}

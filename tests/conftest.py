@@ -77,6 +77,8 @@ SLOW_TESTS: dict[str, object] = {
     "test_interrupt.py": {"test_ctrl_c_mid_run_stops_at_a_step_boundary_and_resume_is_exact"},
     "test_cli_first_use.py": {"test_piped_output_keeps_every_line_whole", "test_quickstart_again_keeps_the_earlier_run_and_says_where"},
     "test_rlhf.py": {"test_rlhf_pipeline_example_runs_quick"},
+    "test_cli_distill.py": {"test_distill_with_vllm_rollouts_resumes_exactly"},  # 70 s: vLLM starts three times
+    "test_learning_distill.py": "*",
 }
 
 

@@ -57,6 +57,12 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
                    help="agent config fields as a JSON object (or a run's config.json)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override one agent config field (repeatable)")
     p.add_argument("--seed", type=int, help="seed of task draws and sampling (the agent config's seed)")
+    p.add_argument("--teacher", metavar="MODEL",
+                   help="with --agent distill: the teacher that grades the student's tokens (a saved model directory, "
+                        "a hub id or 'tiny'; the student's tokenizer)")
+    p.add_argument("--distill-coef", type=float, metavar="C",
+                   help="with --agent distill: weight of the teacher's reverse-KL reward in [0, 1] (default 1; "
+                        "1 - C weights the env's reward)")
     p.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
                    help="keyword for gymnasium.make (repeatable; values parsed like --set), e.g. --env-arg path=data.jsonl")
     p.add_argument("--level", choices=("sequence", "token"), help="env level (default sequence)")
@@ -113,6 +119,33 @@ def check_async(args: argparse.Namespace, agent_cls) -> tuple[int | None, int | 
     return staleness, args.verify_workers
 
 
+def teacher_fields(args: argparse.Namespace, agent_cls, fields: dict) -> dict:
+    """The agent config fields of ``--teacher`` / ``--distill-coef`` (the teacher checked as a model is, and
+    recorded as an absolute path so that ``--resume`` finds it from anywhere), checked before any work."""
+    from llmgym.cli.resolve import resolve_model
+
+    known = {f.name for f in dataclasses.fields(agent_cls.config_class)}
+    given = [flag for flag, value in (("--teacher", args.teacher), ("--distill-coef", args.distill_coef))
+             if value is not None]
+    if given and "teacher" not in known:
+        raise UsageError(f"{' and '.join(given)} {'are options' if len(given) > 1 else 'is an option'} of --agent distill "
+                         f"(on-policy distillation), not of {agent_cls.name}")
+    out: dict = {}
+    if args.distill_coef is not None:
+        out["distill_coef"] = args.distill_coef
+    teacher = args.teacher if args.teacher is not None else fields.get("teacher")
+    if "teacher" in known:
+        if not teacher:
+            raise UsageError(f"--agent {agent_cls.name} needs --teacher MODEL (the model that grades the student's "
+                             f"tokens: a saved model directory, a hub id or 'tiny')")
+        try:
+            target = resolve_model(teacher)
+        except UsageError as exc:
+            raise UsageError(f"--teacher: {exc}") from None
+        out["teacher"] = str(Path(target).resolve()) if Path(target).is_dir() else target
+    return out
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """``llmgym train``."""
     from rich.table import Table
@@ -122,6 +155,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         clashing = [flag for flag, value in (("--env", args.env), ("--agent", args.agent), ("--model", args.model),
                                              ("--config", args.config), ("--set", args.set), ("--seed", args.seed),
                                              ("--out", args.out), ("--level", args.level),
+                                             ("--teacher", args.teacher), ("--distill-coef", args.distill_coef),
                                              ("--env-arg", args.env_arg), ("--eval-tasks", args.eval_tasks),
                                              ("--dtype", args.dtype), ("--lora-r", args.lora_r),
                                              ("--lora-alpha", args.lora_alpha),
@@ -193,6 +227,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         fields.update(parse_overrides(args.set or []))
         if args.seed is not None:
             fields["seed"] = args.seed
+        fields.update(teacher_fields(args, agent_cls, fields))
         device = check_device(args.device)
         fields = apply_scale_options(args, fields, args.steps if args.steps is not None else 100, device)
         config = build_agent_config(agent_cls, fields)  # validated before any model is loaded

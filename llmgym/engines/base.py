@@ -122,6 +122,8 @@ OPTIONAL_MEMBERS: dict[str, tuple[Any, str]] = {
     "check_logprobs": (None, "``check_logprobs(batch, learner_logprobs, version)``: an engine that cannot be taken "
                              "at its word (a fleet of servers) checks the log-probs it reported against the "
                              "learner's recomputation, which the update calls before any optimiser step"),
+    "score_tokens": (None, "``score_tokens(sequences) -> [[float]]``: each sequence's teacher-forced log-probs at "
+                           "temperature 1, one per token after the first (a teacher grading a student's tokens)"),
 }
 """The members an engine may have, each with the default a rollout assumes where it has none, and its meaning."""
 

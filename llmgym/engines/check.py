@@ -34,7 +34,7 @@ from llmgym.errors import LLMGymError
 
 __all__ = ["EngineContractError", "check_engine"]
 
-_CALLABLE = ("generation_done", "open_session", "next_token_logits", "close", "check_logprobs")
+_CALLABLE = ("generation_done", "open_session", "next_token_logits", "close", "check_logprobs", "score_tokens")
 _TYPES = {"max_batch_size": int, "versioned_weights": bool, "top_p_renormalised_logprobs": bool}
 
 
@@ -101,6 +101,27 @@ def _teacher_forced(model, tokenizer, c: Completion) -> torch.Tensor:
     return logprobs[0, len(c.prompt_ids) - 1:].float().cpu()
 
 
+def _check_scores(name: str, engine: Any, completions: list[Completion], tol: float) -> None:
+    """``score_tokens`` of generated rows: one log-probability per token after the first, equal to the log-probs
+    ``generate`` reported for the sampled tokens (both at temperature 1)."""
+    sequences = [list(c.prompt_ids) + list(c.token_ids) for c in completions]
+    scores = engine.score_tokens(sequences)
+    if not isinstance(scores, list) or len(scores) != len(sequences):
+        _fail(f"{name}.score_tokens returned {len(scores) if isinstance(scores, list) else type(scores).__name__} "
+              f"rows for {len(sequences)} sequences")
+    for seq, row, c in zip(sequences, scores, completions):
+        if len(row) != len(seq) - 1:
+            _fail(f"{name}.score_tokens gave {len(row)} log-probs for a sequence of {len(seq)} tokens "
+                  f"(one per token after the first)")
+        bad = [lp for lp in row if not (isinstance(lp, float) and math.isfinite(lp) and -1e4 < lp <= 1e-6)]
+        if bad:
+            _fail(f"{name}.score_tokens: {bad[0]!r} is not a log-probability (finite, in (-1e4, 0])")
+        worst = max(abs(a - b) for a, b in zip(row[len(c.prompt_ids) - 1:], c.logprobs))
+        if worst > tol:
+            _fail(f"{name}.score_tokens differs from the log-probs generate reported for the same tokens by "
+                  f"{worst:.3g} nats > {tol}")
+
+
 def check_engine(
     engine: Any,
     *,
@@ -119,6 +140,9 @@ def check_engine(
     ``finish_reason`` ``"length"`` exactly at the budget and ``"stop"`` exactly at EOS, and text that is
     the decoded tokens; that the same keys give the same rows (at least ``min_agreement`` of them: vLLM's
     batched kernels may flip a near-tie) whatever batch a row is in, and that other seeds differ.
+
+    An engine with ``score_tokens`` scores the rows it generated: one log-probability per token after the
+    first, equal to what ``generate`` reported for the sampled tokens within ``logprob_tol``.
 
     With ``model`` (the weights the engine samples from), also: per-token log-probs within
     ``logprob_tol`` nats of the model's teacher-forced ones (temperature 1), and ``sync_weights(model)``
@@ -165,7 +189,10 @@ def check_engine(
     other = [c for g in engine.generate(prompts, SamplingParams(n=n, max_new_tokens=max_new_tokens, seed=12)) for c in g]
     if sum(a.token_ids != b.token_ids for a, b in zip(flat, other)) == 0:
         _fail(f"{name}: seeds 11 and 12 sampled the very same rows (is the seed ignored?)")
+    scores = getattr(engine, "score_tokens", None) is not None
     if model is None:
+        if scores:
+            _check_scores(name, engine, flat, logprob_tol)
         return
     if sync:
         engine.sync_weights(model)
@@ -174,3 +201,5 @@ def check_engine(
         if worst > logprob_tol:
             _fail(f"{name}: reported log-probs differ from the model's teacher-forced ones by {worst:.3g} nats "
                   f"> {logprob_tol}")
+    if scores:  # after the log-probs were checked against the model: the scores are then checked against it too
+        _check_scores(name, engine, flat, logprob_tol)

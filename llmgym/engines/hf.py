@@ -254,6 +254,38 @@ class HFEngine:
             out = self.model(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
         return out.logits[:, -1, :].float()
 
+    def score_tokens(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Teacher-forced log-probs (temperature 1) of every token after the first of each sequence.
+
+        ``result[i][j]`` is ``log π(sequences[i][j + 1] | sequences[i][:j + 1])``: what a teacher
+        answers when it grades a student's tokens (:class:`llmgym.agents.distill.OnPolicyDistillation`).
+        Rows are right-padded in batches of ``max_batch_size``; the model may sit on any device.
+
+        Example:
+            >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
+            >>> from llmgym.engines import HFEngine
+            >>> tok = build_tokenizer()
+            >>> engine = HFEngine(build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok)
+            >>> [len(row) for row in engine.score_tokens([[1, 5, 6], [1, 7]])]
+            [2, 1]
+        """
+        rows = [[int(t) for t in s] for s in sequences]
+        if any(len(r) < 2 for r in rows):
+            raise ValueError("score_tokens needs sequences of at least two tokens (the first is only context)")
+        out: list[list[float]] = []
+        for start in range(0, len(rows), self.max_batch_size):
+            part = rows[start:start + self.max_batch_size]
+            width = max(map(len, part))
+            ids = torch.full((len(part), width), self.pad_id, dtype=torch.long)
+            attn = torch.zeros_like(ids)
+            for i, r in enumerate(part):
+                ids[i, :len(r)] = torch.tensor(r)
+                attn[i, :len(r)] = 1
+            with self.eval_mode():
+                lp = sequence_logprobs(self.model, ids.to(self.device), attn.to(self.device)).float().cpu()
+            out += [lp[i, :len(r) - 1].tolist() for i, r in enumerate(part)]
+        return out
+
     def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
         """Teacher-forced log-probs of ``completion_ids`` after ``prompt_ids`` (same distribution as sampling).
 

@@ -726,6 +726,24 @@ class OpenAIEngine:
             raise ServerError(f"the server at {self.base_url} left a log-prob of the scored tokens out")
         return [float(lp) for lp in prompt_part[len(prompt_ids):]]
 
+    @property
+    def score_tokens(self):
+        """``score_tokens(sequences)``: each sequence's log-probs as the server scores it as a prompt (a teacher
+        grading a student's tokens; see :meth:`logprobs`), or ``None`` where prompts go as text (a text prompt is
+        re-tokenised by the server: its scores would not be of these ids)."""
+        if self.prompts_sent_as == "text":
+            return None
+        return self._score_tokens
+
+    def _score_tokens(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        rows = [[int(t) for t in s] for s in sequences]
+        if any(len(r) < 2 for r in rows):
+            raise ValueError("score_tokens needs sequences of at least two tokens (the first is only context)")
+        if len(rows) <= 1 or self.max_concurrency == 1:
+            return [self.logprobs(r[:1], r[1:]) for r in rows]
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(rows))) as pool:
+            return list(pool.map(lambda r: self.logprobs(r[:1], r[1:]), rows))
+
     def close(self) -> None:
         """Close the HTTP connections."""
         self.client.close()

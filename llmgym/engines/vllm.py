@@ -603,6 +603,30 @@ class VLLMEngine:
             self.sleep()
         return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
 
+    def score_tokens(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Teacher-forced log-probs (temperature 1) of every token after the first of each sequence, from
+        vLLM's prompt log-probs (``prompt_logprobs=0``; one token is generated and dropped)."""
+        if self.llm is None:
+            raise RuntimeError("this VLLMEngine is closed")
+        rows = [[int(t) for t in s] for s in sequences]
+        if any(len(r) < 2 for r in rows):
+            raise ValueError("score_tokens needs sequences of at least two tokens (the first is only context)")
+        if not rows:
+            return []
+        if self._asleep:
+            self.wake_up()
+        params = vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, seed=0)
+        outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], sampling_params=params, use_tqdm=False)
+        scores = []
+        for row, out in zip(rows, outputs):
+            entries = out.prompt_logprobs
+            if entries is None or len(entries) != len(row):
+                raise RuntimeError("vLLM returned no prompt log-probs (SamplingParams(prompt_logprobs=0) was ignored?)")
+            scores.append([float(getattr(e[t], "logprob", e[t])) for t, e in zip(row[1:], entries[1:])])
+        if self.sleep_after_generate:
+            self.sleep()
+        return scores
+
     def open_session(self, contexts: Sequence[Sequence[int]] = ()):
         """Not supported: vLLM schedules whole completions and exposes no per-token KV cache here.
 

@@ -28,7 +28,8 @@ class Batch:
         groups: ``[N]`` long, which task (group) each episode belongs to.
         truncated: ``[N]`` bool, a completion hit the token budget.
         longest_turn: ``[N]`` sampled tokens of each episode's longest turn (the per-turn budget's unit).
-        ref_logprobs, values, advantages, returns: filled by agents where they need them.
+        ref_logprobs, teacher_logprobs, values, advantages, returns: filled by agents where they need them
+            (``teacher_logprobs``: a distillation teacher's log-probs of the same tokens).
         baseline_rewards: ``[N]`` an external per-episode baseline (ReMax's greedy rewards).
         policy_versions: ``[N, L-1]`` long, the policy version that sampled each token (``-1`` off the
             action mask); ``None`` when the engine reported no versions (the synchronous loop).
@@ -45,6 +46,7 @@ class Batch:
     truncated: torch.Tensor
     longest_turn: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None

@@ -21,6 +21,8 @@ def small(cls, model, tok, **kw):
     args = {**SMALL, **kw}
     if cls is PPO:
         args.setdefault("minibatch_size", 2)
+    if cls.name == "distill":
+        args.setdefault("teacher", "tiny")  # the default tiny model, same tokenizer: a teacher to grade the tokens
     return cls(model, tok, **args)
 
 

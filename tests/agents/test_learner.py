@@ -378,6 +378,8 @@ def _off_policy_update(name, seed=0, **config):
               "minibatch_size": minibatch, **config}
     if name != "dpo":
         config["entropy_coef"] = 0.01
+    if name == "distill":
+        config["teacher"] = "tiny"  # a frozen teacher with the same tokenizer grades the fixed batch
     agent = AGENTS[name](model, tok, **config)
     agent.optimizer = torch.optim.SGD(agent.parameters(), lr=0.1)
     metrics = agent.update(batch)

@@ -261,6 +261,22 @@ def test_decode_session_follows_the_context_or_refuses_clearly(setup):
     assert (session.logits(rows) - want).abs().max() < setup.tol
 
 
+def test_score_tokens_equal_a_direct_forward(setup):
+    """A teacher's per-token scores (what on-policy distillation reads) are the log-probs of a direct forward of
+    its model, for prompts and sampled tokens alike, in batches of rows of different lengths."""
+    sequences = [c.prompt_ids + c.token_ids for g in setup.engine.generate(
+        _prompts(setup.tok), SamplingParams(n=2, max_new_tokens=MAX_NEW, seed=5)) for c in g]
+    scores = setup.engine.score_tokens(sequences)
+    worst = 0.0
+    for seq, row in zip(sequences, scores):
+        ids = torch.tensor([seq], device=setup.device)
+        with torch.no_grad():
+            direct = sequence_logprobs(setup.learner, ids, torch.ones_like(ids))[0].float().cpu()
+        assert len(row) == len(seq) - 1
+        worst = max(worst, float((torch.tensor(row) - direct).abs().max()))
+    assert worst <= setup.tol, f"{setup.kind}: scores differ from a direct forward by {worst:.3g} > {setup.tol}"
+
+
 def test_check_engine_passes(setup):
     """The shipped checker (llmgym.engines.check_engine) holds every engine of the suite to the contract."""
     from llmgym.engines import check_engine
@@ -278,10 +294,16 @@ def _broken_engine(**changes):
     tok = build_tokenizer()
     model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64, seed=1))
 
+    scoring = changes.pop("score_tokens", None)
+
     class Broken(HFEngine):
         def generate(self, prompt_ids, sampling=None, *, keys=None):
             groups = super().generate(prompt_ids, sampling, keys=keys)
             return [[dc.replace(c, **{k: f(c) for k, f in changes.items()}) for c in g] for g in groups]
+
+        def score_tokens(self, sequences):
+            rows = super().score_tokens(sequences)
+            return scoring(rows) if scoring is not None else rows
 
     return Broken(model, tok), model
 
@@ -293,7 +315,8 @@ def _broken_engine(**changes):
     (dict(finish_reason=lambda c: "eos"), "finish_reason"),
     (dict(finish_reason=lambda c: "length" if c.finish_reason == "stop" else "stop"), "finish_reason"),
     (dict(text=lambda c: c.text + "!"), "decoded"),
-    (dict(prompt_ids=lambda c: c.prompt_ids[1:]), "prompt_ids"),
+    (dict(prompt_ids=lambda c: c.prompt_ids[1:]), "prompt_ids"),    (dict(score_tokens=lambda rows: [[lp - 0.5 for lp in row] for row in rows]), "score_tokens differs"),
+    (dict(score_tokens=lambda rows: [row[1:] for row in rows]), "one per token after the first"),
 ])
 def test_check_engine_names_the_broken_promise(changes, message):
     from llmgym.engines import EngineContractError, check_engine

@@ -205,3 +205,22 @@ def test_check_engine_passes_on_a_served_model(served):
     from llmgym.engines import check_engine
 
     check_engine(served.engine, model=served.model, sync=False)
+
+
+def test_a_served_teacher_scores_tokens_as_a_direct_forward_of_its_model(served):
+    """What on-policy distillation reads from a served teacher: per-token log-probs of given ids (prompt and
+    sampled tokens alike) equal to a direct forward of the same weights; none where prompts go as text."""
+    import torch
+
+    from llmgym.engines import SamplingParams, sequence_logprobs
+    from llmgym.engines.openai_api import OpenAIEngine
+
+    prompts = [served.tok.encode("copy:42="), served.tok.encode("a longer prompt")]
+    done = [c for g in served.engine.generate(prompts, SamplingParams(n=2, max_new_tokens=4, seed=3)) for c in g]
+    sequences = [c.prompt_ids + c.token_ids for c in done]
+    for seq, row in zip(sequences, served.engine.score_tokens(sequences)):
+        ids = torch.tensor([seq])
+        with torch.no_grad():
+            direct = sequence_logprobs(served.model, ids, torch.ones_like(ids))[0]
+        assert len(row) == len(seq) - 1 and float((torch.tensor(row) - direct).abs().max()) < LOGPROB_TOL
+    assert OpenAIEngine(served.base_url, "tiny-served", served.tok, prompt_format="text").score_tokens is None
