@@ -618,6 +618,7 @@ class Learner:
                 loss, stats = agent.loss(micro, out)
             stats.update(tis_stats)
             loss = loss * scale
+            del out, micro  # the forward's [N, L-1] outputs: what backward needs, its graph keeps
             # data parallel: gradients are reduced once, at the last micro-batch
             with _gradient_sync(learner, enabled=i == len(parts) - 1):
                 loss.backward()

@@ -404,6 +404,27 @@ def test_right_padded_rows_share_one_row_of_positions():
     assert L._position_ids(left).tolist() == [[0, 0, 1], [0, 1, 2]]
 
 
+def test_the_forward_outputs_are_released_before_backward():
+    """The forward's ``[N, L-1]`` log-probs and entropy are not held through backward (its graph keeps
+    what backward needs): TRL's step holds none at its backward either."""
+    import weakref
+
+    model, tok = _tiny()
+    agent = GRPO(model, tok, group_size=GROUP, kl_coef=0.0, max_new_tokens=8)  # entropy_coef 0: the loss ignores H
+    outputs, alive = [], []
+    forward = agent.forward
+
+    def recording(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        outputs.append(weakref.ref(out.entropy))
+        return out
+
+    agent.forward = recording
+    next(iter(model.parameters())).register_hook(lambda g: alive.append(outputs[-1]() is not None))
+    agent.update(_fixed_batch(tok))
+    assert alive == [False]
+
+
 def test_shared_prefixes_decline_batches_they_cannot_split():
     from llmgym.agents.shared_prefix import shared_prefixes, supports_shared_prefixes
 

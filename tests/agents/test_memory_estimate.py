@@ -52,6 +52,8 @@ def test_tiny_cell_of_each_side_runs_and_its_composition_adds_up():
     # forward runs the decoder twice, so every weight of it gets two gradient flows
     assert both["trl"]["gradient_sums_in_place"] == 1
     assert both["llmgym"]["gradient_sums_in_place"] > 1
+    # the goal, on the small cell too (its batch takes the shared-prompt forward): llmgym's peak <= TRL's
+    assert both["llmgym"]["estimate_mib"] <= both["trl"]["estimate_mib"], both
 
 
 def test_bad_grid_arguments_are_named():
