@@ -207,7 +207,9 @@ def cast_linear_weights_once(module: torch.nn.Module):
     weight's dtype: the gradients accumulate at the weight in its dtype exactly as separate casts' do
     (not summed in bf16 first, as a shared cast or autocast's cache would). Only tensors autocast would
     cast are cast (floating, not float64, not already in its dtype), and only those no other kind of
-    module uses (a weight tied to an embedding keeps its own dtype there).
+    module uses (a weight tied to an embedding keeps its own dtype there). A node is made per linear
+    module and call: a module a model calls twice in one forward (none of ``transformers``' decoders
+    does) would sum its two uses' gradients in the cast's dtype, as autocast's cache does.
 
     Example:
         >>> import torch
@@ -232,7 +234,7 @@ def cast_linear_weights_once(module: torch.nn.Module):
     other = {id(p) for m in module.modules() if type(m) is not torch.nn.Linear for p in m.parameters(recurse=False)}
     casts: dict[int, tuple[torch.Tensor, torch.Tensor, list[str]]] = {}  # a tied weight: one cast, each of its names
     with torch.no_grad():
-        for name, m in module.named_modules(remove_duplicate=False):
+        for name, m in module.named_modules():
             if type(m) is not torch.nn.Linear:
                 continue
             for pname, p in m.named_parameters(recurse=False):

@@ -707,8 +707,11 @@ def notes(report: dict) -> str:
                        f"{e.get('estimate_mib', float('nan')):,.0f} | {err} | {comp} |")
         out.append("")
     if report.get("cells"):
+        reused = m.get("trl_side_from_previous_run")
         out += [f"**Today's code**, llmgym vs TRL {m.get('versions', {}).get('trl', '?')} (run {m.get('date', '?')}); "
-                "ratio = llmgym / TRL:", "",
+                "ratio = llmgym / TRL" + (f" (TRL's side of {', '.join(reused)} from the run of {m.get('trl_previous_run', '?')}: "
+                                          "TRL's code and the estimator's TRL side unchanged since, and the TRL cells run again "
+                                          "reproduced their peaks to 0.1 MiB)" if reused else "") + ":", "",
                 "| shape | tokens | mode | llmgym MiB | TRL MiB | ratio | llmgym: grads / activations / temporaries | TRL: grads / activations / temporaries |",
                 "|---|---|---|---|---|---|---|---|"]
         for c in report["cells"]:
