@@ -193,6 +193,26 @@ def _backbone(model: torch.nn.Module) -> torch.nn.Module | None:
     return base if base is not None and base is not core else None
 
 
+def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each token's position: ``[1, L]`` (``0 … L-1``, shared by every row) when every row is right-padded
+    (the positions of its tokens are then the same in each row), ``[N, L]`` (counted from each row's
+    first token) otherwise. One row of positions makes one row of rotary ``cos``/``sin`` that every
+    layer saves for backward, not ``N``: 8 MiB less at 32 × 537 tokens of a 64-wide head.
+
+    Example:
+        >>> import torch
+        >>> _position_ids(torch.tensor([[1, 1, 0], [1, 1, 1]])).tolist()
+        [[0, 1, 2]]
+        >>> _position_ids(torch.tensor([[0, 1, 1], [1, 1, 1]])).tolist()  # left padding: per row
+        [[0, 0, 1], [0, 1, 2]]
+    """
+    width = attention_mask.shape[-1]
+    columns = torch.arange(width, device=attention_mask.device)
+    if bool((attention_mask.bool() == (columns < attention_mask.sum(-1, keepdim=True))).all()):
+        return columns[None]
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(_core_model(model).forward).parameters
 
@@ -251,7 +271,7 @@ def token_logprobs_and_entropy(
         (0.0, [0.0, 0.0], True)
     """
     t = temperature if temperature > 0 else 1.0
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    positions = _position_ids(attention_mask)
     targets = input_ids[:, 1:]
     chunked = chunk_size and chunk_size > 0 and _accepts_logits_to_keep(model)
     transform = logit_transform(_core_model(model)) if chunked else None
@@ -598,6 +618,7 @@ class Learner:
                 loss, stats = agent.loss(micro, out)
             stats.update(tis_stats)
             loss = loss * scale
+            del out, micro  # the forward's [N, L-1] outputs: what backward needs, its graph keeps
             # data parallel: gradients are reduced once, at the last micro-batch
             with _gradient_sync(learner, enabled=i == len(parts) - 1):
                 loss.backward()

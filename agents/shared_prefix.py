@@ -18,6 +18,11 @@ the same function of the weights as one pass over the padded batch (float summat
 ``transformers``' layers drop a KV cache under gradient checkpointing, so the learner uses this only
 without it (and not under data parallel, whose wrapper expects one forward per backward).
 
+Under autocast the two passes share one low-precision cast of each linear layer's weights
+(:func:`cast_linear_weights_once`): cast per pass, backward would keep two bf16 copies of the decoder's
+weights (13 GiB more for a 7B model), more than sharing the prompt saves. Each pass still hands its own
+gradient back to the weight in the weight's dtype, so the gradients are the same bits as with two casts.
+
 Example:
     >>> import torch
     >>> from llmgym.agents.shared_prefix import shared_prefixes
@@ -37,7 +42,8 @@ import dataclasses
 
 import torch
 
-__all__ = ["SharedPrefixes", "shared_prefixes", "shared_prefix_hidden", "supports_shared_prefixes", "TESTED_ATTENTION"]
+__all__ = ["SharedPrefixes", "shared_prefixes", "shared_prefix_hidden", "supports_shared_prefixes", "TESTED_ATTENTION",
+           "cast_linear_weights_once"]
 
 TESTED_ATTENTION = ("sdpa", "eager")
 """Attention implementations the prefix/suffix split is tested with (a padding mask with a hole between
@@ -158,6 +164,7 @@ def shared_prefix_hidden(backbone: torch.nn.Module, split: SharedPrefixes, selec
     """
     from transformers import DynamicCache
 
+    backbone = cast_linear_weights_once(backbone)
     prefix_positions = (split.prefix_mask.cumsum(-1) - 1).clamp(min=0)
     out = backbone(input_ids=split.prefix_ids, attention_mask=split.prefix_mask, position_ids=prefix_positions,
                    use_cache=True)
@@ -175,3 +182,73 @@ def shared_prefix_hidden(backbone: torch.nn.Module, split: SharedPrefixes, selec
     columns = positions.clamp(max=select.shape[1] - 1)
     suffix_select = select.gather(1, columns) & (positions < select.shape[1]) & split.suffix_mask.bool()
     return hidden[suffix_select]
+
+
+class _SharedCast(torch.autograd.Function):
+    """``weight`` as its ready-made cast ``cast`` (the same storage for every use); backward returns the
+    gradient in ``weight``'s dtype, as autocast's own cast does."""
+
+    @staticmethod
+    def forward(ctx, weight, cast):
+        ctx.dtype = weight.dtype
+        return cast.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.dtype), None
+
+
+def cast_linear_weights_once(module: torch.nn.Module):
+    """``module``, or under autocast a callable like it whose ``nn.Linear`` weights and biases are cast
+    to autocast's dtype once, here, and reused by every call (autocast without its cache casts them
+    again at each call, and backward keeps every call's copy).
+
+    Each call gets its own autograd node per weight, whose backward converts that call's gradient to the
+    weight's dtype: the gradients accumulate at the weight in its dtype exactly as separate casts' do
+    (not summed in bf16 first, as a shared cast or autocast's cache would). Only tensors autocast would
+    cast are cast (floating, not float64, not already in its dtype), and only those no other kind of
+    module uses (a weight tied to an embedding keeps its own dtype there). A node is made per linear
+    module and call: a module a model calls twice in one forward (none of ``transformers``' decoders
+    does) would sum its two uses' gradients in the cast's dtype, as autocast's cache does.
+
+    Example:
+        >>> import torch
+        >>> from llmgym.agents.shared_prefix import cast_linear_weights_once
+        >>> layer = torch.nn.Linear(4, 4)
+        >>> cast_linear_weights_once(layer) is layer  # no autocast: nothing to share
+        True
+        >>> x = torch.randn(2, 4)
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        ...     shared = cast_linear_weights_once(layer)
+        ...     y = shared(x) + shared(x)
+        >>> y.sum().backward(); layer.weight.grad.dtype
+        torch.float32
+    """
+    params = list(module.parameters())
+    if not params:
+        return module
+    device = params[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return module
+    dtype = torch.get_autocast_dtype(device)
+    other = {id(p) for m in module.modules() if type(m) is not torch.nn.Linear for p in m.parameters(recurse=False)}
+    casts: dict[int, tuple[torch.Tensor, torch.Tensor, list[str]]] = {}  # a tied weight: one cast, each of its names
+    with torch.no_grad():
+        for name, m in module.named_modules():
+            if type(m) is not torch.nn.Linear:
+                continue
+            for pname, p in m.named_parameters(recurse=False):
+                if p.is_floating_point() and p.dtype not in (dtype, torch.float64) and id(p) not in other:
+                    entry = casts.get(id(p)) or casts.setdefault(id(p), (p, p.to(dtype), []))
+                    entry[2].append(f"{name}.{pname}" if name else pname)
+    if not casts:
+        return module
+
+    def call(*args, **kwargs):
+        grad = torch.is_grad_enabled()
+        # a node per use (per module name): each use's gradient reaches the weight in its dtype
+        weights = {n: _SharedCast.apply(p, cast) if p.requires_grad and grad else cast
+                   for p, cast, names in casts.values() for n in names}
+        return torch.func.functional_call(module, weights, args=args, kwargs=kwargs, tie_weights=False)
+
+    return call

@@ -347,6 +347,29 @@ def _shared_prefixes_from(real_batch, mode) -> None:
     learner.shared_prefixes = planned
 
 
+def _position_ids_from(real_batch, mode) -> None:
+    """The learner gives every row one shared row of positions when the batch is right-padded, a row of
+    its own otherwise: a choice read from the mask's values, which fake tensors do not have. Make it on
+    the real batch, as the learner would, and hand the learner a fake copy of its positions."""
+    import llmgym.agents.learner as learner
+
+    if not hasattr(learner, "_position_ids"):  # code from before: positions per row, computed without a test
+        return
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    real = learner._position_ids
+
+    def planned(attention_mask):
+        if tuple(attention_mask.shape) != tuple(real_batch.attention_mask.shape):
+            raise RuntimeError("memory_estimate: positions of a batch the estimator did not build "
+                               f"({tuple(attention_mask.shape)} vs {tuple(real_batch.attention_mask.shape)})")
+        with unset_fake_temporarily():
+            positions = real(real_batch.attention_mask)
+        return mode.from_tensor(positions, static_shapes=True)
+
+    learner._position_ids = planned
+
+
 def _plain_head_is_plain(mode) -> None:
     """The learner sends a plain ``nn.Linear`` head whose weight is an ``nn.Parameter`` to the fused
     vocabulary-tiled head; a fake parameter fails that ``type(...) is`` test, so it would take the
@@ -391,6 +414,7 @@ def cell_llmgym(a) -> dict:
     sampled = int(real_batch.action_mask.sum())
     mode = _fake_mode()
     _shared_prefixes_from(real_batch, mode)
+    _position_ids_from(real_batch, mode)
     _plain_head_is_plain(mode)
     with mode:
         model, _ = _model(a.shape)
@@ -683,8 +707,11 @@ def notes(report: dict) -> str:
                        f"{e.get('estimate_mib', float('nan')):,.0f} | {err} | {comp} |")
         out.append("")
     if report.get("cells"):
+        reused = m.get("trl_side_from_previous_run")
         out += [f"**Today's code**, llmgym vs TRL {m.get('versions', {}).get('trl', '?')} (run {m.get('date', '?')}); "
-                "ratio = llmgym / TRL:", "",
+                "ratio = llmgym / TRL" + (f" (TRL's side of {', '.join(reused)} from the run of {m.get('trl_previous_run', '?')}: "
+                                          "TRL's code and the estimator's TRL side unchanged since, and the TRL cells run again "
+                                          "reproduced their peaks to 0.1 MiB)" if reused else "") + ":", "",
                 "| shape | tokens | mode | llmgym MiB | TRL MiB | ratio | llmgym: grads / activations / temporaries | TRL: grads / activations / temporaries |",
                 "|---|---|---|---|---|---|---|---|"]
         for c in report["cells"]:

@@ -317,6 +317,114 @@ def test_the_learner_runs_each_groups_prompt_once():
     _assert_same_state(shared, {k: v.detach() for k, v in model_p.state_dict().items()})
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prefixes_under_autocast_cast_each_weight_once_and_keep_the_gradients_bit_for_bit(lora, monkeypatch):
+    """Under bf16 autocast the prefix and suffix passes share one bf16 cast of each linear weight: backward
+    keeps one copy of them, as the one-pass forward does, not two; and the log-probs and every gradient
+    are the same bits as with a cast per pass (each pass's gradient reaches the weight in float32)."""
+    import llmgym.agents.shared_prefix as sp
+
+    model, tok = _tiny()
+    if lora:
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM",
+                                                           init_lora_weights=False))
+    batch = _multi_turn_batch(tok)
+    linear = {(tuple(m.weight.shape)) for m in model.modules() if type(m) is torch.nn.Linear}
+    head = tuple(model.get_output_embeddings().weight.shape)
+
+    def run(share, cast_once):
+        monkeypatch.setattr(sp, "cast_linear_weights_once", sp.cast_linear_weights_once if cast_once else lambda m: m)
+        model.zero_grad()
+        copies = {}
+
+        def pack(t):  # the bf16 weight-shaped tensors backward keeps (the head's tiles are recomputed)
+            if t.dtype == torch.bfloat16 and tuple(t.shape) in linear | {head[::-1]} and tuple(t.shape) != head:
+                copies[id(t.untyped_storage())] = t.untyped_storage()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            lp, ent, _ = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask,
+                                                    mask=batch.action_mask, chunk_size=5, share_prefixes=share)
+        ((lp * torch.linspace(-1, 1, lp.shape[1])).sum() + 0.1 * ent.sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return lp.detach(), grads, sum(st.nbytes() for st in copies.values())
+
+    once, per_pass, one_pass = run(True, True), run(True, False), run(False, True)
+    assert torch.equal(once[0], per_pass[0])
+    assert once[1].keys() == per_pass[1].keys() and all(torch.equal(once[1][n], per_pass[1][n]) for n in once[1])
+    assert 0 < once[2] == one_pass[2] and per_pass[2] > 1.5 * once[2]  # one bf16 copy of the weights, not two
+
+
+def test_cast_linear_weights_once_sums_a_tied_weights_uses_in_float32():
+    """A weight two linear layers share gets one cast but a gradient node per use: the uses' gradients
+    add up in float32 at the weight, as autocast's per-use casts' do (not in bf16 first)."""
+    from llmgym.agents.shared_prefix import cast_linear_weights_once
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    grads = []
+    for once in (False, True):
+        torch.manual_seed(0)
+        m, x = Tied(), torch.randn(5, 8)
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            f = cast_linear_weights_once(m) if once else m
+            y = f(x) + f(x)
+        (y.float() * torch.linspace(-1, 1, 8)).sum().backward()
+        grads.append(m.a.weight.grad)
+    assert torch.equal(grads[0], grads[1])
+    m = torch.nn.Linear(2, 2).double()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert cast_linear_weights_once(m) is m  # float64: autocast leaves it alone, so does this
+
+
+def test_right_padded_rows_share_one_row_of_positions():
+    """Right-padded rows get one ``[1, L]`` row of positions (one row of rotary cos/sin saved for
+    backward, not N), with the same log-probs as per-row positions; left padding keeps per-row ones."""
+    from llmgym.agents import learner as L
+
+    model, tok = _tiny()
+    batch = _multi_turn_batch(tok)  # right-padded, rows of unequal lengths
+    assert tuple(L._position_ids(batch.attention_mask).shape) == (1, batch.input_ids.shape[1])
+    per_row = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    got, _, _ = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, mask=batch.action_mask)
+    want = model(batch.input_ids, attention_mask=batch.attention_mask, position_ids=per_row).logits[:, :-1]
+    want = torch.log_softmax(want.float(), -1).gather(-1, batch.input_ids[:, 1:, None])[..., 0] * batch.action_mask
+    assert torch.allclose(got, want, atol=1e-5)
+    left = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    assert L._position_ids(left).tolist() == [[0, 0, 1], [0, 1, 2]]
+
+
+def test_the_forward_outputs_are_released_before_backward():
+    """The forward's ``[N, L-1]`` log-probs and entropy are not held through backward (its graph keeps
+    what backward needs): TRL's step holds none at its backward either."""
+    import weakref
+
+    model, tok = _tiny()
+    agent = GRPO(model, tok, group_size=GROUP, kl_coef=0.0, max_new_tokens=8)  # entropy_coef 0: the loss ignores H
+    outputs, alive = [], []
+    forward = agent.forward
+
+    def recording(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        outputs.append(weakref.ref(out.entropy))
+        return out
+
+    agent.forward = recording
+    next(iter(model.parameters())).register_hook(lambda g: alive.append(outputs[-1]() is not None))
+    agent.update(_fixed_batch(tok))
+    assert alive == [False]
+
+
 def test_shared_prefixes_decline_batches_they_cannot_split():
     from llmgym.agents.shared_prefix import shared_prefixes, supports_shared_prefixes
 
