@@ -239,15 +239,22 @@ class HFDecodeSession:
         device = self._mask.device
         width = max(len(t) for t in tokens.values())
         # each row's new ids right-aligned in one [B, width] chunk (built as lists: one tensor call)
-        rows = [tokens.get(h, ()) for h in self._handles]
-        chunk = torch.tensor([[self.pad_id] * (width - len(t)) + list(t) for t in rows], dtype=torch.long)
-        chunk_mask = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t in rows], dtype=torch.long)
-        changed = torch.tensor([len(t) > 0 for t in rows])
-        chunk, chunk_mask, changed = chunk.to(device), chunk_mask.to(device), changed.to(device)
-        positions = (self._lengths[:, None] + chunk_mask.cumsum(-1) - 1).clamp(min=0)
-        mask = torch.cat([self._mask, chunk_mask], dim=1)
-        self._cache, logits = self._forward(chunk, mask, positions, self._cache)
-        self._logits = torch.where(changed[:, None], logits, self._logits)
+        if width == 1 and len(tokens) == len(self._handles):  # the per-token step: one id for every row
+            chunk = torch.tensor([tokens[h] for h in self._handles], dtype=torch.long).to(device)
+            chunk_mask = torch.ones_like(chunk)
+            positions = self._lengths[:, None]
+            mask = torch.cat([self._mask, chunk_mask], dim=1)
+            self._cache, self._logits = self._forward(chunk, mask, positions, self._cache)
+        else:
+            rows = [tokens.get(h, ()) for h in self._handles]
+            chunk = torch.tensor([[self.pad_id] * (width - len(t)) + list(t) for t in rows], dtype=torch.long)
+            chunk_mask = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t in rows], dtype=torch.long)
+            changed = torch.tensor([len(t) > 0 for t in rows])
+            chunk, chunk_mask, changed = chunk.to(device), chunk_mask.to(device), changed.to(device)
+            positions = (self._lengths[:, None] + chunk_mask.cumsum(-1) - 1).clamp(min=0)
+            mask = torch.cat([self._mask, chunk_mask], dim=1)
+            self._cache, logits = self._forward(chunk, mask, positions, self._cache)
+            self._logits = torch.where(changed[:, None], logits, self._logits)
         self._mask, self._lengths = mask, self._lengths + chunk_mask.sum(-1)
         self.tokens_computed += sum(len(t) for t in tokens.values())
         for h, new in tokens.items():

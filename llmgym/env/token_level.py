@@ -150,6 +150,32 @@ class TokenLevel(gym.Wrapper):
         self._start_turn(obs)  # multi-turn: the env replied; a new completion begins
         return self._observation(), reward, False, False, info
 
+    def buffer_token(self, token: int) -> bool:
+        """Take ``token`` as :meth:`step` would when it does not end the turn — buffered, reward 0 —
+        without building the observation; ``False`` (nothing changed) when it would end the turn, is
+        not a token id of the vocabulary, or the episode is over: then :meth:`step` must take it.
+
+        A rollout that drives many rows calls this for a turn's inner tokens and ``step`` for its last,
+        so the inner env, its verifier and the Gymnasium checks run exactly as with ``step`` alone.
+
+        Example:
+            >>> from llmgym import SequenceEnv, Task, TokenLevel
+            >>> from llmgym.runtime.models import build_tokenizer
+            >>> tok = build_tokenizer()
+            >>> env = TokenLevel(SequenceEnv([Task("1+1=", answer="2")], lambda t, c: c == t.answer), tok, max_new_tokens=4)
+            >>> _ = env.reset(seed=0)
+            >>> env.buffer_token(tok.convert_tokens_to_ids("2")), env.buffer_token(tok.eos_token_id)
+            (True, False)
+            >>> env.step(tok.eos_token_id)[1:3]
+            (1.0, True)
+        """
+        buffer = self._buffer
+        if (self._done or type(token) is not int or token in self._stop_token_ids
+                or len(buffer) + 1 >= self.max_new_tokens or not 0 <= token < self.action_space.n):
+            return False
+        buffer.append(token)
+        return True
+
     def _start_turn(self, obs: dict[str, Any]) -> None:
         self._context = obs["prompt_ids"].tolist()
         self._context_text = obs["prompt"]

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from llmgym.engines.base import Completion, EngineView, SamplingParams
-from llmgym.engines.sampling import row_keys, sample_next_token
+from llmgym.engines.sampling import keyed_uniforms, row_keys, sample_next_token
+from llmgym.env.token_level import TokenLevel
 from llmgym.env.types import Task
 from llmgym.env.verifiers import Verifier
 from llmgym.env.vector import clone_envs
@@ -415,31 +416,77 @@ def _run_token_rows(live, envs, episodes, observations, view, sampling, seed, ma
         _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock, version, first_row)
 
 
+def _direct_token_level(env: gym.Env) -> TokenLevel | None:
+    """``env``'s :class:`~llmgym.TokenLevel` when every layer above it is one of Gymnasium's own
+    ``OrderEnforcing`` / ``PassiveEnvChecker`` (exactly those classes, ``step`` not patched): their
+    ``step`` only forwards once the env is reset (the checker checks the first ``step`` that reaches
+    it), so a turn's inner tokens can go to the ``TokenLevel`` buffer directly and its last token
+    through ``env.step``. ``None`` for anything else above it (a wrapper of the user's that watches
+    every token, a ``TimeLimit`` counting steps) or a subclass of ``TokenLevel``: then every token goes
+    through ``env.step``.
+    """
+    from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker
+
+    layer = env
+    while type(layer) in (OrderEnforcing, PassiveEnvChecker) and "step" not in vars(layer):
+        layer = layer.env
+    if type(layer) is TokenLevel and not {"step", "buffer_token"} & vars(layer).keys():
+        return layer
+    return None
+
+
 def _step_rows(session, live, envs, episodes, observations, sampling, seed, max_turns, clock, version=None,
                first_row=0) -> None:
+    """Step rows ``live`` one token at a time. A row whose env is llmgym's own token-level env under
+    Gymnasium's pass-through wrappers (:func:`_direct_token_level`) buffers a turn's inner tokens in
+    that env (:meth:`~llmgym.TokenLevel.buffer_token`: the reward 0 and the observation ``step`` would
+    give are not built) and goes through ``env.step`` for the token that ends the turn; any other row
+    goes through ``env.step`` at every token. Tokens, rewards and episodes are the same either way."""
     row_of = dict(zip(live, session.rows))
     turn_of = {i: 0 for i in live}
     buffers: dict[int, list[int]] = {i: [] for i in live}
     buffer_lps: dict[int, list[float]] = {i: [] for i in live}
     buffer_rewards: dict[int, list[float]] = {i: [] for i in live}
+    direct = {i: _direct_token_level(envs[i]) for i in live}
     keys_cache: dict[int, list[int]] = {}
+    # every row's keyed uniforms of one turn, hashed at once (as the engine does): [rows, budget]
+    lo, hi, budget = min(live, default=0), max(live, default=-1) + 1, sampling.max_new_tokens
+    uniform_tables: dict[int, torch.Tensor] = {}
     while live:
-        keys = []
-        for i in live:
-            if turn_of[i] not in keys_cache:
-                keys_cache[turn_of[i]] = _row_keys(seed, first_row, len(envs), turn_of[i])
-            keys.append(keys_cache[turn_of[i]][i])
+        turns = {turn_of[i] for i in live}
+        for t in turns:
+            if t not in keys_cache:
+                keys_cache[t] = _row_keys(seed, first_row, len(envs), t)
+        positions = [len(buffers[i]) for i in live]
+        uniforms = keys = None
+        if sampling.temperature == 0:
+            pass
+        elif len(turns) == 1 and max(positions) < budget:
+            (t,) = turns
+            if t not in uniform_tables:
+                row_keys_t = torch.tensor(keys_cache[t][lo:hi])
+                uniform_tables[t] = keyed_uniforms(row_keys_t[:, None], torch.arange(budget)[None])
+            uniforms = uniform_tables[t][torch.tensor(live) - lo, torch.tensor(positions)]
+        else:
+            keys = torch.tensor([keys_cache[turn_of[i]][i] for i in live])
         with clock.generating():
             logits = session.logits([row_of[i] for i in live])
-            positions = torch.tensor([len(buffers[i]) for i in live])
-            tokens, lps = sample_next_token(logits, torch.tensor(keys, device=logits.device),
-                                            positions.to(logits.device), sampling.temperature, sampling.top_p)
+            if keys is not None:
+                keys, positions = keys.to(logits.device), torch.tensor(positions, device=logits.device)
+            tokens, lps = sample_next_token(logits, keys, positions if keys is not None else None,
+                                            sampling.temperature, sampling.top_p, uniforms=uniforms)
             tokens, lps = tokens.tolist(), lps.tolist()
+        clock.sampled += len(live)
         still, finished, extensions = [], [], {}
         for i, tok, lp in zip(live, tokens, lps):
-            clock.sampled += 1
             buffers[i].append(tok)
             buffer_lps[i].append(lp)
+            wrapper = direct[i]
+            if wrapper is not None and wrapper.buffer_token(tok):  # an inner token of the turn: reward 0
+                buffer_rewards[i].append(0.0)
+                still.append(i)
+                extensions[row_of[i]] = [tok]
+                continue
             with clock.verifying():
                 obs, reward, terminated, truncated, info = envs[i].step(tok)
             buffer_rewards[i].append(float(reward))  # dense per-token rewards are kept where an env gives them

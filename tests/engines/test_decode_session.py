@@ -163,6 +163,73 @@ def test_token_level_collection_with_the_cache_equals_recomputing_and_sequence_l
         assert any(e.num_turns > 1 for e in cached)  # the env replied and the cache took the reply
 
 
+class EveryToken(gym.Wrapper):
+    """A user's wrapper that watches every token step (here: counts them, adds a dense reward)."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward + 0.25, terminated, truncated, {**info, "seen": self.steps}
+
+
+def test_direct_token_level_is_llmgyms_own_env_under_gymnasiums_pass_through_wrappers_only(tokenizer):
+    from llmgym import TokenLevel
+    from llmgym.env.vector import clone_envs
+    from llmgym.rollout.episodes import _direct_token_level
+
+    made = gym.make("llmgym/Copy-v0", tokenizer=tokenizer, level="token", max_new_tokens=4)
+    assert all(isinstance(_direct_token_level(e), TokenLevel) for e in [made, *clone_envs(made, 2)])
+    limited = gym.make("llmgym/Copy-v0", tokenizer=tokenizer, level="token", max_new_tokens=4, max_episode_steps=50)
+    patched = clone_envs(made, 1)[0]
+    patched.step = lambda action: made.step(action)
+    subclass = type("Sub", (TokenLevel,), {})(gym.make("llmgym/Copy-v0", tokenizer=tokenizer))
+    for env in [EveryToken(made), limited, patched, subclass]:  # something above (or in) it sees every token
+        assert _direct_token_level(env) is None
+
+
+def test_token_level_rows_take_a_step_per_turn_unless_a_wrapper_watches_every_token(tiny_model, tokenizer,
+                                                                                    monkeypatch):
+    from llmgym import TokenLevel
+    from llmgym.rollout import episodes as episodes_module
+
+    steps = {"n": 0}
+    real_step, real_direct = TokenLevel.step, episodes_module._direct_token_level
+
+    def counted(self, action):
+        steps["n"] += 1
+        return real_step(self, action)
+
+    monkeypatch.setattr(TokenLevel, "step", counted)
+    engine = HFEngine(tiny_model, tokenizer)
+    kw = dict(num_tasks=2, group_size=2, sampling=SamplingParams(max_new_tokens=5, temperature=1.0), seed=3,
+              max_turns=3)
+    for env_id in ["llmgym/Copy-v0", "llmgym/CopyRetry-v0"]:
+        env = gym.make(env_id, tokenizer=tokenizer, level="token", max_new_tokens=5)
+        steps["n"] = 0
+        fast, _ = collect_episodes(env, engine, **kw)  # the turn's last token steps, the others are buffered
+        assert steps["n"] == sum(e.num_turns for e in fast) < sum(sum(e.action_mask) for e in fast)
+        monkeypatch.setattr(episodes_module, "_direct_token_level", lambda e: None)
+        steps["n"] = 0
+        every, _ = collect_episodes(env, engine, **kw)  # every token through env.step
+        monkeypatch.setattr(episodes_module, "_direct_token_level", real_direct)
+        assert steps["n"] == sum(sum(e.action_mask) for e in every)
+        _same_episodes(fast, every)
+        assert [e.info for e in fast] == [e.info for e in every]
+        if env_id != "llmgym/Copy-v0":
+            assert any(e.num_turns > 1 for e in fast)
+        watched = EveryToken(env)
+        wrapped, _ = collect_episodes(watched, engine, **kw)
+        # the user's wrapper saw every token (its dense reward is on each); the same tokens were drawn
+        assert [e.token_ids for e in wrapped] == [e.token_ids for e in fast]
+        for e, f in zip(wrapped, fast):
+            assert e.total_reward == pytest.approx(f.total_reward + 0.25 * sum(f.action_mask))
+            assert e.info["seen"] == sum(e.action_mask)
+
+
 def test_token_stepper_reuses_the_cache_along_an_episode_and_rebuilds_on_reset(tiny_model, tokenizer):
     engine = HFEngine(tiny_model, tokenizer)
     stepper = TokenStepper(engine)
