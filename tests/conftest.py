@@ -66,6 +66,7 @@ SLOW_TESTS: dict[str, object] = {
                       "test_a_server_killed_mid_run_is_reported_and_the_run_goes_on_with_the_other"},
     "test_vllm.py": {"test_vllm_rollouts_raise_held_out_reward", "test_train_and_bench_take_engine_vllm_and_resume_keeps_it"},
     "test_vllm_paths.py": {"test_the_quickstart_model_trains_with_engine_vllm_and_weight_syncs_log_no_noise"},
+    "test_vllm_lora.py": {"TestLoRAEngine", "test_train_lora_engine_vllm_and_its_checkpoint_resumes_exactly"},
     "test_distributed.py": {"test_two_gloo_ranks_match_one_process", "test_micro_batches_under_data_parallel_match_one_process",
                             "test_batch_statistics_are_global_under_data_parallel",
                             "test_dapo_fills_the_global_batch_not_one_per_rank"},
@@ -103,7 +104,8 @@ def pytest_collection_modifyitems(config, items):
             if missing:
                 raise pytest.UsageError(f"tests/conftest.py SLOW_TESTS names {missing} in {item.path.name}, "
                                         f"which has no such test: rename or remove them there")
-        if entry == "*" or getattr(item, "originalname", item.name) in entry:
+        cls = getattr(item, "cls", None)  # a test class's name marks each of its tests
+        if entry == "*" or getattr(item, "originalname", item.name) in entry or (cls is not None and cls.__name__ in entry):
             item.add_marker(pytest.mark.slow)
 
 
@@ -136,7 +138,7 @@ def pytest_xdist_auto_num_workers(config):
 # running one of them alone at the end; measured with --durations on the 2-core machine. The rest follow in
 # collection order.
 SLOWEST_FILES_FIRST = (
-    "test_learning_tools.py", "test_fleet.py", "test_learning.py", "test_reward_integrity.py", "test_vllm.py",
+    "test_learning_tools.py", "test_fleet.py", "test_learning.py", "test_reward_integrity.py", "test_vllm.py", "test_vllm_lora.py",
     "test_interop_verifiers.py", "test_openai_engine.py", "test_tools.py", "test_vllm_paths.py",
     "test_interrupt.py", "test_learning_new_losses.py", "test_examples.py", "test_code_judge.py",
 )

@@ -151,8 +151,6 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
         if importlib.util.find_spec("vllm") is None:
             raise UsageError(f"--engine vllm needs vLLM, not installed here: {VLLM_HINT}")
         _quiet_vllm()
-        if lora:
-            raise UsageError("--engine vllm cannot take LoRA-injected weights (--lora-r); train LoRA with --engine hf")
     try:
         known = _engine_parameters(kind)
     except ImportError as exc:
@@ -232,9 +230,11 @@ def _quiet_vllm() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
 
-def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer):
+def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer, *, lora_r: int = 0,
+                 max_staleness: int | None = None):
     """The agent's rollout engine for ``--engine``: ``None`` for hf (the agent builds its own ``HFEngine``
-    over the model it trains), a :class:`~llmgym.engines.vllm.VLLMEngine` over ``model`` for vllm. A
+    over the model it trains), a :class:`~llmgym.engines.vllm.VLLMEngine` over ``model`` for vllm (with
+    ``lora_r > 0``: LoRA enabled at that rank, ``max_staleness + 1`` adapter versions kept). A
     setting vLLM rejects is a :class:`UsageError`; the caller closes the engine."""
     if kind == "hf":
         return None
@@ -250,7 +250,11 @@ def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer):
         raise UsageError(f"--engine {kind} cannot train (it samples from a server's weights): use hf or vllm")
     from llmgym.engines.vllm import VLLMEngine
 
+    options = dict(engine_args)
+    if lora_r:
+        options.setdefault("lora_rank", int(lora_r))
+        options.setdefault("lora_versions", int(max_staleness or 0) + 1)
     try:
-        return VLLMEngine(model, tokenizer, **engine_args)
+        return VLLMEngine(model, tokenizer, **options)
     except (ValueError, TypeError) as exc:  # a setting vLLM refused as it started (its config's cross-checks)
         raise UsageError(f"--engine vllm: {first_line(exc)}") from None
