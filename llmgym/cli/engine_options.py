@@ -200,8 +200,6 @@ def _check_servers(servers, lora: bool) -> None:
         raise UsageError(f"--server: {exc}") from None
     if len(set(roots)) != len(roots):
         raise UsageError(f"--server: a server is given twice ({', '.join(servers)})")
-    if lora:
-        raise UsageError("--engine vllm-server cannot take LoRA-injected weights (--lora-r); train LoRA with --engine hf")
 
 
 def bf16_on_slow_cpu(device: str | None, precision: str | None, engine_args: dict[str, Any] | None = None) -> str | None:
@@ -242,6 +240,8 @@ def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer, *, lo
         from llmgym.fleet.fleet_engine import FleetEngine, FleetError
 
         options = dict(engine_args)
+        if lora_r:
+            options.setdefault("lora_versions", int(max_staleness or 0) + 1)
         try:
             return FleetEngine(options.pop("servers"), tokenizer, model, **options)
         except (FleetError, ValueError, TypeError) as exc:

@@ -127,7 +127,8 @@ from llmgym.engines.base import Completion, SamplingParams, expand_rows
 from llmgym.engines.lora import AdapterError, adapter_bytes, adapter_config, has_lora, split_lora_state, vllm_lora_rank
 
 __all__ = ["CPU_KV_CACHE_BYTES", "EngineArgumentError", "MIN_VLLM_VERSION", "UnsupportedModelError", "VLLMEngine",
-           "check_engine_args", "check_model", "platform_name", "sleep_mode_available", "vllm_engine_arguments"]
+           "check_engine_args", "check_model", "lora_model_from_tensors", "platform_name", "sleep_mode_available",
+           "vllm_engine_arguments"]
 
 MIN_VLLM_VERSION = (0, 10, 2)
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -793,15 +794,14 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
-def _add_adapter_from_tensors(worker, lora_id: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> int:
-    """In a vLLM worker: build adapter ``lora_id`` from ``tensors`` (``peft``'s names) and ``config`` (its
-    ``adapter_config.json`` as data) and add it to the worker's LoRA manager, as vLLM's own loader does
-    from a directory (its checks: the config's features and rank; every adapted module one vLLM serves).
-    Returns the number of adapted modules."""
+def lora_model_from_tensors(manager, lora_id: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]):
+    """In a vLLM worker: vLLM's ``LoRAModel`` ``lora_id`` built from ``tensors`` (``peft``'s names) and ``config``
+    (its ``adapter_config.json`` as data), with the checks vLLM's own loader makes from a directory (the config's
+    features and rank) and one more: every adapted module is one vLLM serves (vLLM would ignore the others).
+    ``manager``: the worker's ``WorkerLoRAManager`` (``worker.model_runner.lora_manager``)."""
     from vllm.lora.lora_model import LoRAModel
     from vllm.lora.peft_helper import PEFTHelper
 
-    manager = worker.model_runner.lora_manager
     adapters = manager._adapter_manager
     helper = PEFTHelper.from_dict(dict(config, vllm_max_position_embeddings=manager.max_position_embeddings))
     helper.validate_legal(manager.lora_config)
@@ -818,6 +818,15 @@ def _add_adapter_from_tensors(worker, lora_id: int, tensors: dict[str, torch.Ten
     if unserved or not lora.loras:
         raise AdapterError(f"vLLM serves LoRA on {', '.join(sorted(served))}; the adapter adapts "
                            f"{', '.join(unserved[:4]) or 'nothing'}: give lora_target_modules that vLLM serves")
+    return lora
+
+
+def _add_adapter_from_tensors(worker, lora_id: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> int:
+    """In a vLLM worker (through ``collective_rpc``): add adapter ``lora_id`` built by
+    :func:`lora_model_from_tensors` to the worker's LoRA manager. Returns the number of adapted modules."""
+    manager = worker.model_runner.lora_manager
+    adapters = manager._adapter_manager
+    lora = lora_model_from_tensors(manager, lora_id, tensors, config)
     adapters.remove_adapter(lora_id)
     if len(adapters) + 1 > adapters.capacity:
         adapters.remove_oldest_adapter()

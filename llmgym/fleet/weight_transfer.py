@@ -39,6 +39,7 @@ import torch
 from llmgym.errors import LLMGymError
 
 __all__ = [
+    "ADAPTER_PATH_PREFIX",
     "BACKEND_NAME",
     "DEFAULT_BUCKET_BYTES",
     "GlooSender",
@@ -52,6 +53,9 @@ __all__ = [
     "unpack_bucket",
 ]
 
+ADAPTER_PATH_PREFIX = "/llmgym-in-memory/"
+"""The ``lora_path`` under which a rollout server's worker finds an adapter the learner sent (in memory; no
+such directory exists, so vLLM's own loader finds nothing there)."""
 BACKEND_NAME = "llmgym_gloo"
 """The name ``llmgym serve`` registers its backend under in vLLM's ``WeightTransferEngineFactory``."""
 DEFAULT_BUCKET_BYTES = 256 << 20
