@@ -636,7 +636,7 @@ class VLLMEngine:
                                f"was built for: build the engine with lora_rank={config.get('r')}")
         self._adapter_ids += 1
         lora_id = self._adapter_ids
-        tensors = {name: t.clone() for name, t in adapter.items()}  # the learner goes on changing its own
+        tensors = dict(adapter)  # copied in the worker (lora_model_from_tensors): the learner goes on changing its own
         try:
             self.llm.collective_rpc(_add_adapter_from_tensors, args=(lora_id, tensors, config))
         except AdapterError:
@@ -803,6 +803,8 @@ def lora_model_from_tensors(manager, lora_id: int, tensors: dict[str, torch.Tens
     from vllm.lora.peft_helper import PEFTHelper
 
     adapters = manager._adapter_manager
+    # vLLM's LoRA weights may be rescaled in place once loaded: each load gets its own copies of the tensors
+    tensors = {name: t.clone() for name, t in tensors.items()}
     helper = PEFTHelper.from_dict(dict(config, vllm_max_position_embeddings=manager.max_position_embeddings))
     helper.validate_legal(manager.lora_config)
     model = adapters.model

@@ -61,6 +61,7 @@ import concurrent.futures
 import contextlib
 import os
 import queue
+import re
 import threading
 import time
 import urllib.parse
@@ -117,6 +118,31 @@ def api_root(url: str) -> tuple[str, str]:
         raise ValueError(f"server URL {url!r}: give http://HOST:PORT (optionally ending in /v1)")
     root = text[: -len("/v1")] if text.endswith("/v1") else text
     return root, root + "/v1"
+
+
+_ADAPTER_NAME = re.compile(r"llmgym-v[0-9]{1,12}")
+
+
+def _adapter_names(models: Any) -> list[str]:
+    """The learner adapters (``llmgym-v<N>``) in a ``/v1/models`` reply."""
+    data = models.get("data") if isinstance(models, dict) else None
+    return [m["id"] for m in data or [] if isinstance(m, dict) and isinstance(m.get("id"), str)
+            and _ADAPTER_NAME.fullmatch(m["id"])]
+
+
+def _base_model(url: str, key: str | None, timeout: float) -> str | None:
+    """The one model of a rollout server that is not a learner's adapter, or ``None``."""
+    from llmgym.engines.openai_api import bounded_http_client
+
+    with bounded_http_client(timeout) as http:
+        try:
+            reply = http.get(api_root(url)[1] + "/models", headers={"Authorization": f"Bearer {key}"} if key else {},
+                             timeout=30).json()
+        except Exception:  # noqa: BLE001 (the caller's error says what the server serves)
+            return None
+    names = [m.get("id") for m in (reply.get("data") or []) if isinstance(m, dict)] if isinstance(reply, dict) else []
+    base = [n for n in names if isinstance(n, str) and not _ADAPTER_NAME.fullmatch(n)]
+    return base[0] if len(base) == 1 else None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -278,11 +304,19 @@ class FleetEngine:
         self._unreported: list[tuple[str, type]] = []
         try:
             for url in urls:
+                def client_for(name):
+                    return OpenAIEngine(api_root(url)[1], name, tokenizer, api_key=api_key or secret, timeout=timeout,
+                                        max_retries=max_retries, max_concurrency=max_concurrency,
+                                        prompt_format="token_ids")
+
                 try:
-                    client = OpenAIEngine(api_root(url)[1], served_model, tokenizer, api_key=api_key or secret,
-                                          timeout=timeout,
-                                          max_retries=max_retries, max_concurrency=max_concurrency,
-                                          prompt_format="token_ids")
+                    try:
+                        client = client_for(served_model)
+                    except ModelNotServedError:
+                        base = None if served_model else _base_model(url, api_key or secret, timeout)
+                        if base is None:
+                            raise
+                        client = client_for(base)  # the others are a learner's adapters (llmgym-v<N>)
                 except ServerError as exc:
                     raise FleetError(str(exc)) from None
                 except ModelNotServedError as exc:
@@ -304,6 +338,9 @@ class FleetEngine:
             first = self.servers[0].client
             self.pad_id, self.eos_ids = first.pad_id, first.eos_ids
             if self.pushes_weights:
+                for server in self.servers:  # adapters an earlier learner left adapted other weights: unloaded
+                    for name in _adapter_names(server.call("GET", "/v1/models", timeout=30)):
+                        server.call("POST", "/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30)
                 self._connect_all()
             if model is not None:
                 self.sync_weights(model, version=0)
@@ -415,7 +452,7 @@ class FleetEngine:
         an error, never the base model. The probe after the sync compares the server's log-probs under the
         adapter with the learner's.
         """
-        from llmgym.engines.lora import adapter_bytes, adapter_config, has_lora, split_lora_state
+        from llmgym.engines.lora import adapter_config, has_lora, split_lora_state
 
         module = getattr(model, "module", model)
         pairs = []
@@ -435,7 +472,6 @@ class FleetEngine:
                 if not self._base_synced:  # the frozen base weights travel once
                     self._sync(list(base.items()), None, int(version))
                 self._sync(list(adapter.items()), config, int(version), model=model)
-                self.last_sync_bytes = adapter_bytes(adapter)
             return
         with self._busy:
             if version is None:
@@ -445,7 +481,6 @@ class FleetEngine:
             self._adapters.clear()
             for server in self.servers:
                 server.client.model = server.base_model
-            self.last_sync_bytes = sum(t.numel() * t.element_size() for _, t in pairs)
 
     def _sync(self, pairs, lora_config: dict | None, version: int, model: Any = None) -> None:
         """Push ``pairs`` to every live server as ``version`` (an adapter when ``lora_config`` is given), then
@@ -467,6 +502,8 @@ class FleetEngine:
                                      f"of version {version}: {error}")
                 if error is not None:
                     self._lose(server, error)
+            # what the gloo broadcast carried to one server (each gets the same), measured at the sender
+            self.last_sync_bytes = max((s.link.bytes_sent for s in live if s.link is not None), default=0)
         if name is not None:
             for server in self.servers:
                 server.client.model = name  # every completion from now on names the adapter that sampled it
@@ -512,6 +549,10 @@ class FleetEngine:
             if adapter is not None:
                 from llmgym.fleet.weight_transfer import ADAPTER_PATH_PREFIX
 
+                if adapter in self._adapters.values():  # a version synced again (the pipeline, a resume): replaced
+                    with contextlib.suppress(FleetError):
+                        server.call("POST", "/v1/unload_lora_adapter", json={"lora_name": adapter},
+                                    timeout=self.sync_timeout_s)
                 server.call("POST", "/v1/load_lora_adapter", timeout=self.sync_timeout_s,
                             json={"lora_name": adapter, "lora_path": ADAPTER_PATH_PREFIX + adapter})
             server.call("POST", "/resume", timeout=self.sync_timeout_s)

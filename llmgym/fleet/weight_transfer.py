@@ -194,6 +194,8 @@ class GlooSender:
             raise ValueError(f"a weight-transfer group needs the learner and >= 1 worker, got world_size={world_size}")
         self.address, self.world_size, self.timeout_s, self.bucket_bytes = address, world_size, timeout_s, bucket_bytes
         self.group = self._store = self._socket = None
+        self.bytes_sent = 0
+        """Bytes the last :meth:`send` broadcast (the buckets' sizes)."""
 
     def rendezvous(self) -> dict:
         """Listen for the server's workers; the ``init_info`` to send to its ``/init_weight_transfer_engine``."""
@@ -220,12 +222,14 @@ class GlooSender:
         if self.group is None:
             raise RuntimeError("GlooSender.send before join")
         meta = metadata(pairs)
+        self.bytes_sent = 0
         for indices in plan_buckets(meta, self.bucket_bytes):
             buffer = pack_bucket([pairs[i][1] for i in indices])
             try:
                 self.group.broadcast(buffer, 0).wait()
             except RuntimeError as exc:
                 raise TransferError(f"sending weights failed: {_one_line(exc)}") from None
+            self.bytes_sent += buffer.numel()
 
     def close(self) -> None:
         """Drop the group and the rendezvous socket."""

@@ -488,37 +488,6 @@ def test_on_a_cpu_each_server_runs_its_model_inside_the_engine_core_process(serv
 
 
 @needs_vllm
-def test_a_server_killed_mid_run_is_reported_and_the_run_goes_on_with_the_other(servers, tokenizer):
-    """Runs last: it kills both module servers."""
-    urls = servers.urls()
-    model = build_tiny_model(tokenizer, VLLM_SHAPE)
-    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
-    with FleetEngine(urls, tokenizer, model, max_retries=1, timeout=30) as fleet:
-        agent = GRPO(model, tokenizer, engine=fleet, lr=1e-2, tasks_per_step=4, group_size=4, max_new_tokens=6,
-                     kl_coef=0.0)
-
-        def kill_one_after_step_2(row):
-            if row["step"] == 2:
-                servers.kill(1)
-            return True
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            rows = agent.learn(env, steps=4, callback=kill_one_after_step_2)
-        lost = [w for w in caught if issubclass(w.category, ServerLostWarning)]
-        assert len(lost) == 1 and re.search(rf"rollout server {re.escape(urls[1])} is lost \(.+\); continuing on 1 of "
-                                            rf"2 servers", str(lost[0].message)), [str(w.message) for w in caught]
-        assert [r["step"] for r in rows] == [1, 2, 3, 4] and fleet.live == [urls[0]] and list(fleet.lost) == [urls[1]]
-        synced, versions = gap_and_versions(fleet, model, tokenizer)  # the survivor has every update
-        assert synced < SYNC_TOL and versions == {4}
-
-        servers.kill(0)
-        with pytest.warns(ServerLostWarning), pytest.raises(FleetError, match="every rollout server is lost") as err:
-            gap_and_versions(fleet, model, tokenizer)
-        assert urls[0] in str(err.value) and urls[1] in str(err.value)
-
-
-@needs_vllm
 def test_lora_only_the_adapter_travels_to_the_servers_and_they_sample_it(servers, tokenizer, monkeypatch):
     """``--engine vllm-server --lora-r 8``: the base weights go once; after each update only the adapter, versioned,
     through the secret-guarded control plane; the servers' log-probs under it equal peft's; a missing adapter
@@ -560,3 +529,61 @@ def test_lora_only_the_adapter_travels_to_the_servers_and_they_sample_it(servers
         fleet.sync_weights(model, version=agent.step_count)
         synced, versions = gap_and_versions(fleet, model, tokenizer)
         assert synced < SYNC_TOL and versions == {5}
+
+
+@needs_vllm
+def test_train_lora_engine_vllm_server_resumes_exactly(servers, tokenizer, tmp_path):
+    """``llmgym train --engine vllm-server --lora-r 8``: 3 steps at once, and 2 steps then ``--resume`` to 3 (the
+    adapter restored and pushed to the servers as the version it was), give the same metrics."""
+    import learning_recipe as recipe
+
+    from llmgym.cli import main
+    from llmgym.runtime.logging import TIMING_FIELDS
+
+    urls = servers.urls()
+    model_dir = str(save_pretrained(recipe.warm_model(tokenizer, VLLM_SHAPE, steps=20), tokenizer, tmp_path / "model"))
+    flags = ["--env", "llmgym/Copy-v0", "--agent", "grpo", "--model", model_dir, "--engine", "vllm-server",
+             "--server", urls[0], "--server", urls[1], "--lora-r", str(LORA_R), "--checkpoint-every", "1",
+             "--set", "tasks_per_step=4", "--set", "group_size=4", "--set", "max_new_tokens=6", "--set", "lr=0.02"]
+
+    def metrics(out):
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rows]
+
+    assert main(["train", *flags, "--steps", "3", "--out", str(tmp_path / "once")]) == 0
+    assert main(["train", *flags, "--steps", "2", "--out", str(tmp_path / "twice")]) == 0
+    assert main(["train", "--resume", str(tmp_path / "twice"), "--steps", "3"]) == 0
+    once, twice = metrics(tmp_path / "once"), metrics(tmp_path / "twice")
+    assert [r["step"] for r in twice] == [1, 2, 3] and any(r["loss"] != 0 for r in once)
+    assert twice == once
+
+
+@needs_vllm
+def test_a_server_killed_mid_run_is_reported_and_the_run_goes_on_with_the_other(servers, tokenizer):
+    """Runs last: it kills both module servers."""
+    urls = servers.urls()
+    model = build_tiny_model(tokenizer, VLLM_SHAPE)
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    with FleetEngine(urls, tokenizer, model, max_retries=1, timeout=30) as fleet:
+        agent = GRPO(model, tokenizer, engine=fleet, lr=1e-2, tasks_per_step=4, group_size=4, max_new_tokens=6,
+                     kl_coef=0.0)
+
+        def kill_one_after_step_2(row):
+            if row["step"] == 2:
+                servers.kill(1)
+            return True
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rows = agent.learn(env, steps=4, callback=kill_one_after_step_2)
+        lost = [w for w in caught if issubclass(w.category, ServerLostWarning)]
+        assert len(lost) == 1 and re.search(rf"rollout server {re.escape(urls[1])} is lost \(.+\); continuing on 1 of "
+                                            rf"2 servers", str(lost[0].message)), [str(w.message) for w in caught]
+        assert [r["step"] for r in rows] == [1, 2, 3, 4] and fleet.live == [urls[0]] and list(fleet.lost) == [urls[1]]
+        synced, versions = gap_and_versions(fleet, model, tokenizer)  # the survivor has every update
+        assert synced < SYNC_TOL and versions == {4}
+
+        servers.kill(0)
+        with pytest.warns(ServerLostWarning), pytest.raises(FleetError, match="every rollout server is lost") as err:
+            gap_and_versions(fleet, model, tokenizer)
+        assert urls[0] in str(err.value) and urls[1] in str(err.value)
