@@ -68,7 +68,10 @@ SLOW_TESTS: dict[str, object] = {
                       "test_train_lora_engine_vllm_server_resumes_exactly"},
     "test_vllm.py": {"test_vllm_rollouts_raise_held_out_reward", "test_train_and_bench_take_engine_vllm_and_resume_keeps_it"},
     "test_vllm_paths.py": {"test_the_quickstart_model_trains_with_engine_vllm_and_weight_syncs_log_no_noise"},
-    "test_vllm_lora.py": {"TestLoRAEngine", "test_train_lora_engine_vllm_and_its_checkpoint_resumes_exactly",
+    "test_vllm_lora.py": {"test_after_updates_vllm_samples_the_new_adapter_and_only_the_adapter_travels",
+                          "test_a_missing_adapter_is_an_error_not_the_base_model",
+                          "test_the_pipelined_learner_loads_each_adapter_version",
+                          "test_train_lora_engine_vllm_and_its_checkpoint_resumes_exactly",
                           "test_grpo_with_lora_and_vllm_rollouts_raises_held_out_reward"},
     "test_distributed.py": {"test_two_gloo_ranks_match_one_process", "test_micro_batches_under_data_parallel_match_one_process",
                             "test_batch_statistics_are_global_under_data_parallel",
@@ -107,8 +110,7 @@ def pytest_collection_modifyitems(config, items):
             if missing:
                 raise pytest.UsageError(f"tests/conftest.py SLOW_TESTS names {missing} in {item.path.name}, "
                                         f"which has no such test: rename or remove them there")
-        cls = getattr(item, "cls", None)  # a test class's name marks each of its tests
-        if entry == "*" or getattr(item, "originalname", item.name) in entry or (cls is not None and cls.__name__ in entry):
+        if entry == "*" or getattr(item, "originalname", item.name) in entry:
             item.add_marker(pytest.mark.slow)
 
 
