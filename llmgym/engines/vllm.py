@@ -388,8 +388,11 @@ class VLLMEngine:
 
     #: with ``top_p < 1`` the log-probs are of the nucleus-renormalised distribution (see module doc)
     top_p_renormalised_logprobs = True
-    #: :func:`~llmgym.engines.base.sync_engine_weights` passes the policy version (a LoRA adapter's version)
-    versioned_weights = True
+    @property
+    def versioned_weights(self) -> bool:
+        """With LoRA, :func:`~llmgym.engines.base.sync_engine_weights` passes the policy version: each adapter is
+        that version, and its completions carry it."""
+        return getattr(self, "lora_rank", None) is not None
 
     def __init__(
         self,
