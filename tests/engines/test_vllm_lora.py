@@ -52,7 +52,7 @@ def lora_engine(tokenizer):
 
 
 def test_after_updates_vllm_samples_the_new_adapter_and_only_the_adapter_travels(
-        self, lora_engine, warm_base, tokenizer, monkeypatch):
+        lora_engine, warm_base, tokenizer, monkeypatch):
     engine = lora_engine
     model = copy.deepcopy(warm_base)
     engine.sync_weights(model)  # the base weights (this test's model), no adapter
