@@ -198,6 +198,9 @@ class Agent(abc.ABC):
         if engine is None:
             autocast = torch.bfloat16 if config.precision == "bf16-mixed" else None
             engine = HFEngine(model, tokenizer, decode=config.engine_decode, autocast_dtype=autocast)
+        elif self.learner.peft_model is not None:
+            # an engine of its own (vLLM, a fleet) takes the adapters from now on: version 0 is sampled with them
+            sync_engine_weights(engine, model, 0)
         self.engine = engine
         self.optimizer = self.learner.make_optimizer(self.parameters())
         self.learner.scheduler = self.learner.make_scheduler(self.optimizer)

@@ -170,10 +170,17 @@ class _StateDict:
 
 
 def _snapshot(model: torch.nn.Module) -> _StateDict:
-    """A copy of ``model``'s weights (tied tensors copied once)."""
+    """A copy of ``model``'s weights (tied tensors copied once). With LoRA adapters injected only the
+    trained adapters are copied: the frozen base weights never change, so the snapshot shares them."""
     copies: dict[int, torch.Tensor] = {}
     state = {}
+    frozen: set[str] = set()
+    if getattr(model, "peft_config", None):
+        frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     for name, tensor in model.state_dict().items():
+        if name in frozen:
+            state[name] = tensor.detach()
+            continue
         key = id(tensor.untyped_storage()) if tensor.numel() else id(tensor)
         state[name] = copies.setdefault(key, tensor.detach().clone())
     return _StateDict(state)

@@ -62,9 +62,11 @@ RECIPES = {
     "quickstart": "test_cli",
     "vllm": "test_vllm",
     "distill": "test_learning_distill",
+    "vllm_lora": "test_vllm_lora",
 }
 """Recipe name -> the test module whose ``spread(seed)`` runs it."""
-RECIPE_HELPERS = {"tools": ("warm_cache.py",), "learning": ("learning_recipe.py",), "vllm": ("learning_recipe.py",)}
+RECIPE_HELPERS = {"tools": ("warm_cache.py",), "learning": ("learning_recipe.py",), "vllm": ("learning_recipe.py",),
+                  "vllm_lora": ("learning_recipe.py", "test_vllm.py")}
 """Other files of tests/ a recipe runs (besides conftest.py): part of its code digest."""
 
 FAMILIES = {
@@ -409,7 +411,7 @@ def main() -> None:
     import importlib.util
 
     supported = supported_families()
-    recipes = [r for r in RECIPES if r != "vllm" or importlib.util.find_spec("vllm") is not None]
+    recipes = [r for r in RECIPES if not r.startswith("vllm") or importlib.util.find_spec("vllm") is not None]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      epilog="explore [...]: the single-process mode (see the module docstring)")
     parser.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=recipes,

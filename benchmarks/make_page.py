@@ -33,7 +33,8 @@ MAX_VALUES = 40
 """Scalars listed per result file; the rest are counted."""
 SCRIPTS = {
     "async_speed": "async_speed.py", "engine_speed": "engine_speed.py", "fleet_speed": "fleet_speed.py",
-    "gpu_check": "gpu_check.py", "grpo_vs_trl": "grpo_vs_trl.py", "memory_timeline": "memory_timeline.py",
+    "gpu_check": "gpu_check.py", "grpo_vs_trl": "grpo_vs_trl.py", "lora_sync": "lora_sync.py",
+    "memory_timeline": "memory_timeline.py",
     "sampler_speed": "sampler_speed.py", "tools_spread": "the tool-use recipe's `spread(seed)`, by hand",
     "fleet_spread": "`tests/engines/test_fleet.py`'s recipe, by hand",
 }

@@ -63,9 +63,16 @@ SLOW_TESTS: dict[str, object] = {
                       "test_after_k_updates_the_servers_logprobs_equal_the_learners_and_without_a_sync_they_do_not",
                       "test_the_pipelined_learner_loads_each_version_into_the_fleet_and_the_tags_agree",
                       "test_train_engine_vllm_server_records_its_servers_and_resumes_through_them",
-                      "test_a_server_killed_mid_run_is_reported_and_the_run_goes_on_with_the_other"},
+                      "test_a_server_killed_mid_run_is_reported_and_the_run_goes_on_with_the_other",
+                      "test_lora_only_the_adapter_travels_to_the_servers_and_they_sample_it",
+                      "test_train_lora_engine_vllm_server_resumes_exactly"},
     "test_vllm.py": {"test_vllm_rollouts_raise_held_out_reward", "test_train_and_bench_take_engine_vllm_and_resume_keeps_it"},
     "test_vllm_paths.py": {"test_the_quickstart_model_trains_with_engine_vllm_and_weight_syncs_log_no_noise"},
+    "test_vllm_lora.py": {"test_after_updates_vllm_samples_the_new_adapter_and_only_the_adapter_travels",
+                          "test_a_missing_adapter_is_an_error_not_the_base_model",
+                          "test_the_pipelined_learner_loads_each_adapter_version",
+                          "test_train_lora_engine_vllm_and_its_checkpoint_resumes_exactly",
+                          "test_grpo_with_lora_and_vllm_rollouts_raises_held_out_reward"},
     "test_distributed.py": {"test_two_gloo_ranks_match_one_process", "test_micro_batches_under_data_parallel_match_one_process",
                             "test_batch_statistics_are_global_under_data_parallel",
                             "test_dapo_fills_the_global_batch_not_one_per_rank"},
@@ -139,7 +146,8 @@ def pytest_xdist_auto_num_workers(config):
 # collection order.
 SLOWEST_FILES_FIRST = (
     "test_learning_tools.py", "test_fleet.py", "test_learning.py", "test_reasoning_gym_chance.py",
-    "test_reward_integrity.py", "test_vllm.py", "test_interop_verifiers.py", "test_openai_engine.py", "test_tools.py", "test_vllm_paths.py",
+    "test_reward_integrity.py", "test_vllm.py", "test_vllm_lora.py", "test_interop_verifiers.py", "test_openai_engine.py",
+    "test_tools.py", "test_vllm_paths.py",
     "test_interrupt.py", "test_learning_new_losses.py", "test_examples.py", "test_code_judge.py",
 )
 

@@ -132,7 +132,7 @@ class RolloutServers:
     ``LLMGYM_SERVE_SECRET``, odd ones as ``python -m llmgym serve --secret-file FILE``."""
 
     def __init__(self, model_dir: str | Path, count: int, *, dtype: str = "float32", kv_cache_bytes: int = 64 << 20,
-                 startup_timeout: float = 420.0):
+                 startup_timeout: float = 420.0, lora_r: int = 0):
         import secrets
 
         self.startup_timeout, self.procs, self.logs, self.bases = startup_timeout, [], [], []
@@ -150,6 +150,8 @@ class RolloutServers:
             entry = ["llmgym", "serve"] if i % 2 else ["llmgym.fleet.serve"]
             command = [sys.executable, "-m", *entry, "--model", str(model_dir), "--port", str(port),
                        "--dtype", dtype, "--kv-cache-memory-bytes", str(kv_cache_bytes)]
+            if lora_r:  # LoRA enabled: the servers take adapters too (full weights as well)
+                command += ["--lora-r", str(lora_r)]
             # one core per server (vLLM's CPU worker binds its threads; by default every server would take core 0)
             env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": str(i % cores),
                    "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}

@@ -151,8 +151,6 @@ def check_engine(kind: str | None, engine_args: dict[str, Any], model_spec: str,
         if importlib.util.find_spec("vllm") is None:
             raise UsageError(f"--engine vllm needs vLLM, not installed here: {VLLM_HINT}")
         _quiet_vllm()
-        if lora:
-            raise UsageError("--engine vllm cannot take LoRA-injected weights (--lora-r); train LoRA with --engine hf")
     try:
         known = _engine_parameters(kind)
     except ImportError as exc:
@@ -202,8 +200,6 @@ def _check_servers(servers, lora: bool) -> None:
         raise UsageError(f"--server: {exc}") from None
     if len(set(roots)) != len(roots):
         raise UsageError(f"--server: a server is given twice ({', '.join(servers)})")
-    if lora:
-        raise UsageError("--engine vllm-server cannot take LoRA-injected weights (--lora-r); train LoRA with --engine hf")
 
 
 def bf16_on_slow_cpu(device: str | None, precision: str | None, engine_args: dict[str, Any] | None = None) -> str | None:
@@ -232,9 +228,11 @@ def _quiet_vllm() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
 
-def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer):
+def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer, *, lora_r: int = 0,
+                 max_staleness: int | None = None):
     """The agent's rollout engine for ``--engine``: ``None`` for hf (the agent builds its own ``HFEngine``
-    over the model it trains), a :class:`~llmgym.engines.vllm.VLLMEngine` over ``model`` for vllm. A
+    over the model it trains), a :class:`~llmgym.engines.vllm.VLLMEngine` over ``model`` for vllm (with
+    ``lora_r > 0``: LoRA enabled at that rank, ``max_staleness + 1`` adapter versions kept). A
     setting vLLM rejects is a :class:`UsageError`; the caller closes the engine."""
     if kind == "hf":
         return None
@@ -242,6 +240,8 @@ def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer):
         from llmgym.fleet.fleet_engine import FleetEngine, FleetError
 
         options = dict(engine_args)
+        if lora_r:
+            options.setdefault("lora_versions", int(max_staleness or 0) + 1)
         try:
             return FleetEngine(options.pop("servers"), tokenizer, model, **options)
         except (FleetError, ValueError, TypeError) as exc:
@@ -250,7 +250,11 @@ def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer):
         raise UsageError(f"--engine {kind} cannot train (it samples from a server's weights): use hf or vllm")
     from llmgym.engines.vllm import VLLMEngine
 
+    options = dict(engine_args)
+    if lora_r:
+        options.setdefault("lora_rank", int(lora_r))
+        options.setdefault("lora_versions", int(max_staleness or 0) + 1)
     try:
-        return VLLMEngine(model, tokenizer, **engine_args)
+        return VLLMEngine(model, tokenizer, **options)
     except (ValueError, TypeError) as exc:  # a setting vLLM refused as it started (its config's cross-checks)
         raise UsageError(f"--engine vllm: {first_line(exc)}") from None

@@ -43,6 +43,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         argv += ["--secret-file", args.secret_file]
     if args.kv_cache_memory_bytes is not None:
         argv += ["--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes)]
+    if args.lora_r:
+        argv += ["--lora-r", str(args.lora_r), "--lora-versions", str(args.lora_versions)]
     extra = list(args.vllm_args or [])
     if extra and extra[0] == "--":
         extra = extra[1:]

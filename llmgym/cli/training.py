@@ -141,7 +141,8 @@ def train_run(
             eval_tasks, _ = distinct_tasks(eval_env, spec.eval_tasks, seed=EVAL_SEED)
         except ValueError as exc:
             raise UsageError(f"--eval-tasks: {spec.env}: {exc}") from None
-    engine = build_engine(spec.engine, spec.engine_args, model, tokenizer)  # after the cheap checks: vLLM starts
+    lora = dict(lora_r=config.lora_r, max_staleness=spec.max_staleness) if config.lora_r > 0 else {}
+    engine = build_engine(spec.engine, spec.engine_args, model, tokenizer, **lora)  # after the cheap checks: vLLM starts
     try:
         agent = construct_agent(agent_cls, model, tokenizer, config, engine=engine)
         options = dict(eval_env=eval_env, eval_every=spec.eval_every,

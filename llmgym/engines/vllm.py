@@ -124,9 +124,11 @@ except ImportError as err:  # pragma: no cover - exercised where vLLM is absent
 from llmgym.errors import LLMGymError
 from llmgym.env.core import end_of_turn_ids
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
+from llmgym.engines.lora import AdapterError, adapter_bytes, adapter_config, has_lora, split_lora_state, vllm_lora_rank
 
 __all__ = ["CPU_KV_CACHE_BYTES", "EngineArgumentError", "MIN_VLLM_VERSION", "UnsupportedModelError", "VLLMEngine",
-           "check_engine_args", "check_model", "platform_name", "sleep_mode_available", "vllm_engine_arguments"]
+           "check_engine_args", "check_model", "lora_model_from_tensors", "platform_name", "sleep_mode_available",
+           "vllm_engine_arguments"]
 
 MIN_VLLM_VERSION = (0, 10, 2)
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -371,6 +373,12 @@ class VLLMEngine:
         max_model_len: context length (default: the model config's).
         seed: vLLM's engine seed (per-row seeds are always set explicitly).
         enforce_eager: no CUDA graphs / compilation (default: ``True`` on a CPU, vLLM's default on a GPU).
+        lora_rank: the rank of the LoRA adapters the learner trains (``AgentConfig.lora_r``; default: the
+            model's, when it has ``peft`` adapters injected). vLLM then starts with LoRA enabled (``max_lora_rank``
+            the next rank vLLM accepts), holds the base weights once, and :meth:`sync_weights` sends it only
+            the adapter, as a new adapter version sampled from then on (see :meth:`sync_weights`).
+        lora_versions: adapter versions kept loaded (``max_staleness + 1`` for a pipelined run); vLLM's
+            ``max_loras`` defaults to it (a lower one given warns: vLLM then swaps versions into its slots).
         **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
 
     Raises:
@@ -380,6 +388,11 @@ class VLLMEngine:
 
     #: with ``top_p < 1`` the log-probs are of the nucleus-renormalised distribution (see module doc)
     top_p_renormalised_logprobs = True
+    @property
+    def versioned_weights(self) -> bool:
+        """With LoRA, :func:`~llmgym.engines.base.sync_engine_weights` passes the policy version: each adapter is
+        that version, and its completions carry it."""
+        return getattr(self, "lora_rank", None) is not None
 
     def __init__(
         self,
@@ -395,6 +408,8 @@ class VLLMEngine:
         max_model_len: int | None = None,
         seed: int = 0,
         enforce_eager: bool | None = None,
+        lora_rank: int | None = None,
+        lora_versions: int = 1,
         **llm_kwargs: Any,
     ):
         version = getattr(vllm, "__version__", "0")
@@ -411,6 +426,16 @@ class VLLMEngine:
         self.llm = None
         self._tmpdir = None
         self.tokenizer = tokenizer
+        # LoRA: the adapter versions vLLM holds (oldest first: version -> vLLM's adapter id), the one sampled now
+        self.lora_rank = None
+        self.lora_versions = 1
+        self._adapters: dict[int, int] = {}
+        self._adapter_version: int | None = None
+        self._adapter_ids = 0
+        self._adapter_config: dict[str, Any] | None = None
+        self._base_loaded = False
+        self.adapter_syncs = 0
+        self.last_sync_bytes = 0
         eos = tokenizer.eos_token_id
         if eos is None:
             raise ValueError("VLLMEngine needs a tokenizer with an EOS token (tokenizer.eos_token_id is None)")
@@ -427,6 +452,7 @@ class VLLMEngine:
         self.sleep_after_generate = sleep_after_generate and self.sleep_enabled
         self.sleep_level = sleep_level
         self._asleep = False
+        self._version: int | None = None  # the policy version last synced (not `policy_version`: that tags tokens)
         self._reload_path: str | None = None  # which weight-loading call works here, found at the first sync
         self.weight_syncs = 0
 
@@ -450,6 +476,11 @@ class VLLMEngine:
                 dtype = str(next(source_model.parameters()).dtype).removeprefix("torch.")
         # EOS, the chat template's end of turn (<|im_end|>), the generation config's list: as TokenLevel stops
         self.eos_ids = end_of_turn_ids(tokenizer, getattr(source_model, "generation_config", None))
+        if lora_rank is None and source_model is not None:
+            injected = adapter_config(source_model)
+            lora_rank = int(injected["r"]) if injected else None
+        if lora_rank:
+            self._enable_lora(int(lora_rank), lora_versions, llm_kwargs)
 
         names = vllm_engine_arguments()
         if kv_cache_memory_bytes is not None:
@@ -523,26 +554,125 @@ class VLLMEngine:
             self._asleep = False
 
     # -- weights ------------------------------------------------------------------------------------
-    def sync_weights(self, model) -> None:
+    def _enable_lora(self, rank: int, versions: int, llm_kwargs: dict[str, Any]) -> None:
+        """vLLM's LoRA settings for adapters of rank ``rank``, ``versions`` of them kept loaded."""
+        if isinstance(versions, bool) or not isinstance(versions, int) or versions < 1:
+            raise EngineArgumentError(f"lora_versions={versions!r}: must be a whole number >= 1 (max_staleness + 1)")
+        try:
+            slot = vllm_lora_rank(rank)
+        except ValueError as exc:
+            raise EngineArgumentError(f"lora_rank={rank!r}: {exc}") from None
+        self.lora_rank, self.lora_versions = rank, versions
+        llm_kwargs["enable_lora"] = True
+        llm_kwargs["max_lora_rank"] = max(int(llm_kwargs.get("max_lora_rank") or 0), slot)
+        llm_kwargs.setdefault("max_loras", versions)
+        if llm_kwargs["max_loras"] < versions:
+            warnings.warn(f"vLLM's max_loras={llm_kwargs['max_loras']} is below the {versions} adapter versions a "
+                          f"pipelined run samples from (max_staleness + 1): vLLM keeps them in its CPU cache "
+                          f"(max_cpu_loras) and swaps them into its {llm_kwargs['max_loras']} slot(s) as batches need "
+                          f"them; give max_loras={versions} to keep them all in place", stacklevel=3)
+        llm_kwargs["max_cpu_loras"] = max(int(llm_kwargs.get("max_cpu_loras") or 0), versions,
+                                          int(llm_kwargs["max_loras"]))
+        if self._tmpdir is None:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="llmgym-vllm-")
+
+    @property
+    def adapter_version(self) -> int | None:
+        """The version of the LoRA adapter this engine samples with now (``None``: the base weights alone)."""
+        return self._adapter_version
+
+    @property
+    def adapter_versions(self) -> list[int]:
+        """The adapter versions vLLM holds, oldest first (at most ``lora_versions``)."""
+        return list(self._adapters)
+
+    def sync_weights(self, model, *, version: int | None = None) -> None:
         """Load ``model``'s current weights (a ``transformers`` model, DDP/FSDP-wrapped or not) into vLLM.
 
         Parameter names are Hugging Face's; vLLM maps them (fused qkv/gate-up, tied embeddings). With
-        sleep mode the weights are woken first (never loaded into freed memory). Not for a model with
-        LoRA adapters injected (merge them first).
+        sleep mode the weights are woken first (never loaded into freed memory).
+
+        With LoRA (the engine built with ``lora_rank``, or over a model with ``peft`` adapters injected),
+        a model with adapters sends only the adapter: vLLM holds the base weights once (loaded at the first
+        sync) and takes the adapter as a new adapter version, from this process's tensors (no file); the
+        versions beyond the newest ``lora_versions`` are released. ``version``: the policy version the
+        weights are (default: one more than the last); every completion is tagged with it.
         """
         if self.llm is None:
             raise RuntimeError("this VLLMEngine is closed")
         module = getattr(model, "module", model)
         if self._asleep:
             self.wake_up(tags=["weights"])
-        weights = [(name, _full_tensor(t).detach()) for name, t in module.state_dict().items()]
-        if any(".lora_A." in name for name, _ in weights):
-            raise ValueError("VLLMEngine.sync_weights got a model with LoRA adapters injected; vLLM needs plain "
-                             "weights: merge the adapters (peft merge_and_unload on a copy) or use HFEngine")
-        self._load_weights(weights)
+        state = {name: _full_tensor(t).detach() for name, t in module.state_dict().items()}
+        if version is None:
+            version = 0 if self._version is None else self._version + 1
+        if has_lora(state):
+            if self.lora_rank is None:
+                raise AdapterError("VLLMEngine.sync_weights got a model with LoRA adapters, but the engine was built "
+                                   "without LoRA: build it with lora_rank=R (llmgym train --engine vllm --lora-r R "
+                                   "does), or merge the adapters (peft merge_and_unload on a copy)")
+            base, adapter = split_lora_state(state)
+            config = adapter_config(module) or self._adapter_config
+            if config is None:
+                raise AdapterError("VLLMEngine.sync_weights got LoRA tensors without their peft config (the model's "
+                                   "peft_config): pass the peft-injected model")
+            self._adapter_config = config
+            if not self._base_loaded:
+                self._load_weights(list(base.items()))
+                self._base_loaded = True
+            self._add_adapter(adapter, config, int(version))
+        else:
+            self._load_weights(list(state.items()))
+            self._base_loaded = True
+            self._release_adapters(keep=0)  # they adapted the weights just replaced
+            self._adapter_version = None
+            self.last_sync_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        self._version = int(version)
         self.weight_syncs += 1
         with contextlib.suppress(AttributeError):
             self.llm.reset_prefix_cache()
+
+    def _add_adapter(self, adapter: dict[str, torch.Tensor], config: dict[str, Any], version: int) -> None:
+        """vLLM takes ``adapter`` as a new adapter (a new id), built from these tensors in its worker."""
+        if int(config.get("r") or 0) > vllm_lora_rank(self.lora_rank):
+            raise AdapterError(f"the model's adapter has rank {config.get('r')}, over the {self.lora_rank} this engine "
+                               f"was built for: build the engine with lora_rank={config.get('r')}")
+        self._adapter_ids += 1
+        lora_id = self._adapter_ids
+        tensors = dict(adapter)  # copied in the worker (lora_model_from_tensors): the learner goes on changing its own
+        try:
+            self.llm.collective_rpc(_add_adapter_from_tensors, args=(lora_id, tensors, config))
+        except AdapterError:
+            raise
+        except Exception as exc:
+            raise AdapterError(f"vLLM did not take the adapter of version {version}: {_one_line(exc)}") from None
+        self._adapters.pop(version, None)
+        self._adapters[version] = lora_id
+        self._adapter_version = version
+        self.adapter_syncs += 1
+        self.last_sync_bytes = adapter_bytes(adapter)
+        self._release_adapters(keep=self.lora_versions)
+
+    def _release_adapters(self, keep: int) -> None:
+        while len(self._adapters) > keep:
+            old = next(iter(self._adapters))
+            lora_id = self._adapters.pop(old)
+            with contextlib.suppress(Exception):
+                self.llm.llm_engine.remove_lora(lora_id)
+
+    def _lora_request(self, version: int):
+        """vLLM's request for the adapter of ``version``; :class:`AdapterError` when vLLM does not hold it."""
+        from vllm.lora.request import LoRARequest
+
+        lora_id = self._adapters.get(version)
+        if lora_id is None or lora_id not in self.llm.llm_engine.list_loras():
+            held = ", ".join(map(str, self._adapters)) or "none"
+            raise AdapterError(f"vLLM does not hold the adapter of version {version} (it holds: {held}); sync the "
+                               f"learner's model first (engine.sync_weights)")
+        # the adapter is in vLLM's memory already; this path only names it, and does not exist: were vLLM to
+        # look for the adapter on disk (it was evicted), it finds nothing and the request fails
+        name = f"llmgym-adapter-{lora_id}"
+        return LoRARequest(name, lora_id, os.path.join(self._tmpdir.name, "in-memory", name))
 
     def _load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1":
@@ -593,12 +723,23 @@ class VLLMEngine:
             return []
         if self._asleep:
             self.wake_up()
+        version = self._adapter_version
+        lora_request = None
+        if self.lora_rank is not None:
+            if version is None and not self._base_loaded:
+                raise AdapterError("this LoRA engine holds no weights yet: sync the learner's model first "
+                                   "(engine.sync_weights)")
+            lora_request = self._lora_request(version) if version is not None else None
         outputs = self.llm.generate(
             [{"prompt_token_ids": r} for r in rows],
             sampling_params=[self._params(sampling, k) for k in keys],
             use_tqdm=False,
+            lora_request=lora_request,
         )
         flat = [self._completion(row, out.outputs[0], key) for row, out, key in zip(rows, outputs, keys)]
+        if lora_request is not None:
+            for completion in flat:
+                completion.policy_version = version
         if self.sleep_after_generate:
             self.sleep()
         return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
@@ -674,6 +815,52 @@ class VLLMEngine:
             self._tmpdir = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+def lora_model_from_tensors(manager, lora_id: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]):
+    """In a vLLM worker: vLLM's ``LoRAModel`` ``lora_id`` built from ``tensors`` (``peft``'s names) and ``config``
+    (its ``adapter_config.json`` as data), with the checks vLLM's own loader makes from a directory (the config's
+    features and rank) and one more: every adapted module is one vLLM serves (vLLM would ignore the others).
+    ``manager``: the worker's ``WorkerLoRAManager`` (``worker.model_runner.lora_manager``)."""
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+
+    adapters = manager._adapter_manager
+    # vLLM's LoRA weights may be rescaled in place once loaded: each load gets its own copies of the tensors
+    tensors = {name: t.clone() for name, t in tensors.items()}
+    helper = PEFTHelper.from_dict(dict(config, vllm_max_position_embeddings=manager.max_position_embeddings))
+    helper.validate_legal(manager.lora_config)
+    model = adapters.model
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    lora = LoRAModel.from_lora_tensors(lora_id, tensors, helper, device="cpu", dtype=manager.lora_config.lora_dtype,
+                                       model_vocab_size=manager.vocab_size,
+                                       weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
+                                       skip_prefixes=getattr(model, "lora_skip_prefixes", None))
+    served = set()
+    for module in adapters.supported_lora_modules:
+        served.update(adapters.packed_modules_mapping.get(module, [module]))
+    unserved = sorted({name for name in lora.loras if name.rsplit(".", 1)[-1] not in served})
+    if unserved or not lora.loras:
+        raise AdapterError(f"vLLM serves LoRA on {', '.join(sorted(served))}; the adapter adapts "
+                           f"{', '.join(unserved[:4]) or 'nothing'}: give lora_target_modules that vLLM serves")
+    return lora
+
+
+def _add_adapter_from_tensors(worker, lora_id: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> int:
+    """In a vLLM worker (through ``collective_rpc``): add adapter ``lora_id`` built by
+    :func:`lora_model_from_tensors` to the worker's LoRA manager. Returns the number of adapted modules."""
+    manager = worker.model_runner.lora_manager
+    adapters = manager._adapter_manager
+    lora = lora_model_from_tensors(manager, lora_id, tensors, config)
+    adapters.remove_adapter(lora_id)
+    if len(adapters) + 1 > adapters.capacity:
+        adapters.remove_oldest_adapter()
+    adapters.add_adapter(lora)
+    return len(lora.loras)
 
 
 def _lacks_method(exc: BaseException, name: str) -> bool:

@@ -61,6 +61,7 @@ import concurrent.futures
 import contextlib
 import os
 import queue
+import re
 import threading
 import time
 import urllib.parse
@@ -119,6 +120,31 @@ def api_root(url: str) -> tuple[str, str]:
     return root, root + "/v1"
 
 
+_ADAPTER_NAME = re.compile(r"llmgym-v[0-9]{1,12}")
+
+
+def _adapter_names(models: Any) -> list[str]:
+    """The learner adapters (``llmgym-v<N>``) in a ``/v1/models`` reply."""
+    data = models.get("data") if isinstance(models, dict) else None
+    return [m["id"] for m in data or [] if isinstance(m, dict) and isinstance(m.get("id"), str)
+            and _ADAPTER_NAME.fullmatch(m["id"])]
+
+
+def _base_model(url: str, key: str | None, timeout: float) -> str | None:
+    """The one model of a rollout server that is not a learner's adapter, or ``None``."""
+    from llmgym.engines.openai_api import bounded_http_client
+
+    with bounded_http_client(timeout) as http:
+        try:
+            reply = http.get(api_root(url)[1] + "/models", headers={"Authorization": f"Bearer {key}"} if key else {},
+                             timeout=30).json()
+        except Exception:  # noqa: BLE001 (the caller's error says what the server serves)
+            return None
+    names = [m.get("id") for m in (reply.get("data") or []) if isinstance(m, dict)] if isinstance(reply, dict) else []
+    base = [n for n in names if isinstance(n, str) and not _ADAPTER_NAME.fullmatch(n)]
+    return base[0] if len(base) == 1 else None
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300] or type(exc).__name__
 
@@ -144,7 +170,10 @@ class _Server:
 
         if timeout is not None:  # (httpx reads an explicit None as "no time limit")
             kwargs["timeout"] = timeout
-        kwargs["headers"] = self._generation if path.startswith("/v1/") else self._control
+        from llmgym.fleet.guard import CONTROL_ROUTES
+
+        control = (method.upper(), path) in CONTROL_ROUTES
+        kwargs["headers"] = self._control if control or not path.startswith("/v1/") else self._generation
         try:
             response = self.http.request(method, self.root + path, **kwargs)
         except httpx.HTTPError as exc:
@@ -162,6 +191,8 @@ class _Server:
             raise FleetError(f"{self.root}{path} answered HTTP {response.status_code}: {response.text[:300]!r}")
         if not response.content:
             return None
+        if path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            return None  # vLLM answers these with a line of text
         try:
             return response.json()
         except ValueError:
@@ -226,7 +257,7 @@ class FleetEngine:
                  max_concurrency: int = 16, timeout: float = 120.0, max_retries: int = 2, api_key: str | None = None,
                  sync_address: str | None = None, sync_timeout_s: float = 120.0,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, secret: str | None = None, logprob_tolerance: float = 0.5,
-                 token_tolerance: float = 5.0):
+                 token_tolerance: float = 5.0, lora_versions: int = 1):
         from llmgym.engines.openai_api import ModelNotServedError, OpenAIEngine, ServerError, bounded_http_client
 
         if isinstance(servers, str):
@@ -244,6 +275,13 @@ class FleetEngine:
             raise ValueError(f"logprob_tolerance must be > 0 (nats per token), got {logprob_tolerance}")
         if not token_tolerance >= logprob_tolerance:
             raise ValueError(f"token_tolerance must be >= logprob_tolerance ({logprob_tolerance}), got {token_tolerance}")
+        if isinstance(lora_versions, bool) or not isinstance(lora_versions, int) or lora_versions < 1:
+            raise ValueError(f"lora_versions must be a whole number >= 1 (max_staleness + 1), got {lora_versions!r}")
+        self.lora_versions = lora_versions
+        self._adapters: collections.OrderedDict[int, str] = collections.OrderedDict()  # version -> served name
+        self._adapter_config: dict | None = None
+        self._base_synced = False
+        self.last_sync_bytes = 0
         self.token_tolerance = float(token_tolerance)
         secret = secret if secret is not None else (os.environ.get("LLMGYM_SERVE_SECRET") or None)
         self.logprob_tolerance = float(logprob_tolerance)
@@ -266,11 +304,19 @@ class FleetEngine:
         self._unreported: list[tuple[str, type]] = []
         try:
             for url in urls:
+                def client_for(name):
+                    return OpenAIEngine(api_root(url)[1], name, tokenizer, api_key=api_key or secret, timeout=timeout,
+                                        max_retries=max_retries, max_concurrency=max_concurrency,
+                                        prompt_format="token_ids")
+
                 try:
-                    client = OpenAIEngine(api_root(url)[1], served_model, tokenizer, api_key=api_key or secret,
-                                          timeout=timeout,
-                                          max_retries=max_retries, max_concurrency=max_concurrency,
-                                          prompt_format="token_ids")
+                    try:
+                        client = client_for(served_model)
+                    except ModelNotServedError:
+                        base = None if served_model else _base_model(url, api_key or secret, timeout)
+                        if base is None:
+                            raise
+                        client = client_for(base)  # the others are a learner's adapters (llmgym-v<N>)
                 except ServerError as exc:
                     raise FleetError(str(exc)) from None
                 except ModelNotServedError as exc:
@@ -278,6 +324,7 @@ class FleetEngine:
                 # the control plane is bounded like sampling: one deadline per call (not per read), a size cap,
                 # no compressed reply, no redirect (a 300 KB gzip reply to /weight_info took 1.5 GB before)
                 server = _Server(url, client, bounded_http_client(timeout), secret=secret, api_key=api_key)
+                server.base_model = client.model  # the base model's name; an adapter version is served by its own
                 self.servers.append(server)
                 if not client.server_is_vllm:
                     raise NotARolloutServerError(f"the server at {server.root} is not vLLM (its model list does not "
@@ -291,6 +338,9 @@ class FleetEngine:
             first = self.servers[0].client
             self.pad_id, self.eos_ids = first.pad_id, first.eos_ids
             if self.pushes_weights:
+                for server in self.servers:  # adapters an earlier learner left adapted other weights: unloaded
+                    for name in _adapter_names(server.call("GET", "/v1/models", timeout=30)):
+                        server.call("POST", "/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30)
                 self._connect_all()
             if model is not None:
                 self.sync_weights(model, version=0)
@@ -392,42 +442,100 @@ class FleetEngine:
         and record them there as policy ``version`` (default: one more than the last).
 
         A server that fails during the sync is dropped (:class:`ServerLostWarning`); the others get
-        the weights. Not for a model with LoRA adapters injected (merge them first).
+        the weights.
+
+        A model with ``peft`` LoRA adapters injected (servers started with ``llmgym serve --lora-r N``) sends
+        the frozen base weights once, then only the adapter: its tensors over the same weight transfer (kept in
+        the server's memory), registered as the served adapter ``llmgym-v<version>`` (``/v1/load_lora_adapter``,
+        a control route) and sampled by name from then on, so every completion names the adapter that sampled
+        it; the versions beyond the newest ``lora_versions`` are unloaded. A server without the adapter answers
+        an error, never the base model. The probe after the sync compares the server's log-probs under the
+        adapter with the learner's.
         """
+        from llmgym.engines.lora import adapter_config, has_lora, split_lora_state
+
         module = getattr(model, "module", model)
         pairs = []
         for name, tensor in module.state_dict().items():
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # FSDP2 DTensors
             pairs.append((name, full.detach()))
-        if any(".lora_A." in name for name, _ in pairs):
-            raise ValueError("FleetEngine.sync_weights got a model with LoRA adapters injected; vLLM needs plain "
-                             "weights: merge the adapters (peft merge_and_unload on a copy) or use HFEngine")
+        if has_lora(dict(pairs)):
+            base, adapter = split_lora_state(dict(pairs))
+            config = adapter_config(module) or self._adapter_config
+            if config is None:
+                raise ValueError("FleetEngine.sync_weights got LoRA tensors without their peft config (the model's "
+                                 "peft_config): pass the peft-injected model")
+            self._adapter_config = config
+            with self._busy:
+                if version is None:
+                    version = 0 if self.policy_version is None else self.policy_version + 1
+                if not self._base_synced:  # the frozen base weights travel once
+                    self._sync(list(base.items()), None, int(version))
+                self._sync(list(adapter.items()), config, int(version), model=model)
+            return
         with self._busy:
             if version is None:
                 version = 0 if self.policy_version is None else self.policy_version + 1
-            started = time.perf_counter()
-            if self.pushes_weights:
-                update_info = {"names": [n for n, _ in pairs],
-                               "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in pairs],
-                               "shapes": [list(t.shape) for _, t in pairs]}
-                live = self._live_servers()
-                with ThreadPoolExecutor(len(live)) as pool:
-                    outcomes = list(pool.map(lambda s: self._push(s, pairs, update_info, int(version)), live))
-                for server, error in zip(live, outcomes):
-                    if error is not None and server.alive():
-                        raise FleetError(f"the server at {server.root} refused the weights of version {version}: "
-                                         f"{error}")
-                    if error is not None:
-                        self._lose(server, error)
-                self._verify(self._live_servers(), model, int(version))
-                self._live_servers()  # none left: FleetError
-            distributed.barrier()  # no rank samples before rank 0's push has landed
-            self.policy_version = int(version)
-            self.weight_syncs += 1
-            self.last_sync_s = time.perf_counter() - started
+            self._sync(pairs, None, int(version), model=model)
+            self._base_synced = True
+            self._adapters.clear()
+            for server in self.servers:
+                server.client.model = server.base_model
 
-    def _push(self, server: _Server, pairs, update_info: dict, version: int) -> str | None:
-        """One server's weight update; ``None`` when it took them, else why it failed."""
+    def _sync(self, pairs, lora_config: dict | None, version: int, model: Any = None) -> None:
+        """Push ``pairs`` to every live server as ``version`` (an adapter when ``lora_config`` is given), then
+        verify against ``model`` (none: base weights under an adapter still to come)."""
+        started = time.perf_counter()
+        name = f"llmgym-v{int(version)}" if lora_config is not None else None
+        if self.pushes_weights:
+            update_info = {"names": [n for n, _ in pairs],
+                           "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in pairs],
+                           "shapes": [list(t.shape) for _, t in pairs]}
+            if name is not None:
+                update_info.update(lora_name=name, lora_config=lora_config)
+            live = self._live_servers()
+            with ThreadPoolExecutor(len(live)) as pool:
+                outcomes = list(pool.map(lambda s: self._push(s, pairs, update_info, int(version), name), live))
+            for server, error in zip(live, outcomes):
+                if error is not None and server.alive():
+                    raise FleetError(f"the server at {server.root} refused the {'adapter' if name else 'weights'} "
+                                     f"of version {version}: {error}")
+                if error is not None:
+                    self._lose(server, error)
+            # what the gloo broadcast carried to one server (each gets the same), measured at the sender
+            self.last_sync_bytes = max((s.link.bytes_sent for s in live if s.link is not None), default=0)
+        if name is not None:
+            for server in self.servers:
+                server.client.model = name  # every completion from now on names the adapter that sampled it
+            self._adapters.pop(int(version), None)
+            self._adapters[int(version)] = name
+            self._release_adapters()
+        if self.pushes_weights and model is not None:
+            self._verify(self._live_servers(), model, int(version))
+            self._live_servers()  # none left: FleetError
+        distributed.barrier()  # no rank samples before rank 0's push has landed
+        if model is None:
+            self._base_synced = True
+            return
+        self.policy_version = int(version)
+        self.weight_syncs += 1
+        self.last_sync_s = time.perf_counter() - started
+
+    def _release_adapters(self) -> None:
+        """Unload the adapter versions beyond the newest ``lora_versions`` from every live server."""
+        while len(self._adapters) > self.lora_versions:
+            _, old = self._adapters.popitem(last=False)
+            if not self.pushes_weights:
+                continue
+            for server in self.servers:
+                if server.lost is None:
+                    with contextlib.suppress(FleetError):
+                        server.call("POST", "/v1/unload_lora_adapter", json={"lora_name": old},
+                                    timeout=self.sync_timeout_s)
+
+    def _push(self, server: _Server, pairs, update_info: dict, version: int, adapter: str | None = None) -> str | None:
+        """One server's weight update (an adapter's, named ``adapter``: then loaded from the server's memory as
+        a served adapter once the transfer ends); ``None`` when it took them, else why it failed."""
         paused = False
         try:
             server.call("POST", "/pause", params={"mode": "wait"}, timeout=self.sync_timeout_s)
@@ -438,6 +546,15 @@ class FleetEngine:
                 return error
             server.call("POST", "/finish_weight_update", json={"weight_version": str(version)},
                         timeout=self.sync_timeout_s)
+            if adapter is not None:
+                from llmgym.fleet.weight_transfer import ADAPTER_PATH_PREFIX
+
+                if adapter in self._adapters.values():  # a version synced again (the pipeline, a resume): replaced
+                    with contextlib.suppress(FleetError):
+                        server.call("POST", "/v1/unload_lora_adapter", json={"lora_name": adapter},
+                                    timeout=self.sync_timeout_s)
+                server.call("POST", "/v1/load_lora_adapter", timeout=self.sync_timeout_s,
+                            json={"lora_name": adapter, "lora_path": ADAPTER_PATH_PREFIX + adapter})
             server.call("POST", "/resume", timeout=self.sync_timeout_s)
             paused = False
             return None

@@ -13,7 +13,10 @@ the weights), ``/update_weight_version`` (forges the version), ``/sleep``, ``/re
   and world size reads) need ``Authorization: Bearer <secret>``, compared in constant time; there is
   no guard without a secret (``llmgym serve`` refuses to start without one, on loopback too);
 * generation (``/v1/...``) is vLLM's ``--api-key`` (``llmgym serve`` makes the secret that key when
-  no other is given); ``/health`` is open (it says only whether the engine is up).
+  no other is given); ``/health`` is open (it says only whether the engine is up);
+* the LoRA routes (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``: the adapter sync of
+  ``llmgym serve --lora-r``) are control routes: they need the secret, and once it is checked the guard
+  hands vLLM's ``--api-key`` check the generation key (``VLLM_API_KEY``) in its place.
 
 The secret is handed over in process (:func:`configure`, called by ``llmgym serve`` before vLLM
 builds its app), never on a command line (``ps`` shows those to every user of the machine).
@@ -29,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 
 __all__ = ["CONTROL_ROUTES", "ControlPlaneGuard", "OPEN_ROUTES", "ROUTES", "allowed", "configure"]
 
@@ -36,6 +40,7 @@ CONTROL_ROUTES = frozenset({
     ("POST", "/init_weight_transfer_engine"), ("POST", "/shutdown_weight_transfer_engine"),
     ("POST", "/start_weight_update"), ("POST", "/update_weights"), ("POST", "/finish_weight_update"),
     ("POST", "/pause"), ("POST", "/resume"), ("GET", "/weight_info"), ("GET", "/get_world_size"),
+    ("POST", "/v1/load_lora_adapter"), ("POST", "/v1/unload_lora_adapter"),
 })
 """What the learner's :class:`~llmgym.fleet.fleet_engine.FleetEngine` calls to push weights: behind the secret."""
 
@@ -103,6 +108,10 @@ class ControlPlaneGuard:
                 await _answer(scope, send, 401, "this control route needs the server's secret "
                                                 "(Authorization: Bearer <LLMGYM_SERVE_SECRET>)")
                 return
+            key = os.environ.get("VLLM_API_KEY")
+            if path.startswith("/v1/") and key:  # vLLM's own --api-key check of /v1 comes next
+                headers = [(n, v) for n, v in scope.get("headers") or () if n.lower() != b"authorization"]
+                scope = dict(scope, headers=[*headers, (b"authorization", f"Bearer {key}".encode("latin-1"))])
         await self.app(scope, receive, send)
 
 

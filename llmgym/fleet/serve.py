@@ -86,7 +86,8 @@ def check_plugin() -> None:
 
 def server_arguments(model: str, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
                      dtype: str = "auto", kv_cache_memory_bytes: int | None = None,
-                     seed: int = 0, on_cpu: bool | None = None, extra: Sequence[str] = ()) -> list[str]:
+                     seed: int = 0, on_cpu: bool | None = None, lora_r: int = 0, lora_versions: int = 2,
+                     extra: Sequence[str] = ()) -> list[str]:
     """The command line of vLLM's API server for a rollout server of ``model`` (a local directory).
 
     Example:
@@ -108,6 +109,13 @@ def server_arguments(model: str, *, host: str = "127.0.0.1", port: int = 8000, s
             "--middleware", GUARD]
     if served_model_name:
         args += ["--served-model-name", served_model_name]
+    if lora_r:
+        from llmgym.engines.lora import vllm_lora_rank
+
+        # adapters arrive from the learner (in memory, through the weight transfer); `lora_versions` of them are
+        # served at once (max_staleness + 1), and the worker's cache holds one more while a new one loads
+        args += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(int(lora_r))), "--max-loras",
+                 str(int(lora_versions)), "--max-cpu-loras", str(int(lora_versions) + 1)]
     if on_cpu:
         from llmgym.engines.vllm import CPU_KV_CACHE_BYTES
 
@@ -138,6 +146,8 @@ def server_environment(server_args: Sequence[str] = ()) -> dict[str, str]:
     """
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     args = list(server_args)
+    if "--enable-lora" in args:  # vLLM's /v1/load_lora_adapter route, behind the guard's secret
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     backends = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--distributed-executor-backend"]
     backends += [a.split("=", 1)[1] for a in args if a.startswith("--distributed-executor-backend=")]
     if backends and backends[-1] == "uni":
@@ -168,6 +178,10 @@ def build_parser(prog: str = "python -m llmgym.fleet.serve") -> argparse.Argumen
     parser.add_argument("--kv-cache-memory-bytes", type=int, metavar="N",
                         help="KV cache size (on a CPU default 1 GiB; vLLM's default would reserve 92%% of RAM)")
     parser.add_argument("--seed", type=int, default=0, help="vLLM's engine seed (requests carry their own seeds)")
+    parser.add_argument("--lora-r", type=int, default=0, metavar="N", help="serve LoRA adapters of rank N that the "
+                        "learner sends (llmgym train --engine vllm-server --lora-r N); 0 = off")
+    parser.add_argument("--lora-versions", type=int, default=2, metavar="V", help="adapter versions served at once "
+                        "(the learner's max staleness + 1; default 2)")
     parser.add_argument("--secret-file", metavar="FILE", help="a file holding the secret the control routes (weight "
                         "sync) require, at least 16 characters (default: the LLMGYM_SERVE_SECRET environment "
                         "variable); the learner sets the same LLMGYM_SERVE_SECRET")
@@ -267,6 +281,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.fleet.
         if os.environ.get("VLLM_USE_RUST_FRONTEND", "0") not in ("", "0"):
             raise ValueError("VLLM_USE_RUST_FRONTEND is set: vLLM's Rust front end would not run the rollout server's "
                              "guard; unset it")
+        if args.lora_r < 0 or args.lora_versions < 1:
+            raise ValueError(f"--lora-r must be >= 0 (0 = off) and --lora-versions >= 1, got {args.lora_r} and "
+                             f"{args.lora_versions}")
+        if args.lora_r:
+            from llmgym.engines.lora import vllm_lora_rank
+
+            vllm_lora_rank(args.lora_r)  # over vLLM's largest: one line here
         secret = read_secret(args.secret_file)
         if secret is None:
             where = "the port" if is_loopback(args.host) else f"{args.host}"
@@ -284,7 +305,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.fleet.
         server_args = server_arguments(args.model, host=args.host, port=args.port,
                                        served_model_name=args.served_model_name, dtype=args.dtype,
                                        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                                       seed=args.seed, extra=extra)
+                                       seed=args.seed, lora_r=args.lora_r, lora_versions=args.lora_versions,
+                                       extra=extra)
     except (ValueError, PluginMissingError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2

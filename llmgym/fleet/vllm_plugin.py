@@ -31,13 +31,17 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import re
+import threading
 from typing import Any
 
 import torch
 from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
 
 from llmgym.fleet.weight_transfer import (
+    ADAPTER_PATH_PREFIX,
     BACKEND_NAME,
     DEFAULT_BUCKET_BYTES,
     TransferError,
@@ -45,7 +49,14 @@ from llmgym.fleet.weight_transfer import (
     receive_named_tensors,
 )
 
-__all__ = ["GlooInitInfo", "GlooUpdateInfo", "GlooWeightTransferEngine", "compile_helpers_eagerly_on_generic_kernels", "register"]
+__all__ = ["ADAPTER_PATH_PREFIX", "GlooInitInfo", "GlooUpdateInfo", "GlooWeightTransferEngine",
+           "compile_helpers_eagerly_on_generic_kernels", "register"]
+
+_ADAPTER_NAME = re.compile(r"llmgym-v[0-9]{1,12}")
+_MAX_RECEIVED_ADAPTERS = 16
+# name -> (tensors, config): the adapters this worker received, newest last (bounded: the oldest are dropped)
+_received: collections.OrderedDict[str, tuple[dict, dict]] = collections.OrderedDict()
+_received_lock = threading.Lock()
 
 
 @dataclasses.dataclass
@@ -76,8 +87,17 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
     names: list[str]
     dtype_names: list[str]
     shapes: list[list[int]]
+    lora_name: str = ""
+    """Non-empty: the tensors are a LoRA adapter (``peft``'s names), kept in memory under this name for
+    ``/v1/load_lora_adapter`` (path ``ADAPTER_PATH_PREFIX + lora_name``), not loaded into the base weights."""
+    lora_config: dict | None = None
+    """The adapter's ``adapter_config.json`` as data (with ``lora_name``)."""
 
     def __post_init__(self) -> None:
+        if self.lora_name and (not isinstance(self.lora_name, str) or not _ADAPTER_NAME.fullmatch(self.lora_name)):
+            raise ValueError(f"lora_name must match {_ADAPTER_NAME.pattern}, got {str(self.lora_name)[:80]!r}")
+        if self.lora_name and not isinstance(self.lora_config, dict):
+            raise ValueError("an adapter update needs its lora_config (the adapter's peft config as a JSON object)")
         if not (len(self.names) == len(self.dtype_names) == len(self.shapes)):
             raise ValueError(f"names, dtype_names and shapes differ in length: {len(self.names)}, "
                              f"{len(self.dtype_names)}, {len(self.shapes)}")
@@ -101,6 +121,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         super().__init__(config, vllm_config, device, model)
         self.group = self._store = None
         self.bucket_bytes = DEFAULT_BUCKET_BYTES
+        self._reloading = False  # whether this update has started vLLM's layerwise reload (base weights came)
+        if getattr(vllm_config, "lora_config", None) is not None:
+            _install_adapter_loader()
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         self.shutdown()  # a learner that reconnects (a new run) replaces the old group
@@ -111,14 +134,23 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.bucket_bytes = int(init_info.bucket_bytes)
 
     def start_weight_update(self) -> None:
+        # vLLM's layerwise reload starts when base weights arrive: an update that carries only an adapter
+        # leaves the base weights as they are
+        self._reloading = False
+
+    def _start_reload(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-        initialize_layerwise_reload(self.model)
+        if not self._reloading:
+            initialize_layerwise_reload(self.model)
+            self._reloading = True
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        finalize_layerwise_reload(self.model, self.model_config)
+        if self._reloading:
+            finalize_layerwise_reload(self.model, self.model_config)
+            self._reloading = False
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # the base class ends with torch.accelerator.synchronize(), which raises where there is no
@@ -130,6 +162,20 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.group is None:
             raise TransferError("no weight-transfer group: the learner must call /init_weight_transfer_engine first")
+        if update_info.lora_name:
+            if getattr(self.vllm_config, "lora_config", None) is None:
+                raise TransferError("this server was started without LoRA: start it with llmgym serve --lora-r N to "
+                                    "take adapters")
+            tensors = {}
+            for pairs in receive_named_tensors(self.group, update_info.meta(), self.bucket_bytes):
+                tensors.update((name, tensor.clone()) for name, tensor in pairs)
+            with _received_lock:
+                _received.pop(update_info.lora_name, None)
+                _received[update_info.lora_name] = (tensors, dict(update_info.lora_config))
+                while len(_received) > _MAX_RECEIVED_ADAPTERS:
+                    _received.popitem(last=False)
+            return
+        self._start_reload()
         for pairs in receive_named_tensors(self.group, update_info.meta(), self.bucket_bytes):
             self.model.load_weights(pairs)
 
@@ -141,6 +187,35 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             except (RuntimeError, AttributeError):
                 pass
         self._store = None
+
+
+def _install_adapter_loader() -> None:
+    """Make this worker's LoRA manager load an adapter named by :data:`ADAPTER_PATH_PREFIX` from the adapters
+    the learner sent (in memory), and any other path as vLLM does. Idempotent; only in a rollout server's worker
+    (the weight-transfer backend installs it). An adapter it does not hold is vLLM's own "not found" error:
+    the request fails, it is never answered by the base model."""
+    from vllm.exceptions import LoRAAdapterNotFoundError
+    from vllm.lora.worker_manager import WorkerLoRAManager
+
+    original = WorkerLoRAManager._load_adapter
+    if getattr(original, "_llmgym", False):
+        return
+
+    def _load_adapter(self, lora_request):
+        path = getattr(lora_request, "lora_path", "") or ""
+        if not path.startswith(ADAPTER_PATH_PREFIX):
+            return original(self, lora_request)
+        from llmgym.engines.vllm import lora_model_from_tensors
+
+        with _received_lock:
+            found = _received.get(path[len(ADAPTER_PATH_PREFIX):])
+        if found is None:
+            raise LoRAAdapterNotFoundError(lora_request.lora_name, path)
+        tensors, config = found
+        return lora_model_from_tensors(self, lora_request.lora_int_id, tensors, config)
+
+    _load_adapter._llmgym = True
+    WorkerLoRAManager._load_adapter = _load_adapter
 
 
 def register() -> None:

@@ -39,6 +39,7 @@ import torch
 from llmgym.errors import LLMGymError
 
 __all__ = [
+    "ADAPTER_PATH_PREFIX",
     "BACKEND_NAME",
     "DEFAULT_BUCKET_BYTES",
     "GlooSender",
@@ -52,6 +53,9 @@ __all__ = [
     "unpack_bucket",
 ]
 
+ADAPTER_PATH_PREFIX = "/llmgym-in-memory/"
+"""The ``lora_path`` under which a rollout server's worker finds an adapter the learner sent (in memory; no
+such directory exists, so vLLM's own loader finds nothing there)."""
 BACKEND_NAME = "llmgym_gloo"
 """The name ``llmgym serve`` registers its backend under in vLLM's ``WeightTransferEngineFactory``."""
 DEFAULT_BUCKET_BYTES = 256 << 20
@@ -190,6 +194,8 @@ class GlooSender:
             raise ValueError(f"a weight-transfer group needs the learner and >= 1 worker, got world_size={world_size}")
         self.address, self.world_size, self.timeout_s, self.bucket_bytes = address, world_size, timeout_s, bucket_bytes
         self.group = self._store = self._socket = None
+        self.bytes_sent = 0
+        """Bytes the last :meth:`send` broadcast (the buckets' sizes)."""
 
     def rendezvous(self) -> dict:
         """Listen for the server's workers; the ``init_info`` to send to its ``/init_weight_transfer_engine``."""
@@ -216,12 +222,14 @@ class GlooSender:
         if self.group is None:
             raise RuntimeError("GlooSender.send before join")
         meta = metadata(pairs)
+        self.bytes_sent = 0
         for indices in plan_buckets(meta, self.bucket_bytes):
             buffer = pack_bucket([pairs[i][1] for i in indices])
             try:
                 self.group.broadcast(buffer, 0).wait()
             except RuntimeError as exc:
                 raise TransferError(f"sending weights failed: {_one_line(exc)}") from None
+            self.bytes_sent += buffer.numel()
 
     def close(self) -> None:
         """Drop the group and the rendezvous socket."""

@@ -141,7 +141,6 @@ def engine_bad_inputs(model_dir: str, tmp: Path) -> list[tuple[list[str], str]]:
           "vllm"], "this model's is 16"),
         (train + ["--out", str(tmp / "v3"), "--engine", "vllm", "--engine-arg", "gpu_memory_utilisation=0.5"],
          "did you mean gpu_memory_utilization?"),
-        (train + ["--out", str(tmp / "v4"), "--engine", "vllm", "--lora-r", "4"], "train LoRA with --engine hf"),
         (bench + ["--engine", "openai", "--base-url", f"http://127.0.0.1:{free_port()}/v1", "--engine-arg",
                   "max_retries=0"], "no OpenAI-compatible server answers at"),
         (bench + ["--engine", "openai", "--base-url", f"http://127.0.0.1:{free_port()}/v1", "--engine-arg",

@@ -511,3 +511,37 @@ def test_a_server_that_answers_the_probe_with_garbage_is_not_trusted(tok, learne
             FleetEngine([garbled.url], tok, learner, max_retries=0, timeout=10, sync_timeout_s=30)
     finally:
         garbled.close()
+
+
+def test_the_adapter_routes_need_the_secret_and_vllm_s_key_check_then_gets_the_generation_key(monkeypatch):
+    """``/v1/load_lora_adapter`` loads what the server will sample: a control route. Without the secret 401; with
+    it the request reaches vLLM carrying the generation key (``VLLM_API_KEY``), which vLLM's own ``/v1`` check
+    wants, and never the secret; ``/v1/completions`` keeps the caller's header."""
+    from fastapi import FastAPI, Request
+    from fastapi.testclient import TestClient
+
+    from llmgym.fleet import guard as serve_guard
+
+    app = FastAPI()
+
+    async def seen(request):
+        return {"authorization": request.headers.get("authorization")}
+
+    seen.__annotations__ = {"request": Request}  # (this module's annotations are strings: FastAPI needs the class)
+
+    for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/completions"):
+        app.add_api_route(path, seen, methods=["POST"])
+    app.add_middleware(serve_guard.ControlPlaneGuard)
+    secret = "0123456789abcdef-guard"
+    monkeypatch.setenv("VLLM_API_KEY", "generation-key-0123")
+    serve_guard.configure(secret)
+    try:
+        client = TestClient(app)
+        good = {"Authorization": f"Bearer {secret}"}
+        for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            assert client.post(path).status_code == 401
+            assert client.post(path, headers={"Authorization": "Bearer generation-key-0123"}).status_code == 401
+            assert client.post(path, headers=good).json() == {"authorization": "Bearer generation-key-0123"}
+        assert client.post("/v1/completions", headers=good).json() == {"authorization": f"Bearer {secret}"}
+    finally:
+        serve_guard._state.clear()

@@ -36,6 +36,8 @@ from test_vllm import DRIFT_MIN, SYNC_TOL, VLLM_SHAPE
 reason = vllm_missing_reason()
 needs_vllm = pytest.mark.skipif(reason is not None, reason=reason or "")
 COPY_PROMPTS = ("copy: 417", "copy: 90", "copy: 3382", "copy: 5")
+LORA_R = 8
+"""The servers start with ``--lora-r 8``: the full-weight tests and the adapter tests share them."""
 
 
 def gap_and_versions(fleet, model, tokenizer, seed: int = 0) -> tuple[float, set]:
@@ -318,7 +320,7 @@ def servers(tmp_path_factory, tokenizer):
 
     directory = save_pretrained(build_tiny_model(tokenizer, VLLM_SHAPE), tokenizer,
                                 tmp_path_factory.mktemp("fleet") / "tiny")
-    started = RolloutServers(directory, 2)
+    started = RolloutServers(directory, 2, lora_r=LORA_R)  # LoRA on: the adapter tests share these servers
     try:
         with pytest.MonkeyPatch.context() as env:
             env.setenv("LLMGYM_SERVE_SECRET", started.secret)  # the learner's side: FleetEngine reads it
@@ -483,6 +485,77 @@ def test_on_a_cpu_each_server_runs_its_model_inside_the_engine_core_process(serv
         names = [p.name() for p in psutil.Process(proc.pid).children(recursive=True)]
         assert any("EngineCore" in name for name in names), names
         assert not any("Worker" in name for name in names), f"a separate vLLM worker process: {names}"
+
+
+@needs_vllm
+def test_lora_only_the_adapter_travels_to_the_servers_and_they_sample_it(servers, tokenizer, monkeypatch):
+    """``--engine vllm-server --lora-r 8``: the base weights go once; after each update only the adapter, versioned,
+    through the secret-guarded control plane; the servers' log-probs under it equal peft's; a missing adapter
+    version is an error, not the base model."""
+    import learning_recipe as recipe
+
+    from llmgym.engines.openai_api import ModelNotServedError
+
+    model = recipe.warm_model(tokenizer, VLLM_SHAPE, steps=20)  # Copy rewards a random model 0: no gradient
+    full = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    env = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)
+    with FleetEngine(servers.urls(), tokenizer, model, lora_versions=2) as fleet:
+        assert fleet.last_sync_bytes == full  # the plain model: the full weights, once
+        agent = GRPO(model, tokenizer, engine=fleet, lr=2e-2, tasks_per_step=4, group_size=4, max_new_tokens=6,
+                     kl_coef=0.0, lora_r=LORA_R, seed=3, tis="token")  # syncs adapter version 0
+        rows = agent.learn(env, steps=3)
+        adapter = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        assert fleet.last_sync_bytes == sum(p.numel() * p.element_size() for p in adapter.values()) < full / 5
+        assert max(float(p.detach().abs().max()) for n, p in adapter.items() if "lora_B" in n) > 1e-3
+        assert fleet.policy_version == 3 and set(fleet.server_versions().values()) == {"3"}
+        assert max(fleet.probe_gaps.values()) < SYNC_TOL and fleet.batch_gaps and max(fleet.batch_gaps.values()) < SYNC_TOL
+        synced, versions = gap_and_versions(fleet, model, tokenizer)
+        assert synced < SYNC_TOL and versions == {3}, (synced, versions)
+        assert all(abs(r["tis_weight_mean"] - 1.0) < 1e-3 for r in rows)
+        served = fleet.servers[0].client
+        listed = {m.id for m in served.client.models.list().data}
+        assert {"llmgym-v2", "llmgym-v3"} <= listed and "llmgym-v1" not in listed  # two versions kept
+
+        monkeypatch.setattr(fleet, "sync_weights", lambda model, **version: None)  # updates without sync
+        agent.learn(env, steps=2)
+        stale, versions = gap_and_versions(fleet, model, tokenizer)
+        assert stale > DRIFT_MIN and versions == {3}
+        monkeypatch.undo()
+
+        for server in fleet.servers:  # the adapter is gone from the servers: sampling fails, never the base model
+            server.call("POST", "/v1/unload_lora_adapter", json={"lora_name": "llmgym-v3"})
+        with pytest.raises(ModelNotServedError, match="llmgym-v3"):
+            fleet.generate([tokenizer.encode("copy: 12")], SamplingParams(n=1, max_new_tokens=2, seed=0))
+        fleet.sync_weights(model, version=agent.step_count)
+        synced, versions = gap_and_versions(fleet, model, tokenizer)
+        assert synced < SYNC_TOL and versions == {5}
+
+
+@needs_vllm
+def test_train_lora_engine_vllm_server_resumes_exactly(servers, tokenizer, tmp_path):
+    """``llmgym train --engine vllm-server --lora-r 8``: 3 steps at once, and 2 steps then ``--resume`` to 3 (the
+    adapter restored and pushed to the servers as the version it was), give the same metrics."""
+    import learning_recipe as recipe
+
+    from llmgym.cli import main
+    from llmgym.runtime.logging import TIMING_FIELDS
+
+    urls = servers.urls()
+    model_dir = str(save_pretrained(recipe.warm_model(tokenizer, VLLM_SHAPE, steps=20), tokenizer, tmp_path / "model"))
+    flags = ["--env", "llmgym/Copy-v0", "--agent", "grpo", "--model", model_dir, "--engine", "vllm-server",
+             "--server", urls[0], "--server", urls[1], "--lora-r", str(LORA_R), "--checkpoint-every", "1",
+             "--set", "tasks_per_step=4", "--set", "group_size=4", "--set", "max_new_tokens=6", "--set", "lr=0.02"]
+
+    def metrics(out):
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rows]
+
+    assert main(["train", *flags, "--steps", "3", "--out", str(tmp_path / "once")]) == 0
+    assert main(["train", *flags, "--steps", "2", "--out", str(tmp_path / "twice")]) == 0
+    assert main(["train", "--resume", str(tmp_path / "twice"), "--steps", "3"]) == 0
+    once, twice = metrics(tmp_path / "once"), metrics(tmp_path / "twice")
+    assert [r["step"] for r in twice] == [1, 2, 3] and any(r["loss"] != 0 for r in once)
+    assert twice == once
 
 
 @needs_vllm

@@ -1,0 +1,126 @@
+"""LoRA adapter sync vs full-weight sync into vLLM in process: seconds and bytes per update, side by side.
+
+For each model shape, in one run:
+
+* **full weights**: a ``VLLMEngine`` without LoRA; ``sync_weights(model)`` = vLLM's ``reload_weights`` of the
+  whole state dict (what ``--engine vllm`` does after every update without ``--lora-r``);
+* **adapter**: a ``VLLMEngine(lora_rank=R)``; ``sync_weights(peft_model)`` hands vLLM's worker the adapter's
+  A and B matrices as a new adapter version (what ``--engine vllm --lora-r R`` does).
+
+Each sync is timed ``--syncs`` times (median reported, all kept); the adapters are perturbed between syncs so
+every sync carries new values. Bytes are the tensors handed over (``engine.last_sync_bytes``).
+
+    python benchmarks/lora_sync.py --json benchmarks/results/lora_sync_cpu.json
+    python benchmarks/lora_sync.py --shapes tiny --syncs 3          # a smoke run
+
+Shapes: ``tiny`` (hidden 64, 2 layers), ``10m`` and ``qwen2-0.5b`` as in ``benchmarks/engine_speed.py``.
+The load average before and after each shape is in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _model(shape: str):
+    import torch
+
+    if shape == "tiny":
+        from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
+
+        tok = build_tokenizer()
+        model = build_tiny_model(tok, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256))
+        return model.float().eval(), tok
+    from engine_speed import build_model, word_tokenizer
+
+    torch.manual_seed(0)
+    model, vocab = build_model("cpu", qwen2=shape == "qwen2-0.5b", shape=None if shape == "qwen2-0.5b" else shape,
+                               dtype=torch.float32)
+    return model, word_tokenizer(vocab)
+
+
+def _timed(engine, model, syncs: int, perturb=None) -> list[float]:
+    times = []
+    for i in range(syncs):
+        if perturb is not None:
+            perturb(i)
+        started = time.perf_counter()
+        engine.sync_weights(model)
+        times.append(round(time.perf_counter() - started, 4))
+    return times
+
+
+def run_shape(shape: str, *, rank: int, syncs: int, threads: int) -> dict:
+    import peft
+    import torch
+
+    from llmgym.engines.vllm import VLLMEngine
+
+    torch.set_num_threads(threads)
+    model, tok = _model(shape)
+    load_before = _load()
+    state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    rows = []
+    with VLLMEngine(model, tok, dtype="float32", kv_cache_memory_bytes=128 << 20) as engine:
+        full = _timed(engine, model, syncs)
+        rows.append({"variant": "full weights", "sync_s": statistics.median(full), "sync_s_all": full,
+                     "bytes_per_sync": engine.last_sync_bytes})
+    lora_model = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=rank, lora_alpha=2 * rank,
+                                                                            target_modules="all-linear"))
+    inner = lora_model.base_model.model
+    adapters = [p for n, p in inner.named_parameters() if "lora_B" in n]
+
+    def perturb(i: int) -> None:
+        with torch.no_grad():
+            for p in adapters:
+                p.normal_(0, 0.01, generator=torch.Generator().manual_seed(i))
+
+    with VLLMEngine(inner, tok, dtype="float32", kv_cache_memory_bytes=128 << 20, lora_rank=rank) as engine:
+        adapter = _timed(engine, inner, syncs, perturb)
+        rows.append({"variant": f"LoRA adapter (r {rank})", "sync_s": statistics.median(adapter),
+                     "sync_s_all": adapter, "bytes_per_sync": engine.last_sync_bytes})
+    full_row, lora_row = rows
+    return {"shape": shape, "parameters": sum(p.numel() for p in model.parameters()),
+            "state_dict_mib": round(state_bytes / 2**20, 2), "lora_rank": rank, "syncs": syncs, "threads": threads,
+            "cores": os.cpu_count(), "load_before": load_before, "load_after": _load(), "rows": rows,
+            "adapter_vs_full_bytes": round(lora_row["bytes_per_sync"] / full_row["bytes_per_sync"], 5),
+            "adapter_vs_full_time": round(lora_row["sync_s"] / full_row["sync_s"], 3)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="10m,qwen2-0.5b", help="comma-separated: tiny, 10m, qwen2-0.5b")
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--syncs", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", help="write the results here")
+    a = p.parse_args(argv)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    results = []
+    for shape in a.shapes.split(","):
+        result = run_shape(shape, rank=a.rank, syncs=a.syncs, threads=a.threads)
+        results.append(result)
+        for row in result["rows"]:
+            print(f"{shape:>11}  {row['variant']:<20} {row['sync_s']:8.4f} s  {row['bytes_per_sync'] / 2**20:10.3f} MiB")
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
