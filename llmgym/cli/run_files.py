@@ -117,17 +117,11 @@ def atomic_write_text(path: Path, text: str) -> Path:
     import os
     import tempfile
 
+    from llmgym.runtime.files import write_text_atomic
+
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text_atomic(path, text)
     except OSError as exc:
         fd, rescue = tempfile.mkstemp(prefix=f"llmgym-{path.stem}-", suffix=path.suffix or ".txt")
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgym.errors import LLMGymError
+from llmgym.runtime.files import write_text_atomic
 
 __all__ = ["MAX_RECORDS", "ReportInputError", "report_data", "write_report"]
 
@@ -132,15 +133,7 @@ def write_report(path: str | os.PathLike, out: str | os.PathLike | None = None) 
     title = data["title"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     page = _PAGE.replace("__TITLE__", title).replace("__STYLE__", _STYLE).replace("__SCRIPT__", _SCRIPT)
     page = page.replace("__DATA__", payload)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(out, page)
     return out
 
 

@@ -23,7 +23,6 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +31,7 @@ from typing import Any
 
 from llmgym.errors import LLMGymError
 from llmgym.runtime.display import format_value, make_console, make_progress
+from llmgym.runtime.files import write_text_atomic
 from llmgym.train.rollouts import (
     ROLLOUTS_EVERY,
     ROLLOUTS_FILE,
@@ -308,15 +308,7 @@ def _reward_range(env) -> tuple[float, float] | None:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """``path`` written through a temporary file and a rename: a reader never sees half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 class Trainer:
