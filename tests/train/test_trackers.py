@@ -6,6 +6,7 @@ and a new run starts a new one. Every tracker file stays under the test's folder
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -40,7 +41,8 @@ def test_wandb_gets_rows_and_a_table_and_a_resumed_run_continues_the_same_wandb_
         assert log.tracker_runs["wandb"] == first and wandb.run.id == first
         log.log({"step": 2, "reward_mean": 0.75})
     runs = sorted((out / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(r.name.endswith(f"-{first}") for r in runs)  # one wandb run, continued
+    # one wandb run, continued: offline-run-<time>-<id>, with "-1" added where both started in the same second
+    assert len(runs) == 2 and all(re.fullmatch(rf"offline-run-\d+_\d+-{first}(-\d+)?", r.name) for r in runs), runs
     (table,) = (runs[0] / "files" / "media" / "table").glob("rollouts_1_*.table.json")
     data = json.loads(table.read_text())
     assert data["columns"] == list(TABLE_COLUMNS)
