@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -339,7 +340,8 @@ def test_log_to_wandb_mirrors_every_row_and_resume_continues_the_same_wandb_run(
     assert main(["train", "--resume", str(out), "--steps", "3"]) == 0
     assert json.loads((out / "trackers.json").read_text()) == {"wandb": run_id}
     runs = sorted((out / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
+    # offline-run-<time>-<id>, with "-1" added where both started in the same second
+    assert len(runs) == 2 and all(re.fullmatch(rf"offline-run-\d+_\d+-{run_id}(-\d+)?", r.name) for r in runs), runs
     tables = [json.loads(p.read_text()) for r in runs for p in (r / "files" / "media" / "table").glob("*.json")]
     steps = sorted({row[t["columns"].index("step")] for t in tables for row in t["data"]})
     assert steps == [1, 2, 3]  # the sampled episodes of each step, as wandb tables, in one wandb run
