@@ -191,20 +191,22 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
 
 def _install_adapter_loader() -> None:
     """Make this worker's LoRA manager load an adapter named by :data:`ADAPTER_PATH_PREFIX` from the adapters
-    the learner sent (in memory), and any other path as vLLM does. Idempotent; only in a rollout server's worker
-    (the weight-transfer backend installs it). An adapter it does not hold is vLLM's own "not found" error:
-    the request fails, it is never answered by the base model."""
+    the learner sent (in memory), and nothing else: a rollout server's job is its learner's adapters, so a
+    ``lora_path`` on disk or a hub id (which ``/v1/load_lora_adapter`` would otherwise read or fetch) is
+    refused. Idempotent; only in a rollout server's worker (the weight-transfer backend installs it). An
+    adapter it does not hold is vLLM's own "not found" error: the request fails, it is never answered by the
+    base model."""
     from vllm.exceptions import LoRAAdapterNotFoundError
     from vllm.lora.worker_manager import WorkerLoRAManager
 
-    original = WorkerLoRAManager._load_adapter
-    if getattr(original, "_llmgym", False):
+    if getattr(WorkerLoRAManager._load_adapter, "_llmgym", False):
         return
 
     def _load_adapter(self, lora_request):
         path = getattr(lora_request, "lora_path", "") or ""
-        if not path.startswith(ADAPTER_PATH_PREFIX):
-            return original(self, lora_request)
+        if not path.startswith(ADAPTER_PATH_PREFIX):  # not one the learner sent: never read from disk or a hub
+            raise LoRAAdapterNotFoundError(lora_request.lora_name, f"{path} (a rollout server loads only the "
+                                           f"adapters its learner sends, {ADAPTER_PATH_PREFIX}<name>)")
         from llmgym.engines.vllm import lora_model_from_tensors
 
         with _received_lock:

@@ -545,3 +545,23 @@ def test_the_adapter_routes_need_the_secret_and_vllm_s_key_check_then_gets_the_g
         assert client.post("/v1/completions", headers=good).json() == {"authorization": f"Bearer {secret}"}
     finally:
         serve_guard._state.clear()
+
+
+def test_a_rollout_server_loads_only_the_adapters_its_learner_sent_never_a_path_on_disk():
+    """With the secret, ``/v1/load_lora_adapter`` could name any ``lora_path``: a folder on the server's disk, or
+    a hub id vLLM would fetch. The rollout server's worker loads only the adapters its learner sent (in memory,
+    ``ADAPTER_PATH_PREFIX<name>``); anything else is refused before vLLM reads it."""
+    pytest.importorskip("vllm")
+    from vllm.exceptions import LoRAAdapterNotFoundError
+    from vllm.lora.request import LoRARequest
+    from vllm.lora.worker_manager import WorkerLoRAManager
+
+    from llmgym.fleet import vllm_plugin
+
+    vllm_plugin._install_adapter_loader()
+    load = WorkerLoRAManager._load_adapter
+    for path in ("/etc", "/tmp/some-adapter", "Qwen/Qwen2-0.5B-lora", f"/x/{vllm_plugin.ADAPTER_PATH_PREFIX}v1"):
+        with pytest.raises(LoRAAdapterNotFoundError, match="loads only the adapters its learner sends"):
+            load(object(), LoRARequest("attack", 7, path))  # refused before the manager (self) is touched
+    with pytest.raises(LoRAAdapterNotFoundError):  # one it was never sent: not found, never the base model
+        load(object(), LoRARequest("missing", 8, vllm_plugin.ADAPTER_PATH_PREFIX + "never-sent"))
