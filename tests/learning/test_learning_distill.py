@@ -30,7 +30,7 @@ TEACHER_WARMUP = 200  # held-out reward ≈ 0.8
 STUDENT_WARMUP = 40  # ≈ 0.24: far from the teacher
 STEPS = 50
 MAX_NEW_TOKENS = 6
-CONFIG = dict(tasks_per_step=16, group_size=4, lr=3e-3, max_new_tokens=MAX_NEW_TOKENS)
+CONFIG = dict(tasks_per_step=16, group_size=4, lr=1e-3, max_new_tokens=MAX_NEW_TOKENS)
 HELD_OUT = sample_tasks("copy", 128, seed=999) * 2  # 256 sampled episodes
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW_TOKENS)
 SEED = 0
