@@ -547,7 +547,7 @@ def test_the_adapter_routes_need_the_secret_and_vllm_s_key_check_then_gets_the_g
         serve_guard._state.clear()
 
 
-def test_a_rollout_server_loads_only_the_adapters_its_learner_sent_never_a_path_on_disk():
+def test_a_rollout_server_loads_only_the_adapters_its_learner_sent_never_a_path_on_disk(monkeypatch):
     """With the secret, ``/v1/load_lora_adapter`` could name any ``lora_path``: a folder on the server's disk, or
     a hub id vLLM would fetch. The rollout server's worker loads only the adapters its learner sent (in memory,
     ``ADAPTER_PATH_PREFIX<name>``); anything else is refused before vLLM reads it."""
@@ -558,6 +558,8 @@ def test_a_rollout_server_loads_only_the_adapters_its_learner_sent_never_a_path_
 
     from llmgym.fleet import vllm_plugin
 
+    # the loader is installed in a rollout server's worker only: here, for this test alone
+    monkeypatch.setattr(WorkerLoRAManager, "_load_adapter", WorkerLoRAManager._load_adapter)
     vllm_plugin._install_adapter_loader()
     load = WorkerLoRAManager._load_adapter
     for path in ("/etc", "/tmp/some-adapter", "Qwen/Qwen2-0.5B-lora", f"/x/{vllm_plugin.ADAPTER_PATH_PREFIX}v1"):
