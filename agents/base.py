@@ -263,7 +263,8 @@ class Agent(abc.ABC):
         num_tasks, tasks = num_tasks or self.config.tasks_per_step, None
         if distributed.is_distributed():
             # data parallel: every rank draws the same tasks and rolls out its contiguous share
-            tasks = distributed.shard(draw_tasks(env, num_tasks, seed))
+            share = distributed.shard_range(num_tasks)
+            tasks = draw_tasks(env, num_tasks, seed)[share.start:share.stop]
             if not tasks:
                 raise ValueError(f"{num_tasks} tasks per step cannot be shared by {distributed.world_size()} "
                                  f"ranks: set tasks_per_step >= the number of processes")
