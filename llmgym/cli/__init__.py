@@ -22,9 +22,9 @@ Commands:
 
 What the commands share, each in a module of public names: :mod:`llmgym.cli.common` (shared options:
 ``--set``, ``--device``, scale options, ``--import``), :mod:`llmgym.cli.usage` (the usage error, exit
-codes), :mod:`llmgym.cli.console` (what they print), :mod:`llmgym.cli.resolve` (env, agent and model from
-their names), :mod:`llmgym.cli.run_files` (a run's directory), :mod:`llmgym.cli.engine_options`
-(``--engine``) and :mod:`llmgym.cli.training` (:func:`train_run`: a run's names made into objects and
+codes), :mod:`llmgym.cli.console` (what they print), :mod:`llmgym.cli.resolve` (env, agent, model and engine
+from their names), :mod:`llmgym.cli.run_files` (a run's directory), :mod:`llmgym.cli.engine_options`
+(``--engine`` and its options) and :mod:`llmgym.cli.training` (:func:`train_run`: a run's names made into objects and
 handed to the library's run loop, :class:`llmgym.train.Trainer`, which owns checkpoints, resume and
 interrupts). A new command is a module with an
 ``add_parser(subparsers, common)`` function that sets ``handler``, listed in ``COMMANDS`` below.
@@ -32,7 +32,7 @@ interrupts). A new command is a module with an
 ``train``, ``compare`` and ``bench`` take ``--engine hf|vllm`` (``train`` and ``compare`` also
 ``vllm-server --server URL ...``, a fleet of rollout servers; ``bench`` also ``openai --base-url URL``)
 and ``--engine-arg key=value``: who samples the rollouts (:func:`llmgym.cli.engine_options.check_engine`,
-:func:`llmgym.cli.engine_options.build_engine`).
+:func:`llmgym.cli.resolve.build_engine`).
 
 Mistakes a user can make (unknown env or agent, missing model, missing optional package, bad or
 out-of-range ``--set``/``--seed``/sampling setting, an env that cannot be made, an engine that is not

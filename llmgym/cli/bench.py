@@ -23,8 +23,8 @@ from typing import Any
 
 from llmgym.cli.common import check_device, parse_overrides
 from llmgym.cli.console import format_value
-from llmgym.cli.engine_options import bf16_on_slow_cpu, build_engine, check_engine, engine_arguments, engine_options
-from llmgym.cli.resolve import load_run_model, make_run_env, require_env, resolve_model
+from llmgym.cli.engine_options import bf16_on_slow_cpu, check_engine, engine_arguments, engine_options
+from llmgym.cli.resolve import build_engine, load_run_model, make_run_env, require_env, resolve_model
 from llmgym.cli.run_files import atomic_write_text, check_out_file
 from llmgym.cli.usage import UsageError
 from llmgym.runtime.display import make_console

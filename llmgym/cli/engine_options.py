@@ -18,7 +18,7 @@ from llmgym.cli.resolve import check_model, resolve_model
 from llmgym.cli.usage import UsageError, first_line
 from llmgym.runtime.install import install_hint
 
-__all__ = ["ENGINES", "VLLM_HINT", "engine_options", "engine_arguments", "check_engine", "bf16_on_slow_cpu", "build_engine"]
+__all__ = ["ENGINES", "VLLM_HINT", "engine_options", "engine_arguments", "check_engine", "bf16_on_slow_cpu"]
 
 ENGINES = ("hf", "vllm", "vllm-server")
 """``--engine`` values of ``train`` and ``compare`` (``bench`` also takes ``openai``, a served model)."""
@@ -226,35 +226,3 @@ def _quiet_vllm() -> None:
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
-
-
-def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer, *, lora_r: int = 0,
-                 max_staleness: int | None = None):
-    """The agent's rollout engine for ``--engine``: ``None`` for hf (the agent builds its own ``HFEngine``
-    over the model it trains), a :class:`~llmgym.engines.vllm.VLLMEngine` over ``model`` for vllm (with
-    ``lora_r > 0``: LoRA enabled at that rank, ``max_staleness + 1`` adapter versions kept). A
-    setting vLLM rejects is a :class:`UsageError`; the caller closes the engine."""
-    if kind == "hf":
-        return None
-    if kind == "vllm-server":
-        from llmgym.fleet.fleet_engine import FleetEngine, FleetError
-
-        options = dict(engine_args)
-        if lora_r:
-            options.setdefault("lora_versions", int(max_staleness or 0) + 1)
-        try:
-            return FleetEngine(options.pop("servers"), tokenizer, model, **options)
-        except (FleetError, ValueError, TypeError) as exc:
-            raise UsageError(f"--engine vllm-server: {str(exc).splitlines()[0]}") from None
-    if kind != "vllm":
-        raise UsageError(f"--engine {kind} cannot train (it samples from a server's weights): use hf or vllm")
-    from llmgym.engines.vllm import VLLMEngine
-
-    options = dict(engine_args)
-    if lora_r:
-        options.setdefault("lora_rank", int(lora_r))
-        options.setdefault("lora_versions", int(max_staleness or 0) + 1)
-    try:
-        return VLLMEngine(model, tokenizer, **options)
-    except (ValueError, TypeError) as exc:  # a setting vLLM refused as it started (its config's cross-checks)
-        raise UsageError(f"--engine vllm: {first_line(exc)}") from None

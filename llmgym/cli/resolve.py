@@ -1,4 +1,4 @@
-"""From the names on a command line to the objects of a run: env id, agent name, model, agent config.
+"""From the names on a command line to the objects of a run: env id, agent name, model, agent config, engine.
 
 Each check turns a user's mistake (an unknown env or agent, a missing model, a bad ``--set`` field) into
 one :class:`~llmgym.cli.usage.UsageError` line instead of a traceback.
@@ -18,12 +18,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from llmgym.cli.usage import LIST_HINT, UsageError
+from llmgym.cli.usage import LIST_HINT, UsageError, first_line
 from llmgym.runtime.display import quiet_hf_progress
 from llmgym.runtime.install import install_hint
 from llmgym.runtime.threads import set_torch_threads
 
-__all__ = ["require_env", "ENV_ARG_RESERVED", "make_run_env", "require_agent", "MODEL_HINT", "resolve_model", "load_run_model", "apply_threads", "check_model", "build_agent_config", "construct_agent", "check_env_makes"]
+__all__ = ["require_env", "ENV_ARG_RESERVED", "make_run_env", "require_agent", "MODEL_HINT", "resolve_model", "load_run_model", "check_model", "build_agent_config", "check_env_makes", "build_engine"]
 
 def require_env(env_id: str):
     """The :class:`~llmgym.env.registry.EnvInfo` of ``env_id``; a :class:`UsageError` if unknown or unusable.
@@ -168,8 +168,8 @@ def resolve_model(spec: str) -> str:
 
 def load_run_model(spec: str, device: str | None = None, threads: int | None = None):
     """``(model, tokenizer, threads)`` from ``'tiny'``, a saved directory or a hub id, on ``device`` (``None``:
-    CPU), with torch's CPU threads set for it (:func:`apply_threads`; ``threads``: ``--threads``) and their
-    count; a :class:`UsageError` if absent."""
+    CPU), with torch's CPU threads set for it (:func:`llmgym.runtime.threads.set_torch_threads`; ``threads``:
+    ``--threads``) and their count; a :class:`UsageError` if absent."""
     from llmgym.runtime.models import load_model
 
     target = resolve_model(spec)
@@ -181,13 +181,7 @@ def load_run_model(spec: str, device: str | None = None, threads: int | None = N
     except (OSError, ValueError) as exc:  # a directory with a broken or missing tokenizer / weights
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"could not load model {spec!r} ({first}); {MODEL_HINT}") from None
-    return model, tokenizer, apply_threads(threads, model)
-
-
-def apply_threads(requested: int | None, model) -> int:
-    """Set torch's CPU threads for ``model`` (:func:`llmgym.runtime.threads.set_torch_threads`: ``--threads``,
-    else ``OMP_NUM_THREADS`` when set, else 1 for a small model on CPU); return the count in use."""
-    return set_torch_threads(model, requested=requested)
+    return model, tokenizer, set_torch_threads(model, requested=threads)
 
 
 def check_model(spec: str) -> None:
@@ -279,15 +273,6 @@ def _check_agent_config(agent_name: str, config) -> None:
             raise UsageError(f"bad setting for agent {agent_name}: {exc}") from None
 
 
-def construct_agent(agent_cls, model, tokenizer, config, engine=None):
-    """``agent_cls(model, tokenizer, config=config, engine=engine)``; a setting the agent rejects (or a
-    file it cannot find, e.g. DPO's ``pairs=``) is a :class:`UsageError`."""
-    try:
-        return agent_cls(model, tokenizer, config=config, engine=engine)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        raise UsageError(f"bad setting for agent {agent_cls.name}: {exc}") from None
-
-
 def check_env_makes(env_id: str, model: str, env_args: dict[str, Any] | None = None, level: str = "sequence",
                     max_new_tokens: int = 64) -> None:
     """Make ``env_id`` once with ``model``'s tokenizer (its weights are not loaded) and ``env_args``:
@@ -303,3 +288,35 @@ def check_env_makes(env_id: str, model: str, env_args: dict[str, Any] | None = N
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"could not load the tokenizer of {model!r} ({first}); {MODEL_HINT}") from None
     make_run_env(env_id, tokenizer, level, max_new_tokens, env_args).close()
+
+
+def build_engine(kind: str, engine_args: dict[str, Any], model, tokenizer, *, lora_r: int = 0,
+                 max_staleness: int | None = None):
+    """The agent's rollout engine for ``--engine``: ``None`` for hf (the agent builds its own ``HFEngine``
+    over the model it trains), a :class:`~llmgym.engines.vllm.VLLMEngine` over ``model`` for vllm (with
+    ``lora_r > 0``: LoRA enabled at that rank, ``max_staleness + 1`` adapter versions kept). A
+    setting vLLM rejects is a :class:`UsageError`; the caller closes the engine."""
+    if kind == "hf":
+        return None
+    if kind == "vllm-server":
+        from llmgym.fleet.fleet_engine import FleetEngine, FleetError
+
+        options = dict(engine_args)
+        if lora_r:
+            options.setdefault("lora_versions", int(max_staleness or 0) + 1)
+        try:
+            return FleetEngine(options.pop("servers"), tokenizer, model, **options)
+        except (FleetError, ValueError, TypeError) as exc:
+            raise UsageError(f"--engine vllm-server: {str(exc).splitlines()[0]}") from None
+    if kind != "vllm":
+        raise UsageError(f"--engine {kind} cannot train (it samples from a server's weights): use hf or vllm")
+    from llmgym.engines.vllm import VLLMEngine
+
+    options = dict(engine_args)
+    if lora_r:
+        options.setdefault("lora_rank", int(lora_r))
+        options.setdefault("lora_versions", int(max_staleness or 0) + 1)
+    try:
+        return VLLMEngine(model, tokenizer, **options)
+    except (ValueError, TypeError) as exc:  # a setting vLLM refused as it started (its config's cross-checks)
+        raise UsageError(f"--engine vllm: {first_line(exc)}") from None

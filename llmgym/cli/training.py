@@ -15,19 +15,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from llmgym.cli.engine_options import build_engine
-from llmgym.cli.resolve import (
-    apply_threads,
-    build_agent_config,
-    construct_agent,
-    load_run_model,
-    make_run_env,
-    require_agent,
-    require_env,
-)
+from llmgym.cli.resolve import build_agent_config, build_engine, load_run_model, make_run_env, require_agent, require_env
 from llmgym.cli.run_files import RUN_FILES, existing_files
 from llmgym.cli.usage import UsageError
 from llmgym.runtime.display import make_console
+from llmgym.runtime.threads import set_torch_threads
 from llmgym.train import EVAL_SEED, CheckpointError, RolloutsLost, Trainer, TrainResult
 from llmgym.train.trainer import guard_output
 
@@ -123,7 +115,7 @@ def train_run(
     # CPU threads change float rounding: a resumed run uses the count the run started with
     if base_model is not None:
         model, tokenizer = base_model
-        spec.threads = apply_threads(spec.threads, model)
+        spec.threads = set_torch_threads(model, requested=spec.threads)
     else:
         try:
             model, tokenizer, spec.threads = load_run_model(spec.model, device=spec.device, threads=spec.threads)
@@ -144,7 +136,10 @@ def train_run(
     lora = dict(lora_r=config.lora_r, max_staleness=spec.max_staleness) if config.lora_r > 0 else {}
     engine = build_engine(spec.engine, spec.engine_args, model, tokenizer, **lora)  # after the cheap checks: vLLM starts
     try:
-        agent = construct_agent(agent_cls, model, tokenizer, config, engine=engine)
+        try:
+            agent = agent_cls(model, tokenizer, config=config, engine=engine)
+        except (ValueError, TypeError, FileNotFoundError) as exc:  # a setting it rejects, a file it needs (DPO's pairs=)
+            raise UsageError(f"bad setting for agent {agent_cls.name}: {exc}") from None
         options = dict(eval_env=eval_env, eval_every=spec.eval_every,
                        eval_tasks=eval_tasks if eval_tasks is not None else spec.eval_tasks,
                        checkpoint_every=spec.checkpoint_every if checkpoints else None, trackers=spec.log_to,
