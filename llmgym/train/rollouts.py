@@ -38,8 +38,8 @@ from typing import Any
 from llmgym.errors import LLMGymError
 from llmgym.runtime.logging import json_safe
 
-__all__ = ["MAX_TEXT", "ROLLOUTS_FILE", "ROLLOUTS_EVERY", "ROLLOUTS_PER_STEP", "RolloutLog", "episode_records",
-           "read_rollouts", "sample_episodes", "truncate_rollouts"]
+__all__ = ["MAX_TEXT", "ROLLOUTS_FILE", "ROLLOUTS_EVERY", "ROLLOUTS_PER_STEP", "RolloutLog", "episode_advantages",
+           "episode_records", "read_rollouts", "sample_episodes", "step_records", "truncate_rollouts"]
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 ROLLOUTS_EVERY = 10
@@ -157,6 +157,40 @@ def episode_records(episodes: Sequence[Any], tokenizer, *, step: int, split: str
             record["tool_calls"] = int(calls) if isinstance(calls, (int, float)) else None
         records.append(record)
     return records
+
+
+def episode_advantages(batch) -> list[float] | None:
+    """Each episode's advantage in ``batch`` (its mean over the sampled tokens), or ``None`` where the agent
+    computed none.
+
+    Example:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> from llmgym.train.rollouts import episode_advantages
+        >>> batch = SimpleNamespace(episodes=[0, 1], advantages=torch.tensor([[1.0, 3.0], [2.0, 0.0]]),
+        ...                         action_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]))
+        >>> episode_advantages(batch)
+        [2.0, 2.0]
+    """
+    episodes = getattr(batch, "episodes", None) or []
+    adv = getattr(batch, "advantages", None)
+    if adv is None or len(adv) != len(episodes):
+        return None
+    adv = adv.detach().float().cpu()
+    if adv.dim() == 2:
+        mask = batch.action_mask.detach().float().cpu()
+        adv = (adv * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+    return adv.tolist()
+
+
+def step_records(episodes: Sequence[Any], advantages: Sequence[float] | None, tokenizer, step: int, per_step: int,
+                 *, on_policy: bool) -> list[dict[str, Any]]:
+    """``rollouts.jsonl`` records of up to ``per_step`` of a step's ``episodes`` (whole groups first), with
+    their ``advantages`` (:func:`episode_advantages`). ``on_policy``: the synchronous loop, whose engine samples
+    with the weights of the step before (version ``step - 1``) when it reports no version itself."""
+    return episode_records(episodes, tokenizer, step=step, advantages=advantages, current_version=step - 1,
+                           sampled_by=step - 1 if on_policy else None,
+                           indices=sample_episodes(episodes, per_step))
 
 
 class RolloutLog:

@@ -37,13 +37,14 @@ from llmgym.train.rollouts import (
     ROLLOUTS_FILE,
     ROLLOUTS_PER_STEP,
     RolloutLog,
+    episode_advantages,
     episode_records,
-    sample_episodes,
+    step_records,
     truncate_rollouts,
 )
 
 __all__ = ["EVAL_SEED", "RolloutsLost", "RunExistsError", "StopOnSignals", "TrainResult", "Trainer",
-           "batch_metrics", "reward_progress", "samples_per_step", "step_records"]
+           "batch_metrics", "reward_progress", "samples_per_step"]
 
 EVAL_SEED = 1_000_003
 """Seed of the evaluation tasks of ``eval_every`` (a stream apart from the training draws' seeds)."""
@@ -274,25 +275,6 @@ def batch_metrics(batch, row: dict[str, Any]) -> dict[str, float]:
     elif "wall_s" in row and "rollout_s" in row:
         out["update_s"] = max(0.0, float(row["wall_s"]) - float(row["rollout_s"]))
     return out
-
-
-def step_records(batch, tokenizer, step: int, per_step: int, *, on_policy: bool) -> list[dict[str, Any]]:
-    """``rollouts.jsonl`` records of up to ``per_step`` of ``batch``'s episodes (whole groups first), with
-    each episode's advantage (its mean over the sampled tokens) where the agent computed one.
-    ``on_policy``: the synchronous loop, whose engine samples with the weights of the step before (version
-    ``step - 1``) when it reports no version itself."""
-    episodes = list(getattr(batch, "episodes", []) or [])
-    advantages = None
-    adv = getattr(batch, "advantages", None)
-    if adv is not None and len(adv) == len(episodes):
-        adv = adv.detach().float().cpu()
-        if adv.dim() == 2:
-            mask = batch.action_mask.detach().float().cpu()
-            adv = (adv * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-        advantages = adv.tolist()
-    return episode_records(episodes, tokenizer, step=step, advantages=advantages, current_version=step - 1,
-                           sampled_by=step - 1 if on_policy else None,
-                           indices=sample_episodes(episodes, per_step))
 
 
 def _env_id(env) -> str:
@@ -541,25 +523,28 @@ class Trainer:
                 step = int(row["step"])
                 batch = batches.pop() if batches else None
                 batches.clear()
-                records: list[dict[str, Any]] = []
+                sampled = None  # the step's episodes to record, taken before the batch is freed
                 if batch is not None:
                     row.update(batch_metrics(batch, row))
                     if samples.wants(step, steps):
-                        records += step_records(batch, agent.tokenizer, step, samples.per_step,
-                                                on_policy=self.max_staleness is None)
+                        sampled = (list(batch.episodes or []), episode_advantages(batch))
                 del batch
+                evaluated: list[Any] = []
                 if self.eval_tasks is not None and (step % self.eval_every == 0 or step == steps):
                     from llmgym.engines import HFEngine, SamplingParams
                     from llmgym.rollout import evaluate
 
                     greedy = SamplingParams(temperature=0.0, max_new_tokens=agent.config.max_new_tokens)
-                    evaluated: list[Any] = []
                     result = evaluate(self.eval_env, HFEngine(agent.model, agent.tokenizer), self.eval_tasks, greedy,
                                       seed=EVAL_SEED, episodes_out=evaluated)
                     row["eval_reward"], row["eval_exact_match"] = result["reward_mean"], result["exact_match"]
-                    if samples.every > 0:
-                        records += episode_records(evaluated, agent.tokenizer, step=step, split="eval",
-                                                   current_version=step, sampled_by=step, indices=range(min(samples.per_step, len(evaluated))))
+                records: list[dict[str, Any]] = []
+                if sampled is not None:
+                    records += step_records(*sampled, agent.tokenizer, step, samples.per_step,
+                                            on_policy=self.max_staleness is None)
+                if evaluated and samples.every > 0:
+                    records += episode_records(evaluated, agent.tokenizer, step=step, split="eval", current_version=step,
+                                               sampled_by=step, indices=range(min(samples.per_step, len(evaluated))))
                 rows.append(row)
                 if records:
                     samples.write(records)
