@@ -255,6 +255,8 @@ class Agent(abc.ABC):
         ``step_count``) are what the pipelined learner passes for a batch it rolls out ahead of the
         update; ``rollout`` goes to :func:`~llmgym.rollout.episodes.collect_episodes` (``step_pool``,
         ``observer``). Subclasses that override this pass all three on.
+
+        The batch is built on the learner's device (``self.device``), where :meth:`update` trains on it.
         """
         engine = self.engine if engine is None else engine
         step = self.step_count if step is None else step
@@ -273,9 +275,9 @@ class Agent(abc.ABC):
             env, engine, num_tasks=num_tasks,
             group_size=self.config.group_size, sampling=self.sampling(), seed=seed, tasks=tasks, **rollout,
         )
-        batch = Batch.from_episodes(episodes, engine.pad_id)
+        batch: Batch = Batch.from_episodes(episodes, engine.pad_id)
         batch.stats = stats
-        return batch
+        return batch.to(self.device)
 
     # -- learning ---------------------------------------------------------------------------------
     def forward(self, batch: Batch, model=None, with_values: bool = False) -> ForwardOutput:
@@ -369,7 +371,7 @@ class Agent(abc.ABC):
         Micro-batches (``micro_batch_size``) accumulate gradients with the same scaling. The loop
         is :meth:`llmgym.agents.learner.Learner.update`.
         """
-        batch = self.prepare(batch.to(self.device))
+        batch = self.prepare(batch.to(self.device))  # a batch built elsewhere (DPO's pairs, a user's) comes over
         metrics = self.learner.update(self, batch)
         if self.batch_observer is not None:
             self.batch_observer(batch)

@@ -123,7 +123,8 @@ class ReMax(REINFORCE):
         tasks = [e.task for e in batch.episodes[:: self.config.group_size]]
         greedy, _ = collect_episodes(env, engine or self.engine, num_tasks=len(tasks), group_size=1,
                                      sampling=self.sampling(temperature=0.0), seed=0, tasks=tasks, **rollout)
-        batch.baseline_rewards = torch.tensor([e.total_reward for e in greedy])[batch.groups]
+        greedy_rewards = torch.tensor([e.total_reward for e in greedy], device=batch.groups.device)
+        batch.baseline_rewards = greedy_rewards[batch.groups]
         return batch
 
     def compute_advantages(self, batch: Batch) -> None:
