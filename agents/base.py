@@ -22,13 +22,12 @@ from llmgym.agents import functional as F
 from llmgym.agents.corrections import TIS_LEVELS
 from llmgym.agents.learner import ForwardOutput, Learner, check_learner_config, micro_batches
 from llmgym.runtime import distributed
-from llmgym.rollout.batch import Batch
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.engines.base import sync_engine_weights
 from llmgym.engines.session import token_stepper
 from llmgym.engines.sampling import row_keys, sample_next_token
 from llmgym.runtime.models import flush_denormals
-from llmgym.rollout.episodes import collect_episodes, draw_tasks, is_token_level
+from llmgym.rollout.episodes import Batch, collect_episodes, draw_tasks, is_token_level
 
 __all__ = ["AgentConfig", "Agent", "ForwardOutput"]
 

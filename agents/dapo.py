@@ -19,7 +19,7 @@ import torch
 from llmgym.agents import functional as F
 from llmgym.agents.grpo import GRPO, GRPOConfig
 from llmgym.runtime import distributed
-from llmgym.rollout.batch import Batch
+from llmgym.rollout.episodes import Batch
 
 __all__ = ["DAPOConfig", "DAPO"]
 

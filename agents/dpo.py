@@ -37,9 +37,8 @@ import torch
 from llmgym.runtime import distributed
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.rollout.batch import Batch
+from llmgym.rollout.episodes import Batch, Episode
 from llmgym.rlhf.preferences import PreferencePair, encode_pair, load_preferences
-from llmgym.rollout.episodes import Episode
 from llmgym.env.types import Task
 
 __all__ = ["DPOConfig", "DPO", "pair_batch"]

@@ -204,8 +204,7 @@ def _batch_state(batch) -> dict[str, Any]:
 
 
 def _batch_from_state(state: dict[str, Any]):
-    from llmgym.rollout.batch import Batch
-    from llmgym.rollout.episodes import Episode
+    from llmgym.rollout.episodes import Batch, Episode
     from llmgym.env.types import Task
 
     episodes = []

@@ -12,8 +12,7 @@ import torch
 
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.rollout.batch import Batch
-from llmgym.rollout.episodes import collect_episodes
+from llmgym.rollout.episodes import Batch, collect_episodes
 
 __all__ = ["REINFORCEConfig", "REINFORCE", "ReMaxConfig", "ReMax"]
 
