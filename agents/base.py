@@ -22,13 +22,12 @@ from llmgym.agents import functional as F
 from llmgym.agents.corrections import TIS_LEVELS
 from llmgym.agents.learner import ForwardOutput, Learner, check_learner_config, micro_batches
 from llmgym.runtime import distributed
-from llmgym.rollout.batch import Batch
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.engines.base import sync_engine_weights
 from llmgym.engines.session import token_stepper
 from llmgym.engines.sampling import row_keys, sample_next_token
 from llmgym.runtime.models import flush_denormals
-from llmgym.rollout.episodes import collect_episodes, draw_tasks, is_token_level
+from llmgym.rollout.episodes import Batch, collect_episodes, draw_tasks, is_token_level
 
 __all__ = ["AgentConfig", "Agent", "ForwardOutput"]
 
@@ -255,6 +254,8 @@ class Agent(abc.ABC):
         ``step_count``) are what the pipelined learner passes for a batch it rolls out ahead of the
         update; ``rollout`` goes to :func:`~llmgym.rollout.episodes.collect_episodes` (``step_pool``,
         ``observer``). Subclasses that override this pass all three on.
+
+        The batch is built on the learner's device (``self.device``), where :meth:`update` trains on it.
         """
         engine = self.engine if engine is None else engine
         step = self.step_count if step is None else step
@@ -273,9 +274,9 @@ class Agent(abc.ABC):
             env, engine, num_tasks=num_tasks,
             group_size=self.config.group_size, sampling=self.sampling(), seed=seed, tasks=tasks, **rollout,
         )
-        batch = Batch.from_episodes(episodes, engine.pad_id)
+        batch: Batch = Batch.from_episodes(episodes, engine.pad_id)
         batch.stats = stats
-        return batch
+        return batch.to(self.device)
 
     # -- learning ---------------------------------------------------------------------------------
     def forward(self, batch: Batch, model=None, with_values: bool = False) -> ForwardOutput:
@@ -369,7 +370,7 @@ class Agent(abc.ABC):
         Micro-batches (``micro_batch_size``) accumulate gradients with the same scaling. The loop
         is :meth:`llmgym.agents.learner.Learner.update`.
         """
-        batch = self.prepare(batch.to(self.device))
+        batch = self.prepare(batch.to(self.device))  # a batch built elsewhere (DPO's pairs, a user's) comes over
         metrics = self.learner.update(self, batch)
         if self.batch_observer is not None:
             self.batch_observer(batch)

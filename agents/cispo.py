@@ -15,7 +15,7 @@ import dataclasses
 from llmgym.agents import functional as F
 from llmgym.agents.base import ForwardOutput
 from llmgym.agents.grpo import GRPO, GRPOConfig
-from llmgym.rollout.batch import Batch
+from llmgym.rollout.episodes import Batch
 
 __all__ = ["CISPOConfig", "CISPO"]
 

@@ -19,7 +19,7 @@ import torch
 from llmgym.agents import functional as F
 from llmgym.agents.grpo import GRPO, GRPOConfig
 from llmgym.runtime import distributed
-from llmgym.rollout.batch import Batch
+from llmgym.rollout.episodes import Batch
 
 __all__ = ["DAPOConfig", "DAPO"]
 
@@ -92,7 +92,7 @@ class DAPO(GRPO):
             for e in group:
                 e.group = g
                 episodes.append(e)
-        out = Batch.from_episodes(episodes, (rollout.get("engine") or self.engine).pad_id)
+        out = Batch.from_episodes(episodes, (rollout.get("engine") or self.engine).pad_id).to(self.device)
         drawn = torch.cat(all_rewards)
         out.stats = {**last.stats, "extra_draws": float(draws), "kept_groups": float(len(kept)),
                      "reward_mean": float(drawn.mean()), "reward_std": float(drawn.std()) if len(drawn) > 1 else 0.0}

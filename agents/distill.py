@@ -34,7 +34,7 @@ from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
 from llmgym.engines import HFEngine
 from llmgym.engines.base import optional_member
 from llmgym.errors import LLMGymError
-from llmgym.rollout.batch import Batch
+from llmgym.rollout.episodes import Batch
 
 __all__ = ["DistillConfig", "OnPolicyDistillation", "TeacherMismatchError", "check_same_vocabulary",
            "teacher_logprobs", "sampled_reverse_kl"]

@@ -37,9 +37,8 @@ import torch
 from llmgym.runtime import distributed
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.rollout.batch import Batch
+from llmgym.rollout.episodes import Batch, Episode
 from llmgym.rlhf.preferences import PreferencePair, encode_pair, load_preferences
-from llmgym.rollout.episodes import Episode
 from llmgym.env.types import Task
 
 __all__ = ["DPOConfig", "DPO", "pair_batch"]
@@ -185,7 +184,7 @@ class DPO(Agent):
     def collect(self, env, num_tasks: int | None = None, draw: int = 0, **rollout) -> Batch:
         """Offline: the next pairs. Online: sample groups from ``env``; pair each group's best with its worst."""
         if self.mode == "offline":
-            batch = pair_batch(self.next_pairs(), self.tokenizer)
+            batch = pair_batch(self.next_pairs(), self.tokenizer).to(self.device)
             batch.stats = {"reward_mean": math.nan, "reward_std": math.nan, "pairs": float(len(batch) // 2)}
             return batch
         sampled = super().collect(env, num_tasks, draw, **rollout)

@@ -59,7 +59,7 @@ from llmgym.agents.corrections import ImportanceWeightStats, stale_token_mask, t
 from llmgym.agents.fused_head import TILE_ELEMENTS, head_logprobs_and_entropy, logit_transform
 from llmgym.agents.shared_prefix import shared_prefix_hidden, shared_prefixes, supports_shared_prefixes
 from llmgym.engines.base import optional_member
-from llmgym.rollout.batch import Batch
+from llmgym.rollout.episodes import Batch
 from llmgym.runtime.install import install_hint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -340,8 +340,7 @@ def micro_batches(batch: Batch, size: int | None, rows_per_example: int = 1) -> 
 
     Example:
         >>> import torch
-        >>> from llmgym.rollout.batch import Batch
-        >>> from llmgym.rollout.episodes import Episode
+        >>> from llmgym.rollout.episodes import Batch, Episode
         >>> from llmgym import Task
         >>> ep = Episode(Task("p"), 0, [1, 5, 6, 2], [0, 0, 1, 1], [0, 0, -0.5, -0.1], [0, 0, 0, 1.0], 2)
         >>> [len(b) for b in micro_batches(Batch.from_episodes([ep] * 5), 2)]

@@ -187,10 +187,12 @@ def _snapshot(model: torch.nn.Module) -> _StateDict:
 
 
 def _batch_state(batch) -> dict[str, Any]:
-    """``batch`` as tensors and plain data (``torch.load(..., weights_only=True)`` reads it back)."""
+    """``batch`` as tensors and plain data (``torch.load(..., weights_only=True)`` reads it back), the tensors
+    on the CPU whatever device the batch is on, so a checkpoint loads on any machine."""
     from llmgym.runtime.logging import json_safe
 
-    tensors = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch) if f.name not in ("stats", "episodes")}
+    tensors = {f.name: v.cpu() if isinstance(v := getattr(batch, f.name), torch.Tensor) else v
+               for f in dataclasses.fields(batch) if f.name not in ("stats", "episodes")}
     episodes = []
     for e in batch.episodes:
         row = {f.name: getattr(e, f.name) for f in dataclasses.fields(e) if f.name not in ("task", "info")}
@@ -202,8 +204,7 @@ def _batch_state(batch) -> dict[str, Any]:
 
 
 def _batch_from_state(state: dict[str, Any]):
-    from llmgym.rollout.batch import Batch
-    from llmgym.rollout.episodes import Episode
+    from llmgym.rollout.episodes import Batch, Episode
     from llmgym.env.types import Task
 
     episodes = []

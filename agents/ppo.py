@@ -14,7 +14,7 @@ import torch
 
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.rollout.batch import Batch
+from llmgym.rollout.episodes import Batch
 
 __all__ = ["PPOConfig", "PPO"]
 

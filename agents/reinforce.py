@@ -12,8 +12,7 @@ import torch
 
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
-from llmgym.rollout.batch import Batch
-from llmgym.rollout.episodes import collect_episodes
+from llmgym.rollout.episodes import Batch, collect_episodes
 
 __all__ = ["REINFORCEConfig", "REINFORCE", "ReMaxConfig", "ReMax"]
 
@@ -123,7 +122,8 @@ class ReMax(REINFORCE):
         tasks = [e.task for e in batch.episodes[:: self.config.group_size]]
         greedy, _ = collect_episodes(env, engine or self.engine, num_tasks=len(tasks), group_size=1,
                                      sampling=self.sampling(temperature=0.0), seed=0, tasks=tasks, **rollout)
-        batch.baseline_rewards = torch.tensor([e.total_reward for e in greedy])[batch.groups]
+        greedy_rewards = torch.tensor([e.total_reward for e in greedy], device=batch.groups.device)
+        batch.baseline_rewards = greedy_rewards[batch.groups]
         return batch
 
     def compute_advantages(self, batch: Batch) -> None:

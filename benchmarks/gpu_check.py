@@ -345,9 +345,8 @@ def update_memory(rows: int = 32, prompt: int = 32, completion: int = 128) -> di
 
     from llmgym import Task
     from llmgym.agents import GRPO
-    from llmgym.rollout.batch import Batch
+    from llmgym.rollout.episodes import Batch, Episode
     from llmgym.runtime.models import build_tokenizer
-    from llmgym.rollout.episodes import Episode
 
     vocab = QWEN2_05B["vocab_size"]
     g = torch.Generator().manual_seed(1)

@@ -403,9 +403,8 @@ def side_update_memory(a) -> dict:
 
     from llmgym import Task
     from llmgym.agents import GRPO
-    from llmgym.rollout.batch import Batch
+    from llmgym.rollout.episodes import Batch, Episode
     from llmgym.runtime.models import build_tokenizer
-    from llmgym.rollout.episodes import Episode
 
     s = {**MEMORY_SHAPE, "rows": a.rows}
     if a.device == "cpu" and a.mem_cap_gib:  # fail with MemoryError rather than starve a shared machine

@@ -282,10 +282,11 @@ def _warm_optimizer(optimizer, params) -> None:
 
 
 def _episodes_batch(a):
-    """llmgym's Batch of ``rows`` full-length episodes (imports work for today's layout and 5cbf4e9's)."""
+    """llmgym's Batch of ``rows`` full-length episodes (imports work for today's layout and earlier ones)."""
     import importlib
 
-    for batch_mod, episode_mod in (("llmgym.rollout.batch", "llmgym.rollout.episodes"),  # the layouts over time
+    for batch_mod, episode_mod in (("llmgym.rollout.episodes", "llmgym.rollout.episodes"),  # the layouts over time
+                                   ("llmgym.rollout.batch", "llmgym.rollout.episodes"),
                                    ("llmgym.engines.batch", "llmgym.engines.rollout"), ("llmgym.batch", "llmgym.rollout")):
         try:
             Batch = importlib.import_module(batch_mod).Batch

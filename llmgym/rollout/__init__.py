@@ -4,7 +4,7 @@
   asks the engine for completions (a whole one at sequence level, one token at a time at token level,
   turn after turn in multi-turn envs), steps the envs and records every token with its log-prob, mask,
   reward and policy version;
-* :class:`Batch` (:mod:`llmgym.rollout.batch`) pads episodes into the tensors every agent trains on;
+* :class:`Batch`, in the same module, pads episodes into the tensors every agent trains on;
 * :func:`evaluate` and :func:`distinct_tasks` (:mod:`llmgym.rollout.evaluate`): the reward on fixed
   tasks, in the metrics' own words (``reward_mean``, ``exact_match``).
 
@@ -23,8 +23,7 @@ Example:
     (4, 4)
 """
 
-from llmgym.rollout.batch import Batch
-from llmgym.rollout.episodes import Episode, collect_episodes, draw_tasks, is_token_level
+from llmgym.rollout.episodes import Batch, Episode, collect_episodes, draw_tasks, is_token_level
 from llmgym.rollout.evaluate import distinct_tasks, evaluate
 
 __all__ = ["Episode", "collect_episodes", "draw_tasks", "is_token_level", "Batch", "evaluate", "distinct_tasks"]

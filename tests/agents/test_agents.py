@@ -63,6 +63,14 @@ def test_same_seed_same_batch_and_other_seed_differs(tiny_model, tokenizer):
     assert not torch.equal(a.input_ids, c.input_ids) if a.input_ids.shape == c.input_ids.shape else True
 
 
+def test_collect_builds_the_batch_on_the_learners_device(tiny_model, tokenizer):
+    agent = small(AGENTS["remax"], tiny_model, tokenizer)
+    agent.device = torch.device("meta")  # stands in for an accelerator: a tensor left on the CPU shows
+    batch = agent.collect(gym.make("llmgym/Copy-v0", tokenizer=tokenizer))
+    assert batch.baseline_rewards is not None  # ReMax's greedy baseline, indexed by the batch's groups
+    assert {name: t.device.type for name, t in batch._tensors().items()} == dict.fromkeys(batch._tensors(), "meta")
+
+
 def test_act_gives_an_action_at_each_level(tiny_model, tokenizer):
     agent = small(GRPO, tiny_model, tokenizer)
     seq = gym.make("llmgym/Copy-v0", tokenizer=tokenizer)

@@ -40,8 +40,7 @@ def _tiny():
 def _global_batch(tok):
     """6 episodes, 3 groups of 2; completions of 1..7 tokens; rewards differ within each group."""
     from llmgym import Task
-    from llmgym.rollout.batch import Batch
-    from llmgym.rollout.episodes import Episode
+    from llmgym.rollout.episodes import Batch, Episode
 
     episodes = []
     lengths = [1, 7, 2, 2, 6, 4]  # rank 0: 2 groups, 4 rows, 12 tokens; rank 1: 1 group, 2 rows, 10 tokens

@@ -14,9 +14,8 @@ from llmgym import Task
 from llmgym.agents import AGENTS, GRPO
 from llmgym.agents.fused_head import head_logprobs_and_entropy
 from llmgym.agents.learner import micro_batches, resolve_device_defaults, token_logprobs_and_entropy
-from llmgym.rollout.batch import Batch
+from llmgym.rollout.episodes import Batch, Episode
 from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
-from llmgym.rollout.episodes import Episode
 
 GROUP = 2
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")

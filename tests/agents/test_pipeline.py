@@ -20,11 +20,10 @@ import llmgym  # noqa: F401
 from llmgym import SequenceEnv, Task
 from llmgym.agents import DAPO, DPO, GRPO, PPO, REINFORCE
 from llmgym.agents.pipeline import Pipeline, behaviour_version
-from llmgym.rollout.batch import Batch
+from llmgym.rollout.episodes import Batch, Episode
 from llmgym.engines import HFEngine
 from llmgym.runtime.logging import TIMING_FIELDS
 from llmgym.runtime.models import build_tiny_model
-from llmgym.rollout.episodes import Episode
 from llmgym.env.verifiers import VerifierUnavailableError
 
 SMALL = dict(tasks_per_step=2, group_size=4, max_new_tokens=5, seed=3)

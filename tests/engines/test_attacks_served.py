@@ -463,9 +463,8 @@ def test_the_batch_check_allows_the_nucleus_renormalisation_and_nothing_more(tok
     import copy
 
     from llmgym import Task
-    from llmgym.rollout.batch import Batch
+    from llmgym.rollout.episodes import Batch, Episode
     from llmgym.fleet.fleet_engine import FleetEngine, FleetError, UntrustedServerWarning
-    from llmgym.rollout.episodes import Episode
 
     def check(fleet, excess: float, top_p: float) -> dict:
         reported = [-1.0 + excess, -2.0 + excess]  # what the server says of tokens 6, 7
