@@ -23,7 +23,7 @@ import importlib.metadata
 import importlib.util
 from typing import Any
 
-from llmgym.runtime.install import install_hint
+from llmgym.runtime.install import import_optional, install_hint
 
 __all__ = ["Adapter", "ADAPTERS", "adapter_versions", "import_package", "parse_env_spec", "check_env_spec",
            "adapted_env_spec", "make_adapted_env"]
@@ -82,11 +82,8 @@ def import_package(name: str, module: str | None = None) -> Any:
         'textarena'
     """
     adapter = ADAPTERS[name]
-    try:
-        return importlib.import_module(module or adapter.module)
-    except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError(f"the {name} adapter needs the {adapter.distribution} package ({exc.name} is "
-                                  f"missing): {install_hint(name)}", name=exc.name) from exc
+    return import_optional(module or adapter.module, extra=name, distribution=adapter.distribution,
+                           needed_by=f"the {name} adapter")
 
 
 def parse_env_spec(spec: str) -> tuple[Adapter, str] | None:

@@ -56,10 +56,10 @@ from typing import Any, Callable
 import numpy as np
 
 from llmgym.interop import adapter_pools
-from llmgym.interop.adapters import import_package
 from llmgym.interop.episode_env import ReplayEpisodeEnv
 from llmgym.interop.in_sandbox import Game, random_move_opponent
 from llmgym.env.types import Task
+from llmgym.runtime.install import import_optional
 
 __all__ = ["REWARD_MODES", "from_textarena", "random_move_opponent", "TextArenaEnv"]
 
@@ -69,7 +69,7 @@ Opponent = Callable[[str, random.Random], str]
 
 def import_textarena() -> Any:
     """``textarena``, or a ``ModuleNotFoundError`` saying how to install it."""
-    return import_package("textarena")
+    return import_optional("textarena", extra="textarena", distribution="textarena", needed_by="the textarena adapter")
 
 
 def count_players(env_id: str) -> int:

@@ -59,7 +59,6 @@ from typing import Any, Callable, Sequence
 
 from llmgym.env.core import SequenceEnv
 from llmgym.interop import adapter_pools
-from llmgym.interop.adapters import import_package
 from llmgym.interop.episode_env import EpisodeError, ReplayEpisodeEnv
 from llmgym.interop.in_sandbox import (  # noqa: F401  (append_message, new_trace, run_coroutine, scored: re-exported)
     ReplayChannel,
@@ -75,6 +74,7 @@ from llmgym.interop.in_sandbox import (  # noqa: F401  (append_message, new_trac
 from llmgym.sandbox.pool import DEFAULT_POOL_SIZE
 from llmgym.env.types import Score, Task
 from llmgym.env.verifiers import Verifier
+from llmgym.runtime.install import import_optional
 
 __all__ = ["from_verifiers", "VerifiersScorer", "VerifiersEpisodeEnv", "checked_parts", "verifiers_tasks"]
 
@@ -86,7 +86,7 @@ TASK_KEY = "verifiers_task"
 
 def import_verifiers() -> Any:
     """``verifiers.v1``, or a ``ModuleNotFoundError`` saying how to install it."""
-    return import_package("verifiers", "verifiers.v1")
+    return import_optional("verifiers.v1", extra="verifiers", distribution="verifiers", needed_by="the verifiers adapter")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,10 +18,12 @@ Example:
 from __future__ import annotations
 
 import functools
+import importlib
 import re
+from types import ModuleType
 from pathlib import Path
 
-__all__ = ["DISTRIBUTION", "install_hint", "source_checkout"]
+__all__ = ["DISTRIBUTION", "import_optional", "install_hint", "source_checkout"]
 
 DISTRIBUTION = "llmgym-rl"
 """The name pip knows this project by (``[project] name`` in pyproject.toml)."""
@@ -47,3 +49,24 @@ def install_hint(*extras: str) -> str:
     spec = f"[{','.join(extras)}]" if extras else ""
     root = source_checkout()
     return f"pip install -e '{root}{spec}'" if root is not None else f"pip install '{DISTRIBUTION}{spec}'"
+
+
+def import_optional(module: str, *, extra: str, distribution: str, needed_by: str) -> ModuleType:
+    """``module``, imported; or a ``ModuleNotFoundError`` naming what needs it, the missing package, and the
+    command that installs the extra ``extra`` (:func:`install_hint`).
+
+    Example:
+        >>> from llmgym.runtime.install import import_optional
+        >>> import_optional("json", extra="math", distribution="json", needed_by="a doctest").__name__
+        'json'
+        >>> import_optional("no_such_module_xyz", extra="textarena", distribution="textarena",
+        ...                 needed_by="the textarena adapter")
+        Traceback (most recent call last):
+        ...
+        ModuleNotFoundError: the textarena adapter needs the textarena package (no_such_module_xyz is missing): pip install ...
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f"{needed_by} needs the {distribution} package ({exc.name} is missing): "
+                                  f"{install_hint(extra)}", name=exc.name) from exc
