@@ -523,11 +523,11 @@ class Trainer:
                 step = int(row["step"])
                 batch = batches.pop() if batches else None
                 batches.clear()
-                sampled = None  # the step's episodes to record, taken before the batch is freed
+                to_record = None  # the step's episodes to record, taken before the batch is freed
                 if batch is not None:
                     row.update(batch_metrics(batch, row))
                     if samples.wants(step, steps):
-                        sampled = (list(batch.episodes or []), episode_advantages(batch))
+                        to_record = (list(getattr(batch, "episodes", None) or []), episode_advantages(batch))
                 del batch
                 evaluated: list[Any] = []
                 if self.eval_tasks is not None and (step % self.eval_every == 0 or step == steps):
@@ -539,8 +539,8 @@ class Trainer:
                                       seed=EVAL_SEED, episodes_out=evaluated)
                     row["eval_reward"], row["eval_exact_match"] = result["reward_mean"], result["exact_match"]
                 records: list[dict[str, Any]] = []
-                if sampled is not None:
-                    records += step_records(*sampled, agent.tokenizer, step, samples.per_step,
+                if to_record is not None:
+                    records += step_records(*to_record, agent.tokenizer, step, samples.per_step,
                                             on_policy=self.max_staleness is None)
                 if evaluated and samples.every > 0:
                     records += episode_records(evaluated, agent.tokenizer, step=step, split="eval", current_version=step,
