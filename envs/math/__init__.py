@@ -1,7 +1,9 @@
 """Math tasks: a math-verify answer checker, procedural arithmetic, GSM8K/MATH files, reasoning-gym.
 
 * :class:`MathVerifier` — answer equivalence with math-verify (extraction rules and gold
-  normalisation in :mod:`llmgym.envs.math.math_verifier`), batchable in worker processes with a time limit;
+  normalisation in :mod:`llmgym.envs.math.answer_extraction`, what a question asks of an answer's form and
+  the units it may carry in :mod:`llmgym.envs.math.answer_forms`), batchable in worker processes with a time
+  limit;
   :class:`ThinkAnswerFormat` and :func:`math_reward` for ``<think>…</think><answer>…</answer>``.
 * ``llmgym/Arithmetic-v0`` (:func:`arithmetic_env`), ``llmgym/GSM8K-v0`` / ``llmgym/MATH-v0``
   (:func:`gsm8k_env`, :func:`math_env` over :func:`load_gsm8k`, :func:`load_math`), and one

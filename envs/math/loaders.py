@@ -125,7 +125,7 @@ def _gsm8k_final(answer: str) -> str:
 
 
 def _last_boxed(text: str) -> str | None:
-    from llmgym.envs.math.math_verifier import last_boxed
+    from llmgym.envs.math.answer_extraction import last_boxed
 
     return last_boxed(text)
 

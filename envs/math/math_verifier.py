@@ -1,30 +1,8 @@
-r"""Math answer checking on top of ``math-verify``: extraction, gold normalisation, time limits.
+r"""Math answer checking on top of ``math-verify``: equality, forms and units, time limits.
 
-How an answer is taken from a completion (:func:`extract_answer`), first rule that applies wins:
-
-0. **Region.** If the completion has ``<answer>…</answer>``, only the content of the last such block
-   is read (an unclosed last ``<answer>`` runs to the end). Otherwise, if it has ``</think>``, only
-   the text after the last ``</think>`` is read (when that is not blank).
-1. **Boxed.** The content of the last ``\boxed{…}`` (or ``\fbox{…}``), braces balanced.
-2. **Answer marker.** After the last ``####`` (GSM8K), ``answer is``, ``answer:`` or ``answer =``
-   (any case, so "The final answer is" too), up to the end of that line and sentence: the first
-   ``$…$`` math in it, else the whole phrase when it is mathematical, else its first number.
-3. **Bare answer.** The whole region, when it is one line of mathematics (no prose words outside
-   LaTeX commands and environment names): ``\frac{1}{2}``, ``(1, 2)``, ``x = 3``, ``1,000``,
-   ``\begin{pmatrix} 1 \\ 2 \end{pmatrix}``.
-4. **Math span.** The last ``$…$``, ``$$…$$``, ``\(…\)`` or ``\[…\]`` whose content is mathematical
-   (so currency such as "$5 and $3" is skipped).
-5. **Last number.** The last number in the region: integer, decimal, ``a/b``, ``1,234`` (commas
-   dropped), with its sign.
-6. **Short text.** The whole region, when it is one line of at most three words ("Monday").
-
-Nothing found: reward 0, ``info["error"]`` says so. After a marker, a number that is part of a word, a
-string or a path (``x2``, ``'2'``, ``pytest-2/``) is not an answer.
-
-**Gold answers** go through the same rules, so a gold stored the way datasets store it works: bare
-LaTeX without ``$`` (MATH: ``\frac{1}{2}``), a plain number, GSM8K's ``"...reasoning... #### 18"``, a
-``\boxed{}`` solution; an ``int``/``float``/``Fraction`` is turned into text first. A gold from
-which no rule extracts anything is used whole. math-verify parses bare LaTeX unreliably
+An answer is taken from the completion, and the gold from the task, by the rules of
+:mod:`llmgym.envs.math.answer_extraction`; what the question asks of the answer's form and which units
+prose names are read by :mod:`llmgym.envs.math.answer_forms`. math-verify parses bare LaTeX unreliably
 (``\dfrac12`` and ``\sqrt{2}`` parse to nothing, ``3\sqrt{3}`` to ``3``, ``(1, 2)`` to ``2``), so
 every extracted answer, gold and prediction alike, is wrapped as ``$…$`` before parsing (falling
 back to math-verify's plain-expression parser when that yields nothing). Two answers whose
@@ -47,9 +25,24 @@ import fractions
 import math
 import re
 from decimal import Decimal
-from typing import Any
 
 from llmgym import Score, Task, Verifier
+from llmgym.envs.math.answer_extraction import (  # noqa: F401  (last_boxed: importable from here, as before)
+    extract_answer,
+    extract_answer_and_rule,
+    last_boxed,
+    math_spans,
+    normalize_gold,
+    tidy_answer,
+)
+from llmgym.envs.math.answer_forms import (
+    DEFAULT_PROMPT_SCAN_CHARS,
+    FORM_PHRASES,
+    UNIT_ALIASES,
+    asks_for_decimal,
+    asks_for_percent,
+    required_forms,
+)
 from llmgym.envs.math.scorer_pools import MATH_VERIFY_MAX_NUMBER_BITS, close_workers, math_verify_equal
 from llmgym.env.verifiers import RegexFormat, VerifierUnavailableError, WeightedSum
 from llmgym.runtime.install import install_hint
@@ -69,249 +62,6 @@ __all__ = [
     "math_reward",
 ]
 
-
-# -- extraction ----------------------------------------------------------------------------------
-
-_ANSWER_OPEN = re.compile(r"<answer>", re.IGNORECASE)
-_ANSWER_CLOSE = re.compile(r"</answer>", re.IGNORECASE)
-_THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_MARKER = re.compile(r"####|\banswer\b\s*(?:is\b|:|=)\s*:?", re.IGNORECASE)
-_NUMBER = re.compile(
-    r"(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:\s*/\s*\d+)?|\.\d+)"
-)
-# after an answer marker, a number counts only as its own token: the 2 of ``pytest-2/``, ``x2`` or ``'2'`` inside
-# code or a path is not an answer
-_STANDALONE_NUMBER = re.compile(r"(?<![\w./\\'\"`-])(?:" + _NUMBER.pattern + r")(?![\w/\\'\"`]|\.\d)")
-_TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{[^{}]*\}")
-_LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
-_SENTENCE_END = re.compile(r"\.(?=\s|$)")
-
-
-def _region(text: str) -> str:
-    opens = list(_ANSWER_OPEN.finditer(text))
-    if opens:
-        rest = text[opens[-1].end():]
-        close = _ANSWER_CLOSE.search(rest)
-        return rest[: close.start()] if close else rest
-    closes = list(_THINK_CLOSE.finditer(text))
-    if closes and text[closes[-1].end():].strip():
-        return text[closes[-1].end():]
-    return text
-
-
-_BRACE = re.compile(r"[{}]")
-
-
-def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` in ``text`` (braces balanced), or ``None``.
-
-    Example:
-        >>> from llmgym.envs.math.math_verifier import last_boxed
-        >>> print(last_boxed(r"so \\boxed{1} then \\boxed{\\frac{1}{2}}"), last_boxed("none"))
-        \\frac{1}{2} None
-    """
-    starts = [match.end() for match in _BOXED.finditer(text)]
-    if not starts:
-        return None
-    # one pass over the braces pairs each "{" with its "}" (a brace's partner depends only on what
-    # follows it), so trying every box from the last costs O(len(text)), not O(boxes * len(text))
-    partner: dict[int, int] = {}
-    stack: list[int] = []
-    for brace in _BRACE.finditer(text, starts[0] - 1):
-        if brace.group() == "{":
-            stack.append(brace.start())
-        elif stack:
-            partner[stack.pop()] = brace.start()
-    for start in reversed(starts):  # a truncated last box (no closing brace) yields to the one before
-        end = partner.get(start - 1)
-        if end is not None:
-            return text[start:end]
-    return None
-
-
-# ``\begin{pmatrix} ... \end{pmatrix}``: the environment's name is LaTeX, not a word of prose (a
-# matrix gold was taken for text and reduced to its last number)
-_ENVIRONMENT = re.compile(r"\\(?:begin|end)\s*\{[A-Za-z]+\*?\}")
-
-
-def _is_math(text: str) -> bool:
-    """One line, and no word of two or more letters outside LaTeX commands and ``\\text{}``."""
-    text = text.strip()
-    if not text or "\n" in text:
-        return False
-    bare = _LATEX_COMMAND.sub(" ", _TEXT_COMMAND.sub(" ", _ENVIRONMENT.sub(" ", text)))
-    return re.search(r"[A-Za-z]{2,}", bare) is None
-
-
-# ``1\,000`` (a thin space between digit groups, as LaTeX typesets thousands): math-verify reads it as
-# ``1 \cdot 000`` = 0, so 1,000 scored 0 against 1000 and 1.0 against 0
-_THIN_SPACE_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:\\,\d{3})+(?![\d])")
-
-
-def _tidy(candidate: str) -> str:
-    candidate = _THIN_SPACE_THOUSANDS.sub(lambda m: m.group().replace("\\,", ""), candidate)
-    candidate = candidate.strip().strip("*").strip()  # markdown bold around an answer
-    candidate = candidate.rstrip(".。").strip()
-    if len(candidate) > 1 and candidate[0] == candidate[-1] == "$":
-        candidate = candidate.strip("$").strip()
-    return candidate
-
-
-def _math_spans_with_ends(text: str) -> list[tuple[str, int]]:
-    """Contents of ``$$…$$``, ``$…$`` (unescaped dollars), ``\\(…\\)`` and ``\\[…\\]``, left to right.
-
-    A scanner, linear in ``len(text)``: the closing delimiter after a position is looked up once and
-    remembered (a regex with lazy ``.+?`` rescans to the end for every unclosed opener: quadratic).
-    """
-    spans: list[tuple[str, int]] = []  # (content, index after the closing delimiter)
-    found: dict[str, tuple[int, int]] = {}  # delimiter -> (searched from, first closer at or after)
-
-    def closer(delim: str, start: int, unescaped: bool) -> int:
-        known = found.get(delim)
-        if known is not None and known[0] <= start and (known[1] < 0 or known[1] >= start):
-            return known[1]
-        k = start
-        while True:
-            k = text.find(delim, k)
-            if k < 0 or not unescaped or text[k - 1] != "\\":
-                break
-            k += 1
-        found[delim] = (start, k)
-        return k
-
-    i, n = 0, len(text)
-    while i < n:
-        dollar, backslash = text.find("$", i), text.find("\\", i)
-        j = backslash if dollar < 0 else dollar if backslash < 0 else min(dollar, backslash)
-        if j < 0:
-            break
-        if text[j] == "$":
-            if j > 0 and text[j - 1] == "\\":  # an escaped dollar
-                i = j + 1
-                continue
-            if text.startswith("$$", j):
-                k = closer("$$", j + 3, True)
-                if k >= 0:
-                    spans.append((text[j + 2 : k], k + 2))
-                    i = k + 2
-                    continue
-            k = closer("$", j + 2, True)
-            if k >= 0:
-                spans.append((text[j + 1 : k], k + 1))
-                i = k + 1
-                continue
-        elif text.startswith(("\\(", "\\["), j):
-            k = closer("\\)" if text[j + 1] == "(" else "\\]", j + 3, False)
-            if k >= 0:
-                spans.append((text[j + 2 : k], k + 2))
-                i = k + 2
-                continue
-        i = j + 1
-    return spans
-
-
-def _math_spans(text: str) -> list[str]:
-    """Contents of the math spans of ``text``, left to right (:func:`_math_spans_with_ends`)."""
-    return [span for span, _ in _math_spans_with_ends(text)]
-
-
-def _last_number(text: str) -> str | None:
-    last = None
-    for last in _NUMBER.finditer(text):
-        pass
-    return None if last is None else _with_unit(re.sub(r"[,\s]", "", last.group()), text[last.end():])
-
-
-def _after_marker(text: str) -> str | None:
-    markers = list(_MARKER.finditer(text))
-    if not markers:
-        return None
-    phrase = text[markers[-1].end():].strip().split("\n", 1)[0]
-    spans = _math_spans_with_ends(phrase)
-    if spans:
-        return _with_unit(spans[0][0], phrase[spans[0][1]:]) if _tidy(spans[0][0]) else spans[0][0]
-    phrase = _SENTENCE_END.split(phrase, 1)[0]  # "42. I hope it is correct" -> "42"
-    if _is_math(phrase):
-        return _unit_in_words(phrase)
-    number = _STANDALONE_NUMBER.search(phrase)
-    return _with_unit(re.sub(r"[,\s]", "", number.group()), phrase[number.end():]) if number else None
-
-
-def _extract(text: str) -> tuple[str | None, str | None]:
-    # a unit in words after the answer (``5 cm``, ``$5$ cm``) is kept as ``\text{}``: it is judged, not dropped
-    region = _region(text)
-    boxed = last_boxed(region)
-    if boxed is not None:
-        return _unit_in_words(_tidy(boxed)), "boxed"
-    marked = _after_marker(region)
-    if marked is not None and _tidy(marked):
-        return _tidy(marked), "marker"
-    whole = _tidy(region)
-    if whole and "$" not in whole and _is_math(whole):
-        return _unit_in_words(whole), "bare"
-    spans = [(s, end) for s, end in _math_spans_with_ends(region) if _is_math(s)]
-    if spans:
-        return _with_unit(_tidy(spans[-1][0]), region[spans[-1][1]:]), "math_span"
-    number = _last_number(region)
-    if number is not None:
-        return number, "last_number"
-    if whole and "\n" not in whole and len(whole.split()) <= 3:
-        return whole, "short_text"
-    return None, None
-
-
-def extract_answer(text: str) -> str | None:
-    r"""The answer a completion gives, as LaTeX without ``$`` (rules in the module docstring), or ``None``.
-
-    Example:
-        >>> from llmgym.envs.math import extract_answer
-        >>> extract_answer(r"so $x = 2$ and the result is \boxed{\frac{1}{2}}.")
-        '\\frac{1}{2}'
-        >>> extract_answer("<think>3 + 4 = 7</think><answer>7</answer>")
-        '7'
-        >>> extract_answer("Natalia sold 48/2 = 24 clips in May.\n#### 72")
-        '72'
-        >>> extract_answer("The answer is 42.")
-        '42'
-        >>> extract_answer(r"\left( 3, \frac{\pi}{2} \right)")
-        '\\left( 3, \\frac{\\pi}{2} \\right)'
-        >>> extract_answer("He paid $5 for pens and $3 for paper, 8 dollars in total")
-        '8'
-        >>> extract_answer("The rod is 5 cm long."), extract_answer("So it is 5 in total.")  # a unit in words is kept
-        ('5 \\text{ cm}', '5')
-        >>> extract_answer("Monday"), extract_answer("I am not sure how to solve this one.")
-        ('Monday', None)
-    """
-    return _extract(text)[0]
-
-
-def normalize_gold(answer: Any) -> str:
-    r"""A dataset's stored answer as LaTeX without ``$``: the rules of :func:`extract_answer`, else whole.
-
-    Example:
-        >>> from llmgym.envs.math import normalize_gold
-        >>> normalize_gold("Weng earns 12/60 = $0.2 per minute... #### 10")
-        '10'
-        >>> normalize_gold(r"\frac{1}{2}"), normalize_gold(18), normalize_gold("Monday")
-        ('\\frac{1}{2}', '18', 'Monday')
-    """
-    if answer is None:
-        raise ValueError("the task has no reference answer (task.answer is None)")
-    if isinstance(answer, bool):
-        raise TypeError(f"a math gold answer must be text or a number, got {answer!r}")
-    if isinstance(answer, (int, Decimal)):
-        return str(answer)
-    if isinstance(answer, fractions.Fraction):
-        return str(answer) if answer.denominator != 1 else str(answer.numerator)
-    if isinstance(answer, float):
-        return repr(answer)
-    if not isinstance(answer, str):
-        raise TypeError(
-            f"a math gold answer must be text or a number, got {type(answer).__name__}: {answer!r:.80}"
-        )
-    candidate, _ = _extract(answer)
-    return candidate if candidate is not None else _tidy(answer)
 
 
 _TEXT_WRAPPER = re.compile(r"\\(?:text|mathrm|textbf)\s*\{([^{}]*)\}")
@@ -420,7 +170,7 @@ def _is_evaluated_number(text: str) -> bool:
 def _question_expressions(prompt: str) -> set[str]:
     """The canonical text of each math span of ``prompt`` and of each side of an ``=`` in it."""
     found = set()
-    for span in _math_spans(prompt):
+    for span in math_spans(prompt):
         found.add(_canonical(span))
         if "=" in span:
             found.update(_canonical(side) for side in span.split("="))
@@ -434,128 +184,10 @@ def _prompt_text(task: Task) -> str:
     return prompt[:DEFAULT_PROMPT_SCAN_CHARS]
 
 
-#: Phrases of a question that ask for the answer's form, and the form each asks for (checked in the sandbox,
-#: on the answer as written: :func:`llmgym.envs.math.scorer_pools.math_verify_equal`).
-FORM_PHRASES = (
-    ("simplest radical form", "radical"),
-    ("interval notation", "interval"),
-    ("lowest terms", "lowest_terms"),
-    ("common fraction", "lowest_terms"),
-    ("reduced fraction", "lowest_terms"),
-    ("simplest form", "lowest_terms"),
-    ("as a decimal", "decimal"),
-    ("in decimal form", "decimal"),
-    ("scientific notation", "scientific"),
-)
-
-#: Abbreviations of common units, to their names (a question says "centimeters", an answer ``\text{cm}``).
-UNIT_ALIASES = {
-    "mm": "millimeter", "cm": "centimeter", "m": "meter", "km": "kilometer", "in": "inch", "ft": "foot",
-    "feet": "foot", "yd": "yard", "mi": "mile", "mg": "milligram", "g": "gram", "kg": "kilogram", "s": "second",
-    "sec": "second", "min": "minute", "h": "hour", "hr": "hour", "ml": "milliliter", "l": "liter", "lb": "pound",
-    "lbs": "pound", "oz": "ounce", "metre": "meter", "litre": "liter", "mph": "mile per hour", "sq": "square",
-    "deg": "degree", "cents": "cent", "inches": "inch", "cu": "cubic", "millimetre": "millimeter",
-    "centimetre": "centimeter", "kilometre": "kilometer", "millilitre": "milliliter",
-}
-#: Words that qualify a unit (``square meters``, ``miles per hour``) but are none alone.
-_UNIT_MODIFIERS = frozenset({"square", "cubic", "per", "sq", "cu"})
-#: The unit names a word after a number in prose may be: the table's, abbreviations and names, less a single
-#: letter (in prose and math alike a symbol: ``5 m`` may be five times m) and the modifiers.
-_PROSE_UNIT_NAMES = sorted(
-    ({w for name in UNIT_ALIASES.values() for w in name.split()} | set(UNIT_ALIASES)) - _UNIT_MODIFIERS
-    - {w for w in UNIT_ALIASES if len(w) == 1}, key=len, reverse=True)
-_PROSE_UNIT_NAME = "(?:" + "|".join(re.escape(w) + ("(?:e?s)?" if len(w) > 2 else "") for w in _PROSE_UNIT_NAMES) + r")\b"
-_PROSE_UNIT = re.compile(
-    r"[ \t]*((?:(?:square|cubic|sq|cu)\.?[ \t]+)?" + _PROSE_UNIT_NAME + r"(?:[ \t]*\^[ \t]*\{?[23]\}?)?"
-    r"(?:[ \t]+per[ \t]+" + _PROSE_UNIT_NAME + r")?)", re.IGNORECASE)
-_PHRASE_END = re.compile(r"[ \t]*(?:[.,;:!?)\]]|\n|$)")
-_PROSE_POWER = re.compile(r"[ \t]*\^[ \t]*\{?([23])\}?")
-
-
-def _with_unit(answer: str, after: str) -> str:
-    r"""``answer`` with the unit that follows it in prose, if any, as ``\text{}`` (so it is judged like one).
-
-    A unit is a word of :data:`UNIT_ALIASES` (an abbreviation of two letters or more, or a unit's name, plural
-    allowed; ``square``, ``cubic`` and ``per`` join one), right after the answer; "in" is the preposition
-    unless the phrase ends with it.
-
-    Example:
-        >>> _with_unit("5", " cm long"), _with_unit("5", " in total"), _with_unit("5", " in."), _with_unit("12", " apples")
-        ('5 \\text{ cm}', '5', '5 \\text{ in}', '12')
-    """
-    match = _PROSE_UNIT.match(after)
-    if match is None or (match[1].lower() == "in" and not _PHRASE_END.match(after, match.end())):
-        return answer
-    unit, power = match[1], _PROSE_POWER.search(match[1])
-    if power:  # cm^2: a square centimeter
-        unit = ("square " if power[1] == "2" else "cubic ") + _PROSE_POWER.sub("", unit)
-    return answer + r" \text{ " + " ".join(unit.split()) + "}"
-
-
-_NUMBER_THEN_WORDS = re.compile(r"\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+)(\s+[A-Za-z][^\\{}$]*)")
-
-
-def _unit_in_words(answer: str) -> str:
-    r"""A number then a unit in plain words (``\boxed{5 cm}``, "Answer: 5 cm") as the number and a ``\text{}`` unit;
-    anything else unchanged."""
-    match = _NUMBER_THEN_WORDS.fullmatch(answer)
-    if match is None:
-        return answer
-    unit = _with_unit(match[1], match[2])
-    return unit if unit != match[1] and _PROSE_UNIT.fullmatch(match[2].rstrip()) else answer
-
-
-_DECIMAL_PRECISION = "(?:" + "|".join(
-    ["whole", "integer", "tenths?", "hundredths?", "thousandths?", "millionths?", "ten", "hundred", "thousand",
-     "million", "billion", "half", "quarter", "percent", "cents?", "dollars?", "degrees?", "units?", "square",
-     "cubic"] + [re.escape(w) + "(?:e?s)?" for w in _PROSE_UNIT_NAMES]) + r")\b"
-#: Phrases of a question that ask for (or allow) a decimal: only then may a decimal answer an exact reference.
-_ASKS_FOR_DECIMAL = re.compile(
-    r"\bas\s+an?\s+(?:\w+\s+)?decimal\b|\bin\s+decimal\s+form|\bdecimal\s+(?:places?|approximation|answer|number|value)"
-    r"|\bto\s+\S+\s+places\b|\bnearest\s+" + _DECIMAL_PRECISION + r"|\brounded\s+(?:off\s+)?to\b"
-    r"|\bround(?:ed|ing)?\s+(?:off|up|down)\b|\bapproximat|\bestimat|\bsignificant\s+(?:figure|digit)",
-    re.IGNORECASE)
-
-
-def asks_for_decimal(prompt: str) -> bool:
-    r"""Whether ``prompt`` asks for (or allows) a decimal answer: "as a decimal", "decimal places", "to the nearest
-    tenth" (a precision or a unit after "nearest": not "the nearest vertex"), "rounded to", "approximately",
-    "significant figures", "estimate". Rounding is asked for by its precision, so "a round table" is not.
-
-    Example:
-        >>> asks_for_decimal("Round $\pi$ to the nearest hundredth."), asks_for_decimal("Express $2/3$ as a fraction.")
-        (True, False)
-        >>> asks_for_decimal("How far is $P$ from the nearest vertex of a round table?")
-        False
-    """
-    return _ASKS_FOR_DECIMAL.search(prompt[:DEFAULT_PROMPT_SCAN_CHARS]) is not None
-
-
 # -- percent signs and units (host, lexical) --------------------------------------------------------------
 
 _PERCENT = re.compile(r"\\?%")
 _NUMBER_PERCENT = re.compile(r"(?<![\d.])([+-]?)(\d+(?:\.\d+)?|\.\d+)\s*\\?%")
-_PERCENT_WORD = re.compile(r"\bper\s?cent(?:age)?s?\b", re.IGNORECASE)
-#: What ends the text before a percent word that is a quantity ("20 percent of 50", "$x$ percent", "twenty
-#: percent"), not a request.
-_PERCENT_QUANTITY = re.compile(
-    r"(?:\d|\$|\}|\)|\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|"
-    r"fifteen|sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred|"
-    r"thousand|half))[\s~-]*\Z", re.IGNORECASE)
-
-
-def asks_for_percent(prompt: str) -> bool:
-    r"""Whether ``prompt`` asks for its answer in percent: a "percent" or "percentage" that is not a quantity of
-    the question, i.e. not right after a number ("What percent of 50 is 10?", "as a percentage", "in percent",
-    "the percent increase" ask; "What is 20 percent of 50?" does not).
-
-    Example:
-        >>> asks_for_percent("What percent of $50$ is $10$?"), asks_for_percent("What is 20 percent of $50$?")
-        (True, False)
-    """
-    prompt = prompt[:DEFAULT_PROMPT_SCAN_CHARS]
-    return any(_PERCENT_QUANTITY.search(prompt, max(0, m.start() - 24), m.start()) is None
-               for m in _PERCENT_WORD.finditer(prompt))
 
 
 def _percents(task: Task, gold: str, predicted: str) -> tuple[str, str]:
@@ -569,7 +201,7 @@ def _percents(task: Task, gold: str, predicted: str) -> tuple[str, str]:
     if "%" not in gold and "%" not in predicted:
         return gold, predicted
     if "%" in gold or asks_for_percent(_prompt_text(task)):
-        return _tidy(_PERCENT.sub("", gold)), _tidy(_PERCENT.sub("", predicted))
+        return tidy_answer(_PERCENT.sub("", gold)), tidy_answer(_PERCENT.sub("", predicted))
 
     def hundredths(match: re.Match[str]) -> str:
         value = Decimal(match[2]).scaleb(-2)
@@ -645,19 +277,6 @@ def _unit_mismatch(task: Task, gold: str, predicted: str) -> str | None:
     return None if not unknown else f"the answer's unit ({' '.join(unknown)}) is not one the question names"
 
 
-def required_forms(prompt: str) -> tuple[str, ...]:
-    r"""The forms ``prompt`` asks its answer to be written in (:data:`FORM_PHRASES`; a linear scan).
-
-    Example:
-        >>> required_forms("Express $0.\overline{3}$ as a common fraction in lowest terms.")
-        ('lowest_terms',)
-        >>> required_forms("Write $\sqrt{12}$ in simplest radical form."), required_forms("What is 2+2?")
-        (('radical',), ())
-    """
-    text = prompt[:DEFAULT_PROMPT_SCAN_CHARS].lower()
-    return tuple(dict.fromkeys(form for phrase, form in FORM_PHRASES if phrase in text))
-
-
 def _echoes_question(task: Task, predicted: str, gold: str) -> bool:
     r"""Whether ``predicted`` is one of the question's own expressions, verbatim, and not the reference.
 
@@ -675,10 +294,6 @@ def _echoes_question(task: Task, predicted: str, gold: str) -> bool:
     if not mine or mine == _canonical(gold) or (value is not None and not value[1] and "/" not in mine):
         return False  # an integer is a value, never a form of one; the reference as written is right
     return mine in _question_expressions(prompt)
-
-
-#: Characters of a prompt searched for the question's expressions (prompts are trusted, but bounded anyway).
-DEFAULT_PROMPT_SCAN_CHARS = 65_536
 
 
 def _case_only_difference(gold: str, predicted: str) -> bool:
@@ -773,7 +388,7 @@ def _math_verify_installed() -> None:
 class MathVerifier(Verifier):
     r"""1.0 when the completion's answer equals ``task.answer`` mathematically (math-verify), else 0.0.
 
-    Extraction and gold normalisation follow :mod:`llmgym.envs.math.math_verifier` (last ``\boxed{}``,
+    Extraction and gold normalisation follow :mod:`llmgym.envs.math.answer_extraction` (last ``\boxed{}``,
     ``<answer>`` tags, "answer is X", ``#### X``, bare math, last math span, last number). Equality is
     math-verify's: numeric within ``float_rounding`` digits, symbolic, sets/tuples/intervals,
     equations ``x = 3`` vs ``3``, percentages.
@@ -862,7 +477,7 @@ class MathVerifier(Verifier):
             raise VerifierUnavailableError(
                 f"the task has no reference answer (answer={task.answer!r}): nothing can be scored against it; "
                 "give the task its answer or drop it from the dataset")
-        predicted, rule = _extract(completion)
+        predicted, rule = extract_answer_and_rule(completion)
         info = {"extracted": predicted, "extracted_by": rule, "gold": gold}
         if predicted is None:
             return Score(0.0, {**info, "error": "no answer found in the completion"})
@@ -894,7 +509,7 @@ class MathVerifier(Verifier):
         if verdict is not None and not (verdict and asked):  # a right number may still be in the wrong form
             reason = _host_form(gold, predicted, implied) if verdict else None
             return Score(0.0, {**info, "error": reason}) if reason else Score(verdict, info)
-        spans = tuple(_math_spans(_prompt_text(task))) if self.refuse_echo else ()
+        spans = tuple(math_spans(_prompt_text(task))) if self.refuse_echo else ()
         reward, error = math_verify_equal(
             gold, predicted, float_rounding=self.float_rounding, numeric_precision=self.numeric_precision,
             strict=self.strict, time_limit=self.time_limit, question_spans=spans, forms=forms,

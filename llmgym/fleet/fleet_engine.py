@@ -132,7 +132,7 @@ def _adapter_names(models: Any) -> list[str]:
 
 def _base_model(url: str, key: str | None, timeout: float) -> str | None:
     """The one model of a rollout server that is not a learner's adapter, or ``None``."""
-    from llmgym.engines.openai_api import bounded_http_client
+    from llmgym.engines.bounded_http import bounded_http_client
 
     with bounded_http_client(timeout) as http:
         try:
@@ -258,7 +258,8 @@ class FleetEngine:
                  sync_address: str | None = None, sync_timeout_s: float = 120.0,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, secret: str | None = None, logprob_tolerance: float = 0.5,
                  token_tolerance: float = 5.0, lora_versions: int = 1):
-        from llmgym.engines.openai_api import ModelNotServedError, OpenAIEngine, ServerError, bounded_http_client
+        from llmgym.engines.bounded_http import bounded_http_client
+        from llmgym.engines.openai_api import ModelNotServedError, OpenAIEngine, ServerError
 
         if isinstance(servers, str):
             servers = [servers]

@@ -565,7 +565,7 @@ def test_extraction_matches_the_old_regexes_and_is_linear():
     import random
     import re
 
-    from llmgym.envs.math.math_verifier import _BOXED, _math_spans, last_boxed as _last_boxed
+    from llmgym.envs.math.answer_extraction import _BOXED, last_boxed as _last_boxed, math_spans as _math_spans
 
     span = re.compile(r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 
