@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmgym.runtime.files import read_jsonl, rewind_jsonl
+
 __all__ = [
     "TIMING_FIELDS",
     "json_safe",
@@ -289,19 +291,18 @@ class _Tracker:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a metrics JSONL file (``None`` values read back as NaN); ``[]`` if it is missing."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            rows.append({k: (math.nan if v is None else v) for k, v in json.loads(line).items()})
-    return rows
+    """The rows of a metrics JSONL file (``None`` values read back as NaN); ``[]`` if it is missing. A line cut
+    short by a run killed as it wrote it is skipped."""
+    return [_metrics_row(r) for r in read_jsonl(path)]
+
+
+def _metrics_row(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: (math.nan if v is None else v) for k, v in record.items()}
 
 
 def truncate_metrics(path: str | os.PathLike, last_step: int) -> list[dict[str, Any]]:
-    """Drop rows after ``last_step`` (steps logged after the checkpoint a run resumes from).
+    """Drop rows after ``last_step`` (steps logged after the checkpoint a run resumes from) and any line cut
+    short, atomically (:func:`llmgym.runtime.files.rewind_jsonl`); return the rows kept.
 
     Example:
         >>> import tempfile
@@ -314,11 +315,7 @@ def truncate_metrics(path: str | os.PathLike, last_step: int) -> list[dict[str, 
         ...     [r["step"] for r in truncate_metrics(Path(d) / "metrics.jsonl", 2)]
         [1, 2]
     """
-    path = Path(path)
-    rows = [r for r in read_metrics(path) if int(r.get("step", 0)) <= last_step]
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({k: _json_value(v) for k, v in row.items()}) + "\n" for row in rows)
-    return rows
+    return [_metrics_row(r) for r in rewind_jsonl(path, last_step)]
 
 
 def moving_average(values: Sequence[float], window: int) -> list[float]:

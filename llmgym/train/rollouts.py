@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgym.errors import LLMGymError
+from llmgym.runtime.files import read_jsonl, rewind_jsonl
 from llmgym.runtime.logging import json_safe
 
 __all__ = ["MAX_TEXT", "ROLLOUTS_FILE", "ROLLOUTS_EVERY", "ROLLOUTS_PER_STEP", "RolloutLog", "episode_advantages",
@@ -239,26 +240,15 @@ class RolloutLog:
 
 
 def read_rollouts(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of ``rollouts.jsonl`` (``path``: the file or its run directory); ``[]`` if there is none."""
+    """The records of ``rollouts.jsonl`` (``path``: the file or its run directory); ``[]`` if there is none. A
+    line cut short by a run killed as it wrote it is skipped."""
     path = Path(path)
-    if path.is_dir():
-        path = path / ROLLOUTS_FILE
-    if not path.is_file():
-        return []
-    return [r for r in map(_parse, path.read_text(encoding="utf-8").splitlines()) if r is not None]
-
-
-def _parse(line: str) -> dict[str, Any] | None:
-    """A line's record; ``None`` for a blank line or one cut short (a run killed mid-write)."""
-    try:
-        record = json.loads(line) if line.strip() else None
-    except json.JSONDecodeError:
-        return None
-    return record if isinstance(record, dict) else None
+    return read_jsonl(path / ROLLOUTS_FILE if path.is_dir() else path)
 
 
 def truncate_rollouts(path: str | os.PathLike, last_step: int) -> int:
-    """Drop the records of steps after ``last_step`` (a resumed run logs them again); return how many stay.
+    """Drop the records of steps after ``last_step`` (a resumed run logs them again) and any line cut short,
+    atomically (:func:`llmgym.runtime.files.rewind_jsonl`); return how many stay.
 
     Example:
         >>> import json, tempfile
@@ -270,10 +260,4 @@ def truncate_rollouts(path: str | os.PathLike, last_step: int) -> int:
         ...     truncate_rollouts(p, 2), p.read_text().count("\\n")
         (2, 2)
     """
-    path = Path(path)
-    if not path.is_file():
-        return 0
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if (record := _parse(line)) is not None and int(record.get("step", 0)) <= last_step]
-    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    return len(kept)
+    return len(rewind_jsonl(path, last_step))

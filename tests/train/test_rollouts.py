@@ -65,10 +65,14 @@ def test_a_run_records_sampled_episodes_and_a_resume_neither_repeats_nor_loses_o
     assert row["update_s"] > 0
     assert {"reward", "entropy", "length", "clip", "zero_var", "speed", "time"} <= set(curve_panels(result.rows))
 
-    # a run killed after step 3 whose last checkpoint is step 2: its resume writes step 3 again, once
+    # a run killed after step 3 whose last checkpoint is step 2, as it wrote a line of each log: its resume
+    # drops the cut lines and writes step 3 again, once
     written = (tmp_path / "rollouts.jsonl").read_text()
     shutil.rmtree(tmp_path / "checkpoints" / "last")
     shutil.copytree(tmp_path / "checkpoints" / "step-000002", tmp_path / "checkpoints" / "last")
+    for log in ("rollouts.jsonl", "metrics.jsonl"):
+        with open(tmp_path / log, "a", encoding="utf-8") as f:
+            f.write('{"step": 4, "rew')
     agent, env, eval_env = _objects(saved_tiny_model_dir)
     Trainer.resume(tmp_path, agent, env, **options).run(3)
     assert (tmp_path / "rollouts.jsonl").read_text() == written
