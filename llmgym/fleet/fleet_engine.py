@@ -479,7 +479,7 @@ class FleetEngine:
                 version = 0 if self.policy_version is None else self.policy_version + 1
             self._sync(pairs, None, int(version), model=model)
             self._base_synced = True
-            self._adapters.clear()
+            self._release_adapters(keep=0)  # adapters of the old base weights: unloaded, not just forgotten
             for server in self.servers:
                 server.client.model = server.base_model
 
@@ -522,9 +522,11 @@ class FleetEngine:
         self.weight_syncs += 1
         self.last_sync_s = time.perf_counter() - started
 
-    def _release_adapters(self) -> None:
-        """Unload the adapter versions beyond the newest ``lora_versions`` from every live server."""
-        while len(self._adapters) > self.lora_versions:
+    def _release_adapters(self, keep: int | None = None) -> None:
+        """Unload the adapter versions beyond the newest ``keep`` (default ``lora_versions``) from every live
+        server."""
+        keep = self.lora_versions if keep is None else keep
+        while len(self._adapters) > keep:
             _, old = self._adapters.popitem(last=False)
             if not self.pushes_weights:
                 continue
