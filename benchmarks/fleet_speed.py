@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -95,7 +96,8 @@ def run_shape(shape: str, *, batch: int, new_tokens: int, repeats: int, syncs: i
     load_before = _load()
     params = sum(p.numel() for p in model.parameters())
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    directory = save_pretrained(model, tok, Path(tempfile.mkdtemp(prefix="llmgym-fleet-bench-")) / shape)
+    scratch = Path(tempfile.mkdtemp(prefix="llmgym-fleet-bench-"))  # the model the servers load; removed after
+    directory = save_pretrained(model, tok, scratch / shape)
     servers = RolloutServers(directory, 2, kv_cache_bytes=256 << 20)
     try:
         in_process = VLLMEngine(model, tok, dtype="float32", kv_cache_memory_bytes=256 << 20)  # while they start
@@ -125,6 +127,7 @@ def run_shape(shape: str, *, batch: int, new_tokens: int, repeats: int, syncs: i
         in_process.close()
     finally:
         servers.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
     rows = []
     base = statistics.median(speed["VLLMEngine (in process)"])
     for name in variants:
