@@ -632,15 +632,6 @@ class FleetEngine:
             return  # its forward is a collective of every rank, and only this one pushes: no probe (docs/scale.md)
         module = getattr(model, "module", model)
         ids = self._probe_ids(module)
-        device = next(iter(module.parameters())).device
-        was_training = module.training
-        module.eval()
-        try:
-            with torch.no_grad():
-                tensor = torch.tensor([ids], device=device)
-                learner = sequence_logprobs(module, tensor, torch.ones_like(tensor))[0].float().cpu().tolist()
-        finally:
-            module.train(was_training)
 
         def ask(server: _Server) -> list[float] | str:
             try:
@@ -663,8 +654,18 @@ class FleetEngine:
             except (KeyError, IndexError, TypeError, ValueError) as exc:
                 return f"{server.root}/v1/completions answered no usable prompt log-probs ({_one_line(exc)})"
 
-        with ThreadPoolExecutor(len(live)) as pool:
-            answers = list(pool.map(ask, live))
+        with ThreadPoolExecutor(len(live)) as pool:  # the servers compute theirs while the learner computes its own
+            asked = [pool.submit(ask, server) for server in live]
+            device = next(iter(module.parameters())).device
+            was_training = module.training
+            module.eval()
+            try:
+                with torch.no_grad():
+                    tensor = torch.tensor([ids], device=device)
+                    learner = sequence_logprobs(module, tensor, torch.ones_like(tensor))[0].float().cpu().tolist()
+            finally:
+                module.train(was_training)
+            answers = [future.result() for future in asked]
         self.probe_gaps = {}
         for server, answer in zip(live, answers):
             if isinstance(answer, str):  # up but no usable answer to the probe: not to be trusted either
