@@ -104,8 +104,26 @@ class _NoEosTokenizer:
         return ""
 
 
-def _load() -> str:
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as every benchmark here records them before and after a shape."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def shape_model(shape: str):
+    """``(model, tokenizer)`` of a benchmark shape in fp32 on the CPU: ``tiny`` (the vLLM tests' tiny Llama,
+    llmgym's tokenizer), ``10m`` or ``qwen2-0.5b`` (:func:`build_model`, a word tokenizer)."""
+    import torch
+
+    if shape == "tiny":
+        from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
+
+        tok = build_tokenizer()
+        model = build_tiny_model(tok, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256))
+        return model.float().eval(), tok
+    torch.manual_seed(0)
+    model, vocab = build_model("cpu", qwen2=shape == "qwen2-0.5b", shape=None if shape == "qwen2-0.5b" else shape,
+                               dtype=torch.float32)
+    return model, word_tokenizer(vocab)
 
 
 def _vllm_rows(model, tokenizer, directory, dtype: str, served: bool, threads: int, notes: list[str]):
@@ -164,7 +182,7 @@ def run(device="cpu", qwen2=False, batch=32, prompt_len=32, new_tokens=64, repea
     prompt_lists = prompts.tolist()
     params = SamplingParams(max_new_tokens=new_tokens, seed=1)
     notes: list[str] = []
-    load_before = _load()
+    load_before = load_average()
 
     def hf_generate(**kw):
         with torch.inference_mode():
@@ -258,7 +276,7 @@ def run(device="cpu", qwen2=False, batch=32, prompt_len=32, new_tokens=64, repea
                                                         "qwen2-0.5b": "Qwen2-0.5B-shaped"}[shape],
             "dtype": str(model.dtype), "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
             "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats,
-            "threads": torch.get_num_threads(), "load_before": load_before, "load_after": _load(), "notes": notes,
+            "threads": torch.get_num_threads(), "load_before": load_before, "load_after": load_average(), "notes": notes,
             "rows": rows}
 
 
@@ -309,7 +327,7 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown shape(s) {unknown}; give {', '.join(SHAPES)}")
     results = []
-    print(f"engine_speed: device {a.device}, torch threads {torch.get_num_threads()}, load average {_load()}",
+    print(f"engine_speed: device {a.device}, torch threads {torch.get_num_threads()}, load average {load_average()}",
           flush=True)
     for shape in shapes:
         batch, new_tokens, repeats = (8, 8, 1) if a.quick else CPU_WORK[shape] if a.device == "cpu" else (32, 64, 3)

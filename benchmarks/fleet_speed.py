@@ -43,25 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # tests/served.py starts the servers
 sys.path.insert(0, str(ROOT / "benchmarks"))  # engine_speed's shapes
 
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _model(shape: str):
-    import torch
-
-    if shape == "tiny":
-        from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
-
-        tok = build_tokenizer()
-        model = build_tiny_model(tok, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256))
-        return model.float().eval(), tok
-    from engine_speed import build_model, word_tokenizer
-
-    torch.manual_seed(0)
-    model, vocab = build_model("cpu", shape=shape, dtype=torch.float32)
-    return model, word_tokenizer(vocab)
+from engine_speed import load_average, shape_model  # noqa: E402
 
 
 def _tokens_per_s(engine, prompts, new_tokens: int, seed: int) -> float:
@@ -92,8 +74,8 @@ def run_shape(shape: str, *, batch: int, new_tokens: int, repeats: int, syncs: i
     from llmgym.runtime.models import save_pretrained
 
     torch.set_num_threads(threads)
-    model, tok = _model(shape)
-    load_before = _load()
+    model, tok = shape_model(shape)
+    load_before = load_average()
     params = sum(p.numel() for p in model.parameters())
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     scratch = Path(tempfile.mkdtemp(prefix="llmgym-fleet-bench-"))  # the model the servers load; removed after
@@ -139,7 +121,7 @@ def run_shape(shape: str, *, batch: int, new_tokens: int, repeats: int, syncs: i
                      "connect_s": round(statistics.median(connect[name]), 2) if connect[name] else None})
     return {"shape": shape, "parameters": params, "state_dict_mib": round(state_bytes / 2**20, 2), "batch": batch,
             "new_tokens": new_tokens, "repeats": repeats, "syncs_per_repeat": syncs, "threads": threads,
-            "cores": os.cpu_count(), "load_before": load_before, "load_after": _load(), "rows": rows}
+            "cores": os.cpu_count(), "load_before": load_before, "load_after": load_average(), "rows": rows}
 
 
 def markdown(results: list[dict]) -> str:

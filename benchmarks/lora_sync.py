@@ -41,26 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _model(shape: str):
-    import torch
-
-    if shape == "tiny":
-        from llmgym.runtime.models import TinyModelConfig, build_tiny_model, build_tokenizer
-
-        tok = build_tokenizer()
-        model = build_tiny_model(tok, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256))
-        return model.float().eval(), tok
-    from engine_speed import build_model, word_tokenizer
-
-    torch.manual_seed(0)
-    model, vocab = build_model("cpu", qwen2=shape == "qwen2-0.5b", shape=None if shape == "qwen2-0.5b" else shape,
-                               dtype=torch.float32)
-    return model, word_tokenizer(vocab)
+from engine_speed import load_average, shape_model  # noqa: E402
 
 
 def _timed(engine, model, syncs: int, perturb=None) -> list[float]:
@@ -117,7 +98,7 @@ def run_fleet_shape(shape: str, *, rank: int, syncs: int, threads: int) -> dict:
     from llmgym.runtime.models import save_pretrained
 
     torch.set_num_threads(threads)
-    model, tok = _model(shape)
+    model, tok = shape_model(shape)
     inner, perturb = _with_lora(model, rank)
     scratch = Path(tempfile.mkdtemp(prefix="llmgym-lora-fleet-bench-"))  # the model the server loads
     try:
@@ -128,7 +109,7 @@ def run_fleet_shape(shape: str, *, rank: int, syncs: int, threads: int) -> dict:
         raise
     try:
         urls = servers.urls()
-        load_before = _load()
+        load_before = load_average()
         full, adapter, full_bytes, adapter_bytes = [], [], set(), set()
         with FleetEngine(urls, tok, model, secret=servers.secret) as engine:  # connects, pushes version 0
             perturb(syncs)
@@ -138,7 +119,7 @@ def run_fleet_shape(shape: str, *, rank: int, syncs: int, threads: int) -> dict:
                 full_bytes.add(engine.last_sync_bytes)
                 adapter += _timed(engine, inner, 1, lambda _: perturb(i))
                 adapter_bytes.add(engine.last_sync_bytes)
-        load_after = _load()
+        load_after = load_average()
     finally:
         servers.stop()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -159,8 +140,8 @@ def run_shape(shape: str, *, rank: int, syncs: int, threads: int) -> dict:
     from llmgym.engines.vllm import VLLMEngine
 
     torch.set_num_threads(threads)
-    model, tok = _model(shape)
-    load_before = _load()
+    model, tok = shape_model(shape)
+    load_before = load_average()
     rows = []
     with VLLMEngine(model, tok, dtype="float32", kv_cache_memory_bytes=128 << 20) as engine:
         full = _timed(engine, model, syncs)
@@ -172,7 +153,7 @@ def run_shape(shape: str, *, rank: int, syncs: int, threads: int) -> dict:
         rows.append({"variant": f"LoRA adapter (r {rank})", "sync_s": statistics.median(adapter),
                      "sync_s_all": adapter, "bytes_per_sync": engine.last_sync_bytes})
     return _summary(shape, model, rows, lora_rank=rank, syncs=syncs, threads=threads, load_before=load_before,
-                    load_after=_load())
+                    load_after=load_average())
 
 
 def main(argv=None) -> int:
