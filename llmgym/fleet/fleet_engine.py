@@ -72,6 +72,7 @@ from typing import Any
 
 from llmgym.errors import LLMGymError, LLMGymWarning
 from llmgym.runtime import distributed
+from llmgym.runtime.secrets import register_secret
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
 from llmgym.fleet.weight_transfer import DEFAULT_BUCKET_BYTES, GlooSender, TransferError, local_address_towards
 
@@ -285,6 +286,7 @@ class FleetEngine:
         self.last_sync_bytes = 0
         self.token_tolerance = float(token_tolerance)
         secret = secret if secret is not None else (os.environ.get("LLMGYM_SERVE_SECRET") or None)
+        register_secret(secret), register_secret(api_key)  # never written into rollouts.jsonl (llmgym/runtime/secrets.py)
         self.logprob_tolerance = float(logprob_tolerance)
         self.probe_gaps: dict[str, float] = {}  # the last sync's probe: mean |server - learner| per server
         self.batch_gaps: dict[str, float] = {}  # the last check_logprobs: the same over a batch's tokens

@@ -43,6 +43,16 @@ import threading
 import time
 from typing import Any, Callable, Iterable, NamedTuple, Optional
 
+try:
+    from .child_env import scrub_environ as _scrub_environ
+except ImportError:  # loaded by path in the tools' helper (it imports nothing of llmgym): its sibling file, by path
+    import importlib.util as _util
+
+    _spec = _util.spec_from_file_location("llmgym_child_env", os.path.join(os.path.dirname(__file__), "child_env.py"))
+    _child_env = _util.module_from_spec(_spec)
+    _spec.loader.exec_module(_child_env)
+    _scrub_environ = _child_env.scrub_environ
+
 __all__ = ["ChildOutcome", "call_in_killable_child", "in_killable_child", "mark_killable_child",
            "start_child_process", "DEFAULT_MAX_RESULT_BYTES"]
 
@@ -343,6 +353,7 @@ def _child(fn: Callable[..., Any], args: tuple, pipe_w: int, setup: Callable[[],
             except OSError:
                 pass  # the parent sees a failed join and sweeps by hand
             os.close(cgroup_procs)
+        _scrub_environ()  # the call is model-driven work: none of the parent's secrets (llmgym/sandbox/child_env.py)
         mark_killable_child()
         try:
             outcome = ("ok", fn(*args))

@@ -15,7 +15,7 @@ import hashlib
 import inspect
 import math
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from llmgym.errors import LLMGymError
 
@@ -70,6 +70,28 @@ def _takes_var_keywords(function: Callable) -> bool:
         return True
 
 
+def _valid_name(name: Any) -> bool:
+    return isinstance(name, str) and bool(name) and "=" not in name and "\0" not in name
+
+
+def _checked_env(env: Mapping[str, str] | None, pass_env: Sequence[str], isolated: bool) -> tuple[dict[str, str], tuple[str, ...]]:
+    """``Tool``'s ``env`` and ``pass_env``, checked: names are non-empty strings without ``=`` or NUL, values strings."""
+    env = dict(env or {})
+    if isinstance(pass_env, str):
+        raise TypeError(f"pass_env must be a list of variable names, got the string {pass_env!r}: write pass_env=[{pass_env!r}]")
+    pass_env = tuple(pass_env)
+    for name in (*env, *pass_env):
+        if not _valid_name(name):
+            raise ValueError(f"invalid environment variable name {name!r} for a tool: a non-empty string without '=' or NUL")
+    for name, value in env.items():
+        if not isinstance(value, str) or "\0" in value:
+            raise ValueError(f"tool env value of {name!r} must be a string without NUL, got {type(value).__name__}")
+    if (env or pass_env) and not isolated:
+        raise ValueError("env= and pass_env= set the environment of an isolated tool's process; a tool with "
+                         "isolated=False runs in the env's own process: drop them, or isolate the tool")
+    return env, pass_env
+
+
 class Tool:
     """A function the policy may call.
 
@@ -82,6 +104,12 @@ class Tool:
             function that bounds its own time (the sandboxed :func:`~llmgym.tools.python_tool`) or
             must keep state between calls. Its exceptions still become tool errors, except
             :class:`~llmgym.sandbox.SandboxError` (the machine's failure), which is raised.
+        env: variables set in the environment of each call (an isolated tool only). A tool's process
+            does not get the trainer's environment, only an allow-list of it (the search path, the locale,
+            the interpreter's settings: :mod:`llmgym.sandbox.child_env`): no API key or secret reaches
+            what the model drives unless it is named here or in ``pass_env``.
+        pass_env: names of the trainer's environment variables each call gets too, read at the call
+            (one the trainer lacks is left unset).
 
     Example:
         >>> from llmgym.tools import Tool
@@ -100,15 +128,24 @@ class Tool:
         "argument 'b': 'two' is not of type 'integer'"
         >>> tool.run({"a": 1, "b": 2}).content
         '3'
+        >>> import os
+        >>> os.environ["MY_TOKEN"] = "not for the model"
+        >>> Tool(os.getenv, schema={"name": "getenv"}).run({"key": "MY_TOKEN"}).content
+        'null'
+        >>> Tool(os.getenv, schema={"name": "getenv"}, pass_env=["MY_TOKEN"]).run({"key": "MY_TOKEN"}).content
+        'not for the model'
+        >>> del os.environ["MY_TOKEN"]
     """
 
     def __init__(self, function: Callable[..., Any], *, schema: Mapping[str, Any] | None = None,
-                 time_limit: float = DEFAULT_TIME_LIMIT, isolated: bool = True):
+                 time_limit: float = DEFAULT_TIME_LIMIT, isolated: bool = True,
+                 env: Mapping[str, str] | None = None, pass_env: Sequence[str] = ()):
         if not callable(function):
             raise TypeError(f"a tool must be a callable, got {type(function).__name__}")
         if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
             raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
         self.function, self.time_limit, self.isolated = function, float(time_limit), bool(isolated)
+        self.env, self.pass_env = _checked_env(env, pass_env, self.isolated)
         if schema is None:
             from transformers.utils import get_json_schema
 
@@ -200,7 +237,9 @@ class Tool:
             raise ToolSetupError(
                 f"tool {self.name!r} was called inside the tool worker process, while it imported a tool's module: "
                 f"that module runs an episode at import; put that code under `if __name__ == \"__main__\":`")
-        outcome = tool_worker().call(self.key, self._pickled(), arguments, time_limit=self.time_limit, max_chars=max_chars)
+        env = {**{n: os.environ[n] for n in self.pass_env if n in os.environ}, **self.env}
+        outcome = tool_worker().call(self.key, self._pickled(), arguments, time_limit=self.time_limit, max_chars=max_chars,
+                                     env=env)
         status = outcome[0]
         if status == "ok":
             return ToolResult(outcome[1], None, max(0, outcome[2] - len(outcome[1])))

@@ -8,7 +8,11 @@ child (a script without a main guard runs again). So the tools go to **one helpe
 started with ``subprocess`` as ``python <llmgym/tools/tool_helper.py>`` — a fresh interpreter that imports
 neither ``llmgym`` nor ``__main__`` — and the helper, single-threaded, forks one child per call. Past the
 time limit the child's process group is SIGKILLed; a helper that does not answer in time is killed and
-started again. The helper gets the trainer's ``sys.path``, working directory and environment.
+started again. The helper gets the trainer's ``sys.path`` and working directory, but not its environment: an
+allow-list of it (:func:`llmgym.sandbox.child_env.allowed_environment`: the search path, the locale, the
+interpreter's and the thread settings, what ``LLMGYM_PASS_ENV`` names) -- a tool the model drives never sees
+``OPENAI_API_KEY`` or ``LLMGYM_SERVE_SECRET``. What one tool needs it names (``Tool(env=..., pass_env=...)``);
+each call sets that in its own child.
 
 Tools cross over as cloudpickle blobs (Gymnasium already depends on cloudpickle): a function from an
 importable module travels by reference (its module is imported in the helper once), one defined in the
@@ -29,6 +33,7 @@ import threading
 import time
 from typing import Any
 
+from llmgym.sandbox.child_env import allowed_environment
 from llmgym.tools import tool_helper
 
 __all__ = ["ToolWorker", "tool_worker", "WORKER_GRACE_S", "LOAD_TIMEOUT_S", "HELPER_ENV"]
@@ -51,6 +56,10 @@ class ToolWorker:
         >>> import cloudpickle
         >>> tool_worker().call("dict", cloudpickle.dumps(dict), {"a": 2, "b": 3}, time_limit=5.0, max_chars=100)
         ('ok', '{"a": 2, "b": 3}', 16)
+        >>> import os
+        >>> tool_worker().call("getenv", cloudpickle.dumps(os.getenv), {"key": "X"}, time_limit=5.0, max_chars=100,
+        ...                    env={"X": "set for this call"})
+        ('ok', 'set for this call', 17)
     """
 
     def __init__(self) -> None:
@@ -62,7 +71,7 @@ class ToolWorker:
         proc = subprocess.Popen(
             [sys.executable, os.path.abspath(tool_helper.__file__)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
-            env={**os.environ, HELPER_ENV: "1"},
+            env={**allowed_environment(), HELPER_ENV: "1"},
         )
         tool_helper.write_message(proc.stdin, {"sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path]})
         self._loaded = set()
@@ -101,8 +110,10 @@ class ToolWorker:
                 continue
             return pickle.loads(buffer[:size])
 
-    def call(self, key: str, blob: bytes, arguments: dict[str, Any], *, time_limit: float, max_chars: int) -> tuple:
-        """Run the pickled function ``blob`` (cached in the helper under ``key``) on ``arguments``.
+    def call(self, key: str, blob: bytes, arguments: dict[str, Any], *, time_limit: float, max_chars: int,
+             env: dict[str, str] | None = None) -> tuple:
+        """Run the pickled function ``blob`` (cached in the helper under ``key``) on ``arguments``, with ``env``
+        added to the call's environment (the helper's own is an allow-list: see the module docstring).
 
         Returns ``("ok", text, length)`` (the result as text, cut to ``max_chars``; ``length`` before the
         cut), ``("exception", "Type: message", length)``, ``("timeout",)`` or ``("crashed", why)``; a tool that
@@ -123,7 +134,7 @@ class ToolWorker:
                         return answer
                     self._loaded.add(key)
                 deadline = time.monotonic() + time_limit + WORKER_GRACE_S
-                tool_helper.write_message(proc.stdin, ("call", key, arguments, float(time_limit), int(max_chars)))
+                tool_helper.write_message(proc.stdin, ("call", key, arguments, float(time_limit), int(max_chars), dict(env or {})))
                 answer = self._recv(proc, deadline)
                 if answer is None:
                     raise TimeoutError

@@ -70,8 +70,10 @@ def as_text(value) -> str:
         return str(value)
 
 
-def _tool_outcome(function, arguments, max_chars) -> tuple:
-    """In the killable child: ``("ok", text, length)`` or the tool's failure, reported to the model."""
+def _tool_outcome(function, arguments, max_chars, env) -> tuple:
+    """In the killable child (its environment already cut to the allow-list): the tool's own ``env`` set, then
+    ``("ok", text, length)`` or the tool's failure, reported to the model."""
+    os.environ.update(env)
     try:
         text = as_text(function(**arguments))
         return ("ok", text[:max_chars], len(text))
@@ -80,10 +82,10 @@ def _tool_outcome(function, arguments, max_chars) -> tuple:
         return ("exception", message[:max_chars], len(message))
 
 
-def _call(killable, function, arguments, time_limit, max_chars, control_fd):
+def _call(killable, function, arguments, time_limit, max_chars, control_fd, env):
     """One call in a killable child: ``("ok"|"exception", text, length)``, ``("timeout",)``,
     ``("crashed", why)`` or ``("parent_gone",)``."""
-    outcome = killable.call_in_killable_child(_tool_outcome, function, arguments, max_chars, limit=time_limit,
+    outcome = killable.call_in_killable_child(_tool_outcome, function, arguments, max_chars, env, limit=time_limit,
                                               max_result_bytes=4 * max_chars + (1 << 16), watch_fd=control_fd)
     if outcome.status == "ok":
         return outcome.value
@@ -122,8 +124,8 @@ def main() -> None:
             except BaseException as exc:
                 write_message(protocol_out, ("load_error", f"{type(exc).__name__}: {exc}"[:2000]))
         elif kind == "call":
-            _, key, arguments, time_limit, max_chars = message
-            outcome = _call(killable, functions[key], arguments, time_limit, max_chars, protocol_in.fileno())
+            _, key, arguments, time_limit, max_chars, env = message
+            outcome = _call(killable, functions[key], arguments, time_limit, max_chars, protocol_in.fileno(), env)
             if outcome[0] == "parent_gone":
                 return
             write_message(protocol_out, outcome)

@@ -6,7 +6,9 @@ policy wrote it, the reward and its named parts, the verifier's info, the group 
 belongs to, its advantage, the policy version that sampled it and how stale it was, and for a
 multi-turn episode its turns and tool calls. Nothing else: the record holds what the run held in
 memory for that episode (never the env's or the engine's configuration), each text cut to
-:data:`MAX_TEXT` characters, so the file stays small whatever the model writes.
+:data:`MAX_TEXT` characters, so the file stays small whatever the model writes. A secret this process holds
+(``OPENAI_API_KEY``, the fleet's secret: :mod:`llmgym.runtime.secrets`) that the model echoed is written as
+``[redacted]``.
 
 Example:
     >>> import tempfile
@@ -38,6 +40,7 @@ from typing import Any
 from llmgym.errors import LLMGymError
 from llmgym.runtime.files import read_jsonl, rewind_jsonl
 from llmgym.runtime.logging import json_safe
+from llmgym.runtime.secrets import known_secrets, redact_tree
 
 __all__ = ["MAX_TEXT", "ROLLOUTS_FILE", "ROLLOUTS_EVERY", "ROLLOUTS_PER_STEP", "RolloutLog", "episode_advantages",
            "episode_records", "read_rollouts", "sample_episodes", "step_records", "truncate_rollouts"]
@@ -128,6 +131,8 @@ def episode_records(episodes: Sequence[Any], tokenizer, *, step: int, split: str
             loop's: the current weights); ``None``: unknown.
     """
     records = []
+    secrets = known_secrets()
+    hide = lambda value: redact_tree(value, secrets)  # noqa: E731 (before any cut: no secret's prefix survives a clip)
     for i in (range(len(episodes)) if indices is None else indices):
         e = episodes[i]
         task = e.task
@@ -136,15 +141,15 @@ def episode_records(episodes: Sequence[Any], tokenizer, *, step: int, split: str
         info.pop("task", None)
         info.pop("completion", None)  # the completion is the record's own field
         segments = _segments(e)
-        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        completion = "".join(decode(ids) for role, ids in segments if role == "policy")
+        decode = lambda ids: hide(tokenizer.decode(ids, skip_special_tokens=True))  # noqa: E731
+        completion = hide("".join(decode(ids) for role, ids in segments if role == "policy"))
         versions = [v for v, m in zip(e.policy_versions, e.action_mask) if m and v >= 0] if e.policy_versions else []
         version = min(versions) if versions else sampled_by
         record: dict[str, Any] = {
             "step": int(step), "split": split, "group": int(e.group), "task_id": str(getattr(task, "id", "")),
-            "prompt": _bounded(json_safe(task.prompt)), "answer": _bounded(json_safe(getattr(task, "answer", None))),
+            "prompt": _bounded(hide(json_safe(task.prompt))), "answer": _bounded(hide(json_safe(getattr(task, "answer", None)))),
             "completion": _clip(completion), "reward": float(e.total_reward),
-            "reward_parts": _reward_parts(score), "info": _bounded(json_safe({**info, "score": score})),
+            "reward_parts": _reward_parts(score), "info": _bounded(hide(json_safe({**info, "score": score}))),
             "completion_tokens": int(sum(e.action_mask[e.prompt_length:])),
             "finish_reason": e.finish_reasons[-1] if e.finish_reasons else None,
             "advantage": None if advantages is None else float(advantages[i]),

@@ -208,8 +208,10 @@ import os, subprocess, sys, time
 sys.path.insert(0, os.environ["ROOT"])
 from llmgym.sandbox import killable
 
+MARKER = os.environ["MARKER"]  # read here: the call's child sees only an allow-list of the environment
+
 def detach_and_hang():
-    subprocess.Popen(["setsid", "sleep", os.environ["MARKER"]])  # (not in this script's command line)
+    subprocess.Popen(["setsid", "sleep", MARKER])  # (not in this script's command line)
     time.sleep(60)
 
 killable.call_in_killable_child(detach_and_hang, limit=60)
