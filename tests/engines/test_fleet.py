@@ -125,7 +125,8 @@ def test_the_gloo_transport_carries_any_dtype_in_buckets_and_a_missing_peer_is_a
     got = []
 
     def receive():
-        group, _store = open_group(info["master_address"], info["master_port"], 1, 2, timeout_s=30)
+        group, _store = open_group(info["master_address"], info["master_port"], 1, 2, timeout_s=30,
+                                   nonce=info["nonce"])
         for bucket in receive_named_tensors(group, metadata(pairs), info["bucket_bytes"]):
             got.extend((name, t.clone()) for name, t in bucket)
 
