@@ -16,8 +16,8 @@
   a ``torch.distributed`` group (gloo: :mod:`llmgym.fleet.weight_transfer`; one group per server),
   ``/finish_weight_update`` with the **policy version** (vLLM records it as the server's weight
   version), ``/resume``.
-* **No server's word is taken**: every control request is signed afresh with the servers' secret
-  (``LLMGYM_SERVE_SECRET``; :mod:`llmgym.fleet.guard`: no replay); after each sync every server is asked the log-probs of a fresh
+* **No server's word is taken**: every control request is signed afresh with the servers' secret (no
+  replay: :mod:`llmgym.fleet.guard`); after each sync every server is asked the log-probs of a fresh
   random token sequence (``prompt_logprobs``) and compared with the learner's own forward pass; and the
   learner's update hands its recomputed log-probs of each batch to :meth:`FleetEngine.check_logprobs`,
   which compares them with what each server reported for the tokens it sampled. A server off by more
@@ -157,7 +157,7 @@ class _Server:
         self.root, self.api = api_root(url)
         self.client, self.http = client, http
         self._key = control_key(secret) if secret else None  # control requests are signed with it, never sent
-        key = api_key or (generation_key(secret) if secret else None)
+        key = api_key or generation_key(secret)
         self._generation = {"Authorization": f"Bearer {key}"} if key else {}
         self.host = urllib.parse.urlparse(self.root).hostname
         self.link: GlooSender | None = None
@@ -233,9 +233,8 @@ class FleetEngine:
             (default: the interface that routes to each server).
         sync_timeout_s: seconds one weight transfer (or forming its group) may take.
         bucket_bytes: the largest broadcast of a weight transfer (:mod:`llmgym.fleet.weight_transfer`).
-        secret: the servers' control secret (``llmgym serve``'s ``LLMGYM_SERVE_SECRET``; default: this
-            process's ``LLMGYM_SERVE_SECRET``): it signs every control request (it is never sent), and the
-            generation routes' API key is derived from it unless ``api_key`` is given.
+        secret: the servers' secret (default: this process's ``LLMGYM_SERVE_SECRET``, as ``llmgym serve``'s): it
+            signs every control request (it is never sent); the generation key derives from it unless ``api_key``.
         logprob_tolerance: the largest mean |server log-prob − learner log-prob| (nats per token) a server
             may show — on a random probe sequence after every sync, and on the tokens of each batch it
             sampled (:meth:`check_logprobs`) — before the fleet drops it as not holding the learner's
@@ -286,7 +285,6 @@ class FleetEngine:
         self.last_sync_bytes = 0
         self.token_tolerance = float(token_tolerance)
         secret = secret if secret is not None else (os.environ.get("LLMGYM_SERVE_SECRET") or None)
-        generation = api_key or (generation_key(secret) if secret else None)
         self.logprob_tolerance = float(logprob_tolerance)
         self.probe_gaps: dict[str, float] = {}  # the last sync's probe: mean |server - learner| per server
         self.batch_gaps: dict[str, float] = {}  # the last check_logprobs: the same over a batch's tokens
@@ -308,15 +306,15 @@ class FleetEngine:
         try:
             for url in urls:
                 def client_for(name):
-                    return OpenAIEngine(api_root(url)[1], name, tokenizer, api_key=generation, timeout=timeout,
-                                        max_retries=max_retries, max_concurrency=max_concurrency,
+                    return OpenAIEngine(api_root(url)[1], name, tokenizer, api_key=api_key or generation_key(secret),
+                                        timeout=timeout, max_retries=max_retries, max_concurrency=max_concurrency,
                                         prompt_format="token_ids")
 
                 try:
                     try:
                         client = client_for(served_model)
                     except ModelNotServedError:
-                        base = None if served_model else _base_model(url, generation, timeout)
+                        base = None if served_model else _base_model(url, api_key or generation_key(secret), timeout)
                         if base is None:
                             raise
                         client = client_for(base)  # the others are a learner's adapters (llmgym-v<N>)

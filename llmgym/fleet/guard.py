@@ -96,9 +96,10 @@ def control_key(secret: str) -> bytes:
     return hmac.new(secret.encode(), b"llmgym control v1", hashlib.sha256).digest()
 
 
-def generation_key(secret: str) -> str:
+def generation_key(secret: str | None) -> str | None:
     """The API key of a rollout server's generation routes (``/v1``) by default: derived from the secret, so
-    the bearer key a sampling request carries (and anyone who captures one reads) signs no control request.
+    the bearer key a sampling request carries (and anyone who captures one reads) signs no control request
+    (``None`` without a secret).
 
     Example:
         >>> from llmgym.fleet.guard import generation_key
@@ -106,6 +107,8 @@ def generation_key(secret: str) -> str:
         >>> key.startswith("llmgym-"), len(key), "0123456789abcdef" in key
         (True, 71, False)
     """
+    if not secret:
+        return None
     return "llmgym-" + hmac.new(secret.encode(), b"llmgym generation v1", hashlib.sha256).hexdigest()
 
 
@@ -137,7 +140,8 @@ def signed_request(key: bytes, method: str, path: str, params: dict | None = Non
 
     Example:
         >>> from llmgym.fleet.guard import control_key, signed_request
-        >>> target, headers, content = signed_request(control_key("0123456789abcdef"), "POST", "/pause", {"mode": "wait"})
+        >>> key = control_key("0123456789abcdef")
+        >>> target, headers, content = signed_request(key, "POST", "/pause", {"mode": "wait"})
         >>> target, sorted(headers), content
         ('/pause?mode=wait', ['X-LLMGym-Signature'], b'')
     """

@@ -11,8 +11,9 @@ with what a learner needs to push weights into it — nothing is added to the se
   them: ``/collective_rpc``, ``/weight_checker``, ``/update_weight_version``, ...) answers 404,
   and the control routes need requests signed with the server's **secret** (``LLMGYM_SERVE_SECRET``,
   or ``--secret-file``); the generation routes' API key is derived from it
-  (:func:`llmgym.fleet.guard.generation_key`) unless ``VLLM_API_KEY`` gives another. Without a secret the server does not start (on loopback too: every local process, of every
-  user, reaches a loopback port);
+  (:func:`llmgym.fleet.guard.generation_key`) unless ``VLLM_API_KEY`` gives another. Without a
+  secret the server does not start (on loopback too: every local process, of every user, reaches a
+  loopback port);
 * ``--weight-transfer-config {"backend": "llmgym_gloo"}``: llmgym's backend
   (:mod:`llmgym.fleet.vllm_plugin`), the weights over a ``torch.distributed`` gloo group — on CPUs,
   and on GPU servers through host memory (vLLM's own NCCL backend would be faster there; the
