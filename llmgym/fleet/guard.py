@@ -55,7 +55,8 @@ MAX_SKEW_S = 120
 servers' clocks must agree that well (NTP); a nonce is remembered this long on either side of now."""
 MAX_CONTROL_BODY_BYTES = 16 << 20
 """The largest control request body the guard reads to check its digest (a weight update's metadata)."""
-_MAX_NONCES = 1 << 20  # remembered nonces (fresh ones only): a learner sends a few per second
+_MAX_NONCES = 1 << 18  # remembered nonces (fresh ones only): a learner sends a few per second
+_PRUNE_AT = 4096
 _SIGNATURE = re.compile(r"v1 t=([0-9]{1,12}) n=([0-9a-f]{32}) s=([0-9a-f]{64})")
 
 CONTROL_ROUTES = frozenset({
@@ -166,8 +167,8 @@ class _Nonces:
         with self.lock:
             if nonce in self.seen:
                 return "this signed request was already used (a replay): every control request is signed afresh"
-            if len(self.seen) >= _MAX_NONCES:
-                self.seen = {n: t for n, t in self.seen.items() if abs(now - t) <= MAX_SKEW_S}
+            if len(self.seen) >= _PRUNE_AT:  # forget those whose time has passed: the time check refuses them now
+                self.seen = {n: t for n, t in self.seen.items() if now - t <= MAX_SKEW_S}
                 if len(self.seen) >= _MAX_NONCES:
                     return "too many control requests in the last minutes: retry later"
             self.seen[nonce] = stamp

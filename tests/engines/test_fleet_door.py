@@ -209,3 +209,16 @@ def test_the_rendezvous_store_is_bounded_and_refuses_every_request_once_closed()
         host.store.set("k", b"v")
     with pytest.raises(rendezvous.RendezvousError, match="nonce"):
         rendezvous.RendezvousHost(socket.create_server(("127.0.0.1", 0)), "", peers=1, timeout_s=5)
+
+
+def test_the_guard_remembers_a_nonce_as_long_as_its_time_is_fresh_and_no_longer(monkeypatch):
+    """A replay is refused by its nonce while its time is fresh, by its time after; the memory stays bounded."""
+    monkeypatch.setattr(serve_guard, "_PRUNE_AT", 3)
+    nonces = serve_guard._Nonces()
+    now = 1_000_000.0
+    assert nonces.take("a" * 32, int(now), now) is None
+    assert "replay" in nonces.take("a" * 32, int(now), now + 60)
+    assert nonces.take("b" * 32, int(now) + serve_guard.MAX_SKEW_S, now) is None  # signed on a clock ahead
+    assert nonces.take("c" * 32, int(now), now) is None
+    assert nonces.take("d" * 32, int(now) + 200, now + 200) is None  # prunes "a" and "c" (their time has passed)
+    assert set(nonces.seen) == {"b" * 32, "d" * 32}
