@@ -80,6 +80,9 @@ class GlooInitInfo(WeightTransferInitInfo):
                              f"timeout_s={self.timeout_s!r}")
         if int(self.bucket_bytes) < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {self.bucket_bytes!r}")
+        if not isinstance(self.nonce, str) or not re.fullmatch(r"[0-9a-f]{64}", self.nonce):
+            raise ValueError("init_info carries no rendezvous nonce (64 hex characters): the learner is an older "
+                             "llmgym; upgrade it to the servers' version")
 
 
 @dataclasses.dataclass
