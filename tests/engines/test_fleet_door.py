@@ -222,3 +222,15 @@ def test_the_guard_remembers_a_nonce_as_long_as_its_time_is_fresh_and_no_longer(
     assert nonces.take("c" * 32, int(now), now) is None
     assert nonces.take("d" * 32, int(now) + 200, now + 200) is None  # prunes "a" and "c" (their time has passed)
     assert set(nonces.seen) == {"b" * 32, "d" * 32}
+
+
+def test_a_server_refuses_an_init_without_the_rendezvous_nonce_in_one_line():
+    """A learner that sends no nonce (an older one) is refused before any connection, in one line."""
+    pytest.importorskip("vllm")
+    from llmgym.fleet.vllm_plugin import GlooInitInfo
+
+    shape = {"master_address": "127.0.0.1", "master_port": 29500, "world_size": 2}
+    assert GlooInitInfo(**shape, nonce=rendezvous.new_nonce()).world_size == 2
+    for nonce in ("", "0" * 63, "Z" * 64):
+        with pytest.raises(ValueError, match="no rendezvous nonce"):
+            GlooInitInfo(**shape, nonce=nonce)
