@@ -15,6 +15,7 @@ real :class:`~llmgym.fleet.weight_transfer.GlooSender` and a peer in a thread.
 from __future__ import annotations
 
 import datetime
+import json
 import socket
 import threading
 import time
@@ -69,11 +70,12 @@ def test_a_captured_control_request_sent_again_is_refused(guarded):
     server, client, sent, reached = guarded
     assert server.call("POST", "/pause", params={"mode": "wait"}) == {"ok": True}
     server.call("POST", "/finish_weight_update", json={"weight_version": "3"})
-    assert reached == [("/pause", "mode=wait", b""), ("/finish_weight_update", "", b'{"weight_version": "3"}')]
+    assert [(p, q, json.loads(b or b"null")) for p, q, b in reached] == [
+        ("/pause", "mode=wait", None), ("/finish_weight_update", "", {"weight_version": "3"})]
     pause, finish = sent
-    assert "authorization" not in pause.headers and SECRET not in str(pause.headers)  # the secret never travels
     again = _again(client, pause)
     assert again.status_code == 401 and "replay" in again.json()["error"]
+    assert "authorization" not in pause.headers and SECRET not in str(pause.headers)  # the secret never travels
     assert _again(client, finish).status_code == 401
     # altered, the capture is worth nothing either: another query, another body
     assert _again(client, pause, url="http://rollout:8000/pause?mode=keep").status_code == 401
