@@ -450,7 +450,8 @@ def test_the_guard_answers_only_the_fleet_s_routes_and_its_control_routes_need_t
         for path in ("/pause", "/update_weights"):
             assert client.post(path).status_code == 401
             assert client.post(path, headers={"Authorization": f"Bearer {secret}"}).status_code == 401  # no bearer
-            wrong = {serve_guard.SIGNATURE_HEADER: serve_guard.sign(serve_guard.control_key(secret + "X"), "POST", path)}
+            other_key = serve_guard.control_key(secret + "X")
+            wrong = {serve_guard.SIGNATURE_HEADER: serve_guard.sign(other_key, "POST", path)}
             assert client.post(path, headers=wrong).status_code == 401
             assert client.post(path, headers=good("POST", path)).json() == {"reached": True}
         assert client.get("/weight_info").status_code == 401 and client.get("/health").json() == {"reached": True}

@@ -465,7 +465,8 @@ def test_a_client_without_the_secret_reaches_no_control_route_and_no_dev_route(s
             for path, body in [("/pause?mode=keep", None), ("/init_weight_transfer_engine", {"init_info": {}}),
                                ("/finish_weight_update", {"weight_version": "1"}), ("/start_weight_update", None),
                                ("/v1/completions", {"model": "tiny", "prompt": [1, 2], "max_tokens": 1})]:
-                for auth in ({}, {"Authorization": "Bearer " + "0" * 32}, {"Authorization": f"Bearer {servers.secret}"}):
+                for auth in ({}, {"Authorization": "Bearer " + "0" * 32},
+                             {"Authorization": f"Bearer {servers.secret}"}):  # a bearer secret: no more
                     response = httpx.post(url + path, json=body, headers=auth, timeout=30)
                     assert response.status_code == 401, (url, path, auth, response.status_code)
             assert httpx.get(url + "/weight_info", timeout=30).status_code == 401
