@@ -25,6 +25,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from llmgym.fleet.guard import generation_key
+
 __all__ = ["RolloutServers", "documented_serve_command", "free_port", "vllm_server"]
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "scale.md"
@@ -169,7 +171,7 @@ class RolloutServers:
         """The servers' URLs, once every one answers ``GET /v1/models`` (else the end of the failing one's log)."""
         deadline = time.monotonic() + self.startup_timeout
         while not self._ready:
-            waiting = [i for i, base in enumerate(self.bases) if _models(base + "/v1", self.secret) is None]
+            waiting = [i for i, base in enumerate(self.bases) if _models(base + "/v1", generation_key(self.secret)) is None]
             if not waiting:
                 self._ready = True
                 break

@@ -87,8 +87,8 @@ def engine_arguments(args) -> dict[str, Any]:
 
 _SECRET_ARGS = {
     "vllm-server": {"secret": "set LLMGYM_SERVE_SECRET in the learner's environment instead",
-                    "api_key": "the servers' generation key is their secret (LLMGYM_SERVE_SECRET in the learner's "
-                               "environment); a separate key (servers started with -- --api-key) is "
+                    "api_key": "the servers' generation key is derived from their secret (LLMGYM_SERVE_SECRET in the "
+                               "learner's environment); a separate key (servers started with -- --api-key) is "
                                "FleetEngine(api_key=...) from Python"},
     "openai": {"api_key": "set OPENAI_API_KEY in the environment instead"},
 }

@@ -1,12 +1,14 @@
 """The fleet: rollout servers and the learner's side of them.
 
 * ``llmgym serve`` (:mod:`llmgym.fleet.serve`) runs vLLM's own OpenAI-compatible server behind a door
-  (:mod:`llmgym.fleet.guard`: only the routes a fleet uses; the control routes behind a secret), with
+  (:mod:`llmgym.fleet.guard`: only the routes a fleet uses; the control routes take only requests signed
+  with a secret, each once), with
   llmgym's weight-transfer backend (:mod:`llmgym.fleet.vllm_plugin`, loaded by vLLM in each of its
   processes) so that a learner can push its weights into it;
 * :class:`FleetEngine` (:mod:`llmgym.fleet.fleet_engine`) is the learner's engine over N such
   servers: rows spread over them, the weights pushed to all after every update
-  (:mod:`llmgym.fleet.weight_transfer`), every completion tagged with the policy version that sampled
+  (:mod:`llmgym.fleet.weight_transfer`, over a group whose rendezvous, :mod:`llmgym.fleet.rendezvous`,
+  admits only the invited server and closes once it forms), every completion tagged with the policy version that sampled
   it, and no server's word taken (a probe after each sync, each batch's log-probs checked).
 
 Imported on first use: the fleet needs vLLM (``llmgym serve``) or an HTTP client (the learner's side).

@@ -16,8 +16,8 @@
   a ``torch.distributed`` group (gloo: :mod:`llmgym.fleet.weight_transfer`; one group per server),
   ``/finish_weight_update`` with the **policy version** (vLLM records it as the server's weight
   version), ``/resume``.
-* **No server's word is taken**: the control routes carry the servers' secret (``LLMGYM_SERVE_SECRET``;
-  :mod:`llmgym.fleet.guard`); after each sync every server is asked the log-probs of a fresh
+* **No server's word is taken**: every control request is signed afresh with the servers' secret (no
+  replay: :mod:`llmgym.fleet.guard`); after each sync every server is asked the log-probs of a fresh
   random token sequence (``prompt_logprobs``) and compared with the learner's own forward pass; and the
   learner's update hands its recomputed log-probs of each batch to :meth:`FleetEngine.check_logprobs`,
   which compares them with what each server reported for the tokens it sampled. A server off by more
@@ -74,6 +74,7 @@ from llmgym.errors import LLMGymError, LLMGymWarning
 from llmgym.runtime import distributed
 from llmgym.runtime.secrets import register_secret
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
+from llmgym.fleet.guard import CONTROL_ROUTES, control_key, generation_key, signed_request
 from llmgym.fleet.weight_transfer import DEFAULT_BUCKET_BYTES, GlooSender, TransferError, local_address_towards
 
 __all__ = ["FleetEngine", "FleetError", "NotARolloutServerError", "PROBE_TOKENS", "ServerLostWarning",
@@ -156,8 +157,8 @@ class _Server:
     def __init__(self, url: str, client: Any, http: Any, secret: str | None = None, api_key: str | None = None):
         self.root, self.api = api_root(url)
         self.client, self.http = client, http
-        self._control = {"Authorization": f"Bearer {secret}"} if secret else {}
-        key = api_key or secret
+        self._key = control_key(secret) if secret else None  # control requests are signed with it, never sent
+        key = api_key or generation_key(secret)
         self._generation = {"Authorization": f"Bearer {key}"} if key else {}
         self.host = urllib.parse.urlparse(self.root).hostname
         self.link: GlooSender | None = None
@@ -171,12 +172,12 @@ class _Server:
 
         if timeout is not None:  # (httpx reads an explicit None as "no time limit")
             kwargs["timeout"] = timeout
-        from llmgym.fleet.guard import CONTROL_ROUTES
-
-        control = (method.upper(), path) in CONTROL_ROUTES
-        kwargs["headers"] = self._control if control or not path.startswith("/v1/") else self._generation
+        target, kwargs["headers"] = path, self._generation if path.startswith("/v1/") else {}
+        if (method.upper(), path) in CONTROL_ROUTES and self._key is not None:  # signed afresh: no replay
+            target, kwargs["headers"], kwargs["content"] = signed_request(
+                self._key, method, path, kwargs.pop("params", None), kwargs.pop("json", None))
         try:
-            response = self.http.request(method, self.root + path, **kwargs)
+            response = self.http.request(method, self.root + target, **kwargs)
         except httpx.HTTPError as exc:
             raise FleetError(f"{self.root}{path}: {type(exc).__name__}: {_one_line(exc)}") from None
         if response.status_code == 404:
@@ -186,7 +187,7 @@ class _Server:
                 f"server cannot take the learner's weights (use OpenAIEngine for evaluation)")
         if response.status_code == 401:
             raise FleetError(
-                f"the server at {self.root} refused {path} (HTTP 401): it needs its secret; give the learner the "
+                f"the server at {self.root} refused {path} (HTTP 401: {response.text[:200]!r}): give the learner the "
                 f"server's secret (the LLMGYM_SERVE_SECRET environment variable, or FleetEngine(secret=...))")
         if response.status_code >= 400:
             raise FleetError(f"{self.root}{path} answered HTTP {response.status_code}: {response.text[:300]!r}")
@@ -233,9 +234,8 @@ class FleetEngine:
             (default: the interface that routes to each server).
         sync_timeout_s: seconds one weight transfer (or forming its group) may take.
         bucket_bytes: the largest broadcast of a weight transfer (:mod:`llmgym.fleet.weight_transfer`).
-        secret: the servers' control secret (``llmgym serve``'s ``LLMGYM_SERVE_SECRET``; default: this
-            process's ``LLMGYM_SERVE_SECRET``), sent on the weight-sync routes, and as the API key on the
-            generation routes unless ``api_key`` is given.
+        secret: the servers' secret (default: this process's ``LLMGYM_SERVE_SECRET``, as ``llmgym serve``'s): it
+            signs every control request (it is never sent); the generation key derives from it unless ``api_key``.
         logprob_tolerance: the largest mean |server log-prob − learner log-prob| (nats per token) a server
             may show — on a random probe sequence after every sync, and on the tokens of each batch it
             sampled (:meth:`check_logprobs`) — before the fleet drops it as not holding the learner's
@@ -308,15 +308,15 @@ class FleetEngine:
         try:
             for url in urls:
                 def client_for(name):
-                    return OpenAIEngine(api_root(url)[1], name, tokenizer, api_key=api_key or secret, timeout=timeout,
-                                        max_retries=max_retries, max_concurrency=max_concurrency,
+                    return OpenAIEngine(api_root(url)[1], name, tokenizer, api_key=api_key or generation_key(secret),
+                                        timeout=timeout, max_retries=max_retries, max_concurrency=max_concurrency,
                                         prompt_format="token_ids")
 
                 try:
                     try:
                         client = client_for(served_model)
                     except ModelNotServedError:
-                        base = None if served_model else _base_model(url, api_key or secret, timeout)
+                        base = None if served_model else _base_model(url, api_key or generation_key(secret), timeout)
                         if base is None:
                             raise
                         client = client_for(base)  # the others are a learner's adapters (llmgym-v<N>)

@@ -9,10 +9,11 @@ with what a learner needs to push weights into it — nothing is added to the se
   ``/resume``, ``/weight_info``, ``/get_world_size``) — behind :mod:`llmgym.fleet.guard`
   (vLLM's ``--middleware``): every route not on its allow-list (vLLM's development routes among
   them: ``/collective_rpc``, ``/weight_checker``, ``/update_weight_version``, ...) answers 404,
-  and the control routes need the server's **secret** (``LLMGYM_SERVE_SECRET``, or
-  ``--secret-file``), which is also the generation routes' API key unless ``VLLM_API_KEY`` gives
-  another. Without a secret the server does not start (on loopback too: every local process, of every
-  user, reaches a loopback port);
+  and the control routes need requests signed with the server's **secret** (``LLMGYM_SERVE_SECRET``,
+  or ``--secret-file``); the generation routes' API key is derived from it
+  (:func:`llmgym.fleet.guard.generation_key`) unless ``VLLM_API_KEY`` gives another. Without a
+  secret the server does not start (on loopback too: every local process, of every user, reaches a
+  loopback port);
 * ``--weight-transfer-config {"backend": "llmgym_gloo"}``: llmgym's backend
   (:mod:`llmgym.fleet.vllm_plugin`), the weights over a ``torch.distributed`` gloo group — on CPUs,
   and on GPU servers through host memory (vLLM's own NCCL backend would be faster there; the
@@ -277,7 +278,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.fleet.
             if option.split("=")[0] == "--api-key":
                 raise ValueError("--api-key after --: a key on the command line is shown by ps to every user of the "
                                  "machine; set VLLM_API_KEY in the server's environment instead (by default the "
-                                 "generation key is the server's secret)")
+                                 "generation key is derived from the server's secret)")
         if os.environ.get("VLLM_USE_RUST_FRONTEND", "0") not in ("", "0"):
             raise ValueError("VLLM_USE_RUST_FRONTEND is set: vLLM's Rust front end would not run the rollout server's "
                              "guard; unset it")
@@ -313,8 +314,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m llmgym.fleet.
     from llmgym.fleet import guard as serve_guard
 
     serve_guard.configure(secret)
-    if not os.environ.get("VLLM_API_KEY"):
-        os.environ["VLLM_API_KEY"] = secret  # generation needs the secret too (vLLM guards /v1 with it)
+    if not os.environ.get("VLLM_API_KEY"):  # generation needs a key too (vLLM guards /v1 with it): one derived
+        os.environ["VLLM_API_KEY"] = serve_guard.generation_key(secret)  # from the secret, never the secret itself
     os.environ.update(server_environment(server_args))
     import runpy
 

@@ -69,6 +69,8 @@ class GlooInitInfo(WeightTransferInitInfo):
     rank_offset: int = 1
     timeout_s: float = 120.0
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    nonce: str = ""
+    """The group's rendezvous nonce (the learner draws one per group; only holders join it)."""
 
     def __post_init__(self) -> None:
         if not 1 <= int(self.master_port) <= 65535:
@@ -78,6 +80,9 @@ class GlooInitInfo(WeightTransferInitInfo):
                              f"timeout_s={self.timeout_s!r}")
         if int(self.bucket_bytes) < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {self.bucket_bytes!r}")
+        if not isinstance(self.nonce, str) or not re.fullmatch(r"[0-9a-f]{64}", self.nonce):
+            raise ValueError("init_info carries no rendezvous nonce (64 hex characters): the learner is an older "
+                             "llmgym; upgrade it to the servers' version")
 
 
 @dataclasses.dataclass
@@ -130,7 +135,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         parallel = self.parallel_config
         rank = parallel.data_parallel_index * parallel.world_size + parallel.rank + int(init_info.rank_offset)
         self.group, self._store = open_group(init_info.master_address, int(init_info.master_port), rank,
-                                             int(init_info.world_size), timeout_s=float(init_info.timeout_s))
+                                             int(init_info.world_size), timeout_s=float(init_info.timeout_s),
+                                             nonce=str(init_info.nonce))
         self.bucket_bytes = int(init_info.bucket_bytes)
 
     def start_weight_update(self) -> None:

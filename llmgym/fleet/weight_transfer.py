@@ -9,7 +9,9 @@ CUDA-IPC backends cannot run.
 
 * **One group per server**: the learner is rank 0 and the server's workers ranks 1..W (W = its
   tensor-parallel × pipeline-parallel size), so a server that dies breaks only its own group.
-  The learner owns the rendezvous: a ``TCPStore`` on a socket it bound itself (no port race).
+  The learner owns the rendezvous (:mod:`llmgym.fleet.rendezvous`) on a socket it bound itself (no
+  port race): only peers holding the group's nonce (sent in the signed init request) join it, and
+  it closes as soon as the group has formed.
 * **Bytes in buckets**: tensors travel as their raw bytes (any dtype: gloo needs none of
   bfloat16's arithmetic), packed in the state dict's order into buckets of at most
   ``bucket_bytes`` (a tensor larger than that is a bucket of its own), one broadcast per bucket.
@@ -130,33 +132,47 @@ def local_address_towards(host: str, port: int = 9) -> str:
         return s.getsockname()[0]
 
 
-def open_group(master_address: str, master_port: int, rank: int, world_size: int, *, timeout_s: float,
-               listen_fd: int | None = None, local_address: str | None = None):
+def open_group(master_address: str, master_port: int, rank: int, world_size: int, *, timeout_s: float, nonce: str,
+               listener: socket.socket | None = None, local_address: str | None = None):
     """A gloo process group of ``world_size`` outside torch's default group (a vLLM worker has its own).
 
-    Rank 0 hosts the rendezvous (``listen_fd``: the descriptor of a socket it bound and listens on; the
-    ``TCPStore`` owns it from then on); the others connect to ``master_address:master_port``. ``local_address`` is the
-    address gloo binds here (default: the interface that routes to the master). Returns
-    ``(group, store)``; keep the store alive as long as the group."""
+    Rank 0 hosts the rendezvous (:class:`~llmgym.fleet.rendezvous.RendezvousHost` on ``listener``, a socket it
+    bound and listens on, which it owns from then on); the others connect to ``master_address:master_port``.
+    Every peer proves it holds ``nonce`` (the learner's, from the signed init request); once the group has
+    formed the rendezvous is closed (rank 0 waits until every peer says so). ``local_address`` is the address
+    gloo binds here (default: the interface that routes to the master). Returns ``(group, store)``; keep the
+    store object as long as the group (gloo holds it; it refuses every request once closed)."""
     import torch.distributed as dist
 
+    from llmgym.fleet.rendezvous import RendezvousClient, RendezvousError, RendezvousHost
+
     timeout = datetime.timedelta(seconds=timeout_s)
+    host = store = None
     try:
         if rank == 0:
-            if listen_fd is None:
-                raise ValueError("rank 0 hosts the rendezvous: pass the descriptor of the socket it listens on")
-            store = dist.TCPStore(master_address, master_port, world_size, True, timeout,
-                                  master_listen_fd=listen_fd, use_libuv=False)
+            if listener is None:
+                raise ValueError("rank 0 hosts the rendezvous: pass the socket it listens on")
+            host = RendezvousHost(listener, nonce, peers=world_size - 1, timeout_s=timeout_s)
+            store = host.store
         else:
-            store = dist.TCPStore(master_address, master_port, world_size, False, timeout)
+            store = RendezvousClient(master_address, master_port, nonce, timeout_s=timeout_s)
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
         address = local_address or local_address_towards(master_address, master_port)
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
         group = dist.ProcessGroupGloo(dist.PrefixStore("llmgym-weights", store), rank, world_size, options)
+        if host is not None:
+            host.wait_joined()  # every worker's mesh is whole: nobody needs the rendezvous any more
+        else:
+            store.joined()
     except (RuntimeError, OSError) as exc:
+        if isinstance(store, RendezvousClient):
+            store.close()
         raise TransferError(f"the weight-transfer group (rank {rank} of {world_size}, rendezvous "
                             f"{master_address}:{master_port}) did not form: {_one_line(exc)}") from None
+    finally:
+        if host is not None:
+            host.close()
     return group, store
 
 
@@ -184,7 +200,7 @@ class GlooSender:
         >>> sender = GlooSender("127.0.0.1", world_size=2, timeout_s=5)
         >>> info = sender.rendezvous()
         >>> sorted(info), info["rank_offset"], info["world_size"]
-        (['bucket_bytes', 'master_address', 'master_port', 'rank_offset', 'timeout_s', 'world_size'], 1, 2)
+        (['bucket_bytes', 'master_address', 'master_port', 'nonce', 'rank_offset', 'timeout_s', 'world_size'], 1, 2)
         >>> sender.close()
     """
 
@@ -194,28 +210,33 @@ class GlooSender:
             raise ValueError(f"a weight-transfer group needs the learner and >= 1 worker, got world_size={world_size}")
         self.address, self.world_size, self.timeout_s, self.bucket_bytes = address, world_size, timeout_s, bucket_bytes
         self.group = self._store = self._socket = None
+        self.nonce: str | None = None
+        """The rendezvous nonce of the group being formed (fresh per :meth:`rendezvous`)."""
         self.bytes_sent = 0
         """Bytes the last :meth:`send` broadcast (the buckets' sizes)."""
 
     def rendezvous(self) -> dict:
-        """Listen for the server's workers; the ``init_info`` to send to its ``/init_weight_transfer_engine``."""
+        """Listen for the server's workers; the ``init_info`` to send to its ``/init_weight_transfer_engine`` (a
+        signed request: it carries the group's fresh nonce, which only invited peers then hold)."""
+        from llmgym.fleet.rendezvous import new_nonce
+
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((self.address, 0))
         self._socket.listen(self.world_size)
+        self.nonce = new_nonce()
         return {"master_address": self.address, "master_port": self._socket.getsockname()[1], "rank_offset": 1,
-                "world_size": self.world_size, "timeout_s": self.timeout_s, "bucket_bytes": self.bucket_bytes}
+                "world_size": self.world_size, "timeout_s": self.timeout_s, "bucket_bytes": self.bucket_bytes,
+                "nonce": self.nonce}
 
     def join(self) -> None:
         """Form the group (blocks until every worker of the server has joined, or the time-out)."""
         if self._socket is None:
             raise RuntimeError("GlooSender.join needs a rendezvous first (one join per rendezvous)")
-        port = self._socket.getsockname()[1]
-        # the store's daemon owns the listening socket from here on: closing it under the daemon would abort
-        # the process, so Python lets go of it before the store exists (close() then leaves it alone)
-        fd, self._socket = self._socket.detach(), None
-        self.group, self._store = open_group(self.address, port, 0, self.world_size, timeout_s=self.timeout_s,
-                                             listen_fd=fd, local_address=self.address)
+        listener, self._socket = self._socket, None  # the rendezvous owns it from here on, and closes it
+        self.group, self._store = open_group(self.address, listener.getsockname()[1], 0, self.world_size,
+                                             timeout_s=self.timeout_s, nonce=self.nonce, listener=listener,
+                                             local_address=self.address)
 
     def send(self, pairs: Sequence[tuple[str, torch.Tensor]]) -> None:
         """Broadcast the tensors (the server receives the same buckets, planned from the same metadata)."""

@@ -262,7 +262,7 @@ class WeightServer:
                 if path == "/init_weight_transfer_engine":
                     info = body["init_info"]
                     outer.group, outer._store = open_group(info["master_address"], info["master_port"], 1, 2,
-                                                           timeout_s=info["timeout_s"])
+                                                           timeout_s=info["timeout_s"], nonce=info["nonce"])
                     outer.bucket_bytes = info["bucket_bytes"]
                     self._send(200, {})
                 elif path == "/update_weights":
@@ -353,7 +353,7 @@ def test_an_honest_server_passes_the_probe_and_every_control_request_carries_the
             assert fleet.probe_gaps[honest.url] < 1e-5 and fleet.live == [honest.url]
         control = [(p, a) for p, a in honest.auth if not p.startswith("/v1/") and p != "/health"]
         assert {p for p, _ in control} >= {"/init_weight_transfer_engine", "/update_weights", "/finish_weight_update"}
-        assert all(a == f"Bearer {secret}" for _, a in honest.auth if _ != "/health"), honest.auth
+        assert all(a != f"Bearer {secret}" and secret not in str(a) for _, a in honest.auth), honest.auth
     finally:
         honest.close()
 
@@ -437,18 +437,23 @@ def test_the_guard_answers_only_the_fleet_s_routes_and_its_control_routes_need_t
 
     secret = "0123456789abcdef-guard"
     serve_guard.configure(secret)
+
+    def good(method, path):  # a request signed afresh (a signature is good once)
+        return {serve_guard.SIGNATURE_HEADER: serve_guard.sign(serve_guard.control_key(secret), method, path)}
+
     try:
         client = guarded_client()
-        good = {"Authorization": f"Bearer {secret}"}
         for path in ("/collective_rpc", "/weight_checker", "/update_weight_version", "/sleep"):
-            assert client.post(path, headers=good).status_code == 404, path  # closed even with the secret
+            assert client.post(path, headers=good("POST", path)).status_code == 404, path  # closed even signed
         assert client.get("/metrics").status_code == 404
         assert client.get("/pause").status_code == 404  # a listed path with another method
         for path in ("/pause", "/update_weights"):
             assert client.post(path).status_code == 401
-            assert client.post(path, headers={"Authorization": "Bearer " + secret[:-1] + "X"}).status_code == 401
-            assert client.post(path, headers={"Authorization": secret}).status_code == 401  # not a bearer token
-            assert client.post(path, headers=good).json() == {"reached": True}
+            assert client.post(path, headers={"Authorization": f"Bearer {secret}"}).status_code == 401  # no bearer
+            other_key = serve_guard.control_key(secret + "X")
+            wrong = {serve_guard.SIGNATURE_HEADER: serve_guard.sign(other_key, "POST", path)}
+            assert client.post(path, headers=wrong).status_code == 401
+            assert client.post(path, headers=good("POST", path)).json() == {"reached": True}
         assert client.get("/weight_info").status_code == 401 and client.get("/health").json() == {"reached": True}
     finally:
         serve_guard._state.clear()
@@ -536,12 +541,13 @@ def test_the_adapter_routes_need_the_secret_and_vllm_s_key_check_then_gets_the_g
     serve_guard.configure(secret)
     try:
         client = TestClient(app)
-        good = {"Authorization": f"Bearer {secret}"}
         for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            good = {serve_guard.SIGNATURE_HEADER: serve_guard.sign(serve_guard.control_key(secret), "POST", path)}
             assert client.post(path).status_code == 401
             assert client.post(path, headers={"Authorization": "Bearer generation-key-0123"}).status_code == 401
             assert client.post(path, headers=good).json() == {"authorization": "Bearer generation-key-0123"}
-        assert client.post("/v1/completions", headers=good).json() == {"authorization": f"Bearer {secret}"}
+        mine = {"Authorization": "Bearer caller-0123"}
+        assert client.post("/v1/completions", headers=mine).json() == {"authorization": "Bearer caller-0123"}
     finally:
         serve_guard._state.clear()
 

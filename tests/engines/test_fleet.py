@@ -125,7 +125,8 @@ def test_the_gloo_transport_carries_any_dtype_in_buckets_and_a_missing_peer_is_a
     got = []
 
     def receive():
-        group, _store = open_group(info["master_address"], info["master_port"], 1, 2, timeout_s=30)
+        group, _store = open_group(info["master_address"], info["master_port"], 1, 2, timeout_s=30,
+                                   nonce=info["nonce"])
         for bucket in receive_named_tensors(group, metadata(pairs), info["bucket_bytes"]):
             got.extend((name, t.clone()) for name, t in bucket)
 
@@ -443,8 +444,11 @@ def test_train_engine_vllm_server_records_its_servers_and_resumes_through_them(s
 @needs_vllm
 def test_a_client_without_the_secret_reaches_no_control_route_and_no_dev_route(servers, tokenizer):
     """The attacker's pass, against the real servers: with no key it pushed weights, forged the version,
-    zeroed the weights, paused the run, and wrote a file of its choosing through /collective_rpc."""
+    zeroed the weights, paused the run, and wrote a file of its choosing through /collective_rpc; a captured
+    control request (the secret as a bearer token) replayed, and gave the secret away."""
     import httpx
+
+    from llmgym.fleet.guard import SIGNATURE_HEADER, control_key, sign
 
     model = build_tiny_model(tokenizer, VLLM_SHAPE)
     with FleetEngine(servers.urls(), tokenizer, model) as fleet:
@@ -461,10 +465,14 @@ def test_a_client_without_the_secret_reaches_no_control_route_and_no_dev_route(s
             for path, body in [("/pause?mode=keep", None), ("/init_weight_transfer_engine", {"init_info": {}}),
                                ("/finish_weight_update", {"weight_version": "1"}), ("/start_weight_update", None),
                                ("/v1/completions", {"model": "tiny", "prompt": [1, 2], "max_tokens": 1})]:
-                for auth in ({}, {"Authorization": "Bearer " + "0" * 32}):
+                for auth in ({}, {"Authorization": "Bearer " + "0" * 32},
+                             {"Authorization": f"Bearer {servers.secret}"}):  # a bearer secret: no more
                     response = httpx.post(url + path, json=body, headers=auth, timeout=30)
                     assert response.status_code == 401, (url, path, auth, response.status_code)
             assert httpx.get(url + "/weight_info", timeout=30).status_code == 401
+            signed = {SIGNATURE_HEADER: sign(control_key(servers.secret), "GET", "/weight_info")}
+            assert httpx.get(url + "/weight_info", headers=signed, timeout=30).status_code == 200
+            assert httpx.get(url + "/weight_info", headers=signed, timeout=30).status_code == 401  # captured, replayed
             assert httpx.get(url + "/health", timeout=30).status_code == 200
         assert fleet.server_versions() == versions == {url: "0" for url in servers.urls()}
         synced, _ = gap_and_versions(fleet, model, tokenizer)  # still the learner's weights, still sampling
