@@ -98,3 +98,13 @@ def test_resume_refuses_a_new_teacher(models, tmp_path, capsys):
     assert main(_args(models, out, 1)) == 0
     assert main(["train", "--resume", str(out), "--teacher", models[1]]) == 2
     assert "drop --teacher" in capsys.readouterr().err
+
+
+def test_the_student_as_its_own_teacher_is_refused_in_one_line(models, tmp_path, capsys):
+    """``--teacher`` naming the student's own model: every reward would be 0 and nothing would train."""
+    student, _ = models
+    assert main(["train", "--env", ENV, "--agent", "distill", "--model", student, "--teacher", student,
+                 "--steps", "1", "--out", str(tmp_path / "run"), *SMALL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the teacher has the student's weights" in err and "nothing would train" in err, err
+    assert len(err.splitlines()) == 1, err
