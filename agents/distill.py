@@ -247,21 +247,19 @@ class OnPolicyDistillation(Agent):
             teacher_model, teacher_tokenizer = _load_teacher(dataclasses.replace(c, teacher=str(teacher)), self.device)
         elif isinstance(teacher, torch.nn.Module):
             teacher_model, teacher_tokenizer = teacher, teacher_tokenizer or tokenizer
+        idle = "every reverse-KL reward would be 0 and nothing would train from it; give another model as the teacher"
         if teacher is not None and teacher is self.engine:
-            raise TeacherMismatchError("the teacher is the student's own engine: every reward would be 0 and nothing "
-                                       "would train; give another model as the teacher")
+            raise TeacherMismatchError(f"the teacher is the student's own engine: {idle}")
         if teacher_model is None and isinstance(getattr(teacher, "model", None), torch.nn.Module):
             if teacher.model is model or same_weights(teacher.model, model):
-                raise TeacherMismatchError("the teacher engine runs the student's model (the same weights): every "
-                                           "reward would be 0 and nothing would train; give another model as the teacher")
+                raise TeacherMismatchError(f"the teacher engine runs the student's model (the same weights): {idle}")
         if teacher_model is not None:
             student_ids = {id(p) for p in model.parameters()}
             if any(id(p) in student_ids for p in teacher_model.parameters()):
                 raise TeacherMismatchError("the teacher shares weights with the student; give a separate model "
                                            "(the teacher must not train)")
             if same_weights(teacher_model, model):
-                raise TeacherMismatchError("the teacher has the student's weights (the same model loaded twice): every "
-                                           "reward would be 0 and nothing would train; give another model as the teacher")
+                raise TeacherMismatchError(f"the teacher has the student's weights (the same model loaded twice): {idle}")
             teacher_model.requires_grad_(False)
             teacher_model.eval()
             teacher = HFEngine(teacher_model, teacher_tokenizer)

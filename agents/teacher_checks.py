@@ -128,7 +128,7 @@ def check_not_the_student(student_logprobs: torch.Tensor, teacher_logprobs: torc
         ...     check_not_the_student(s, s + 1e-6, torch.ones(1, 2))
         ... except TeacherScoreError as err:
         ...     print(err)
-        the teacher is the student: it scores all 2 sampled tokens as the student does (largest difference 1e-06 <= 0.01), so every reward is 0 and nothing would train; give another model as --teacher
+        the teacher is the student: it scores all 2 sampled tokens as the student does (largest difference 1e-06 <= 0.01), so every token's reverse-KL reward is 0 and nothing would train from it; give another model as --teacher
     """
     graded = mask.bool()
     count = int(graded.sum())
@@ -137,8 +137,8 @@ def check_not_the_student(student_logprobs: torch.Tensor, teacher_logprobs: torc
     gap = float((teacher_logprobs.float() - student_logprobs.float()).abs()[graded].max())
     if gap <= SAME_AS_STUDENT_TOL:
         raise TeacherScoreError(f"the teacher is the student: it scores all {count} sampled tokens as the student does "
-                                f"(largest difference {gap:.2g} <= {SAME_AS_STUDENT_TOL:g}), so every reward is 0 and "
-                                f"nothing would train; give another model as --teacher")
+                                f"(largest difference {gap:.2g} <= {SAME_AS_STUDENT_TOL:g}), so every token's reverse-KL "
+                                f"reward is 0 and nothing would train from it; give another model as --teacher")
 
 
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
