@@ -5,7 +5,11 @@ through :func:`llmgym.agents.teacher_checks.check_teacher_scores`:
 
 * an HF forward of another tiny model, at logit scales 1, 10 and 50 (the final norm multiplied: 1 is a random
   init's near-uniform distribution; 50 spreads the logits over ~100s of nats, far peakier than a trained LM);
-* vLLM in process (``VLLMEngine.score_tokens``: its prompt log-probs) of the scale-10 teacher, when vLLM imports.
+* vLLM in process (``VLLMEngine.score_tokens``: its prompt log-probs) of the scale-10 teacher, when vLLM imports;
+* with ``--served``, a real ``vllm serve`` of the scale-10 teacher through ``OpenAIEngine.score_tokens`` (every
+  echo checked by ``check_echo``), twice: tokens named ``token_id:N`` (what the engine asks vLLM for) and
+  tokens as vLLM displays them (decoded, byte-level pieces and all: the random student samples bytes that
+  are no whole character).
 
 It records, per teacher: batches, refusals (false alarms), the lowest log-prob seen against the floor, the
 largest sum of probabilities over distinct next tokens at a shared prefix, and the time of the check next to
@@ -20,6 +24,8 @@ import copy
 import json
 import math
 import os
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,10 +85,49 @@ def measure(name: str, teacher, rows_list, vocab: int) -> dict:
     return row
 
 
+def served(teacher, tok, rows_list, vocab: int) -> list[dict]:
+    """The teacher behind a real ``vllm serve``, scored through ``OpenAIEngine`` in both token displays."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from served import vllm_server
+
+    from llmgym.engines.openai_api import OpenAIEngine, ServerError
+    from llmgym.runtime.models import save_pretrained
+
+    directory = save_pretrained(teacher, tok, Path(tempfile.mkdtemp()) / "teacher")
+    out = []
+    with vllm_server(directory, "teacher") as url:
+        for display in ("token_id", "decoded"):
+            engine = OpenAIEngine(url, "teacher", tok, max_concurrency=4)
+            engine.server_is_vllm = display == "token_id"  # False: no return_tokens_as_token_ids, vLLM's text
+            refused = []
+
+            class Counted:
+                tokenizer = tok
+
+                def score_tokens(self, rows):
+                    try:
+                        return engine.score_tokens(rows)
+                    except ServerError as err:
+                        refused.append(str(err))
+                        raise
+
+            try:
+                row = measure(f"vllm serve through OpenAIEngine, tokens {display}", Counted(), rows_list, vocab)
+            except ServerError as err:
+                row = {"teacher": f"vllm serve, tokens {display}", "echo_refused": str(err)}
+                print(json.dumps(row))
+            row["echo_refusals"] = len(refused)
+            out.append(row)
+            engine.close()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--served", action="store_true", help="also a real vllm serve through OpenAIEngine")
+    parser.add_argument("--served-only", action="store_true", help="only the served teacher (--batches of it)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tok = build_tokenizer()
@@ -91,13 +136,16 @@ def main() -> None:
     vocab = student.config.vocab_size
     results = []
     teachers = {}
-    for scale in (1.0, 10.0, 50.0):
+    for scale in ((10.0,) if args.served_only else (1.0, 10.0, 50.0)):
         teacher = build_tiny_model(tok, TinyModelConfig(**{**SHAPE.__dict__, "seed": 7}))
         with torch.no_grad():
             teacher.model.norm.weight.mul_(scale)  # the logits, scaled
         teachers[scale] = teacher
-        results.append(measure(f"hf, logit scale {scale:g}", HFEngine(teacher, tok), rows_list, vocab))
-    if not args.no_vllm:
+        if not args.served_only:
+            results.append(measure(f"hf, logit scale {scale:g}", HFEngine(teacher, tok), rows_list, vocab))
+    if args.served or args.served_only:
+        results += served(teachers[10.0], tok, rows_list, vocab)
+    if not args.no_vllm and not args.served_only:
         try:
             from llmgym.engines import VLLMEngine
 
