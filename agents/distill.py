@@ -17,6 +17,12 @@ state and is not in the checkpoint (the config names it, and a resumed run loads
 The teacher must read the student's token ids as the student does: a teacher whose vocabulary differs
 (an id mapped to another token, another size, another decoder) is refused by :func:`check_same_vocabulary`.
 
+What a teacher says it scored is not trusted (:mod:`llmgym.agents.teacher_checks`): scores that cannot be
+log-probs of one model (not finite, above 0, below ``−(ln V + 300)``, or distinct tokens after one shared prefix
+whose probabilities sum above 1) stop the step before it trains; so does a teacher that is the student (the
+same object or weights at construction, the same log-probs on the first batch: every reward would be 0). A
+served teacher's echo is checked against the ids sent (:func:`llmgym.engines.served_replies.check_echo`).
+
 Multi-turn episodes: the env's turns are context for both models and are not graded (the action mask);
 token level: the same batch, token by token. With LoRA on the student only its adapters train.
 """
@@ -31,13 +37,14 @@ import torch
 
 from llmgym.agents import functional as F
 from llmgym.agents.base import Agent, AgentConfig, ForwardOutput
+from llmgym.agents.teacher_checks import TeacherScoreError, check_not_the_student, check_teacher_scores, same_weights
 from llmgym.engines import HFEngine
 from llmgym.engines.base import optional_member
 from llmgym.errors import LLMGymError
 from llmgym.rollout.episodes import Batch
 
-__all__ = ["DistillConfig", "OnPolicyDistillation", "TeacherMismatchError", "check_same_vocabulary",
-           "teacher_logprobs", "sampled_reverse_kl"]
+__all__ = ["DistillConfig", "OnPolicyDistillation", "TeacherMismatchError", "TeacherScoreError",
+           "check_same_vocabulary", "teacher_logprobs", "sampled_reverse_kl"]
 
 
 class TeacherMismatchError(LLMGymError, ValueError):
@@ -121,9 +128,28 @@ def check_same_vocabulary(student_tokenizer, teacher_tokenizer, *, student_vocab
                                    f"up to {student_vocab_size - 1}: {hint}")
 
 
+def _vocab_size(teacher) -> int | None:
+    """The teacher's vocabulary size where it says (the floor of :func:`~llmgym.agents.teacher_checks.logprob_floor`)."""
+    size = getattr(teacher, "vocab_size", None)
+    if size is None:
+        size = getattr(getattr(getattr(teacher, "model", None), "config", None), "vocab_size", None)
+    if size is None and getattr(teacher, "tokenizer", None) is not None:
+        size = len(teacher.tokenizer)
+    return int(size) if isinstance(size, int) else None
+
+
+def _scores(teacher, rows: list[list[int]]) -> list[list[float]]:
+    """``teacher.score_tokens(rows)``, refused (:class:`TeacherScoreError`) unless they can be log-probs of rows."""
+    scores = teacher.score_tokens(rows)
+    check_teacher_scores(rows, scores, vocab_size=_vocab_size(teacher))
+    return scores
+
+
 def teacher_logprobs(teacher, batch: Batch) -> torch.Tensor:
     """``[N, L-1]`` the teacher's log-probs of ``batch``'s tokens (aligned with ``batch.old_logprobs``; 0 on
-    padding), from ``teacher.score_tokens`` on each row's real tokens (prompt, sampled and env tokens).
+    padding), from ``teacher.score_tokens`` on each row's real tokens (prompt, sampled and env tokens), checked
+    by :func:`~llmgym.agents.teacher_checks.check_teacher_scores` (:class:`TeacherScoreError` if they cannot be
+    a model's log-probs).
 
     Example:
         >>> import gymnasium, llmgym
@@ -140,21 +166,17 @@ def teacher_logprobs(teacher, batch: Batch) -> torch.Tensor:
     """
     lengths = batch.attention_mask.sum(-1).tolist()
     rows = [batch.input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
-    scores = teacher.score_tokens(rows)
-    if len(scores) != len(rows):
-        raise TeacherMismatchError(f"the teacher scored {len(scores)} of {len(rows)} sequences")
+    scores = _scores(teacher, rows)
     out = torch.zeros(batch.old_logprobs.shape, dtype=torch.float32)
     for i, (n, row) in enumerate(zip(lengths, scores)):
-        if len(row) != n - 1:
-            raise TeacherMismatchError(f"the teacher returned {len(row)} log-probs for a sequence of {n} tokens "
-                                       f"(one per token after the first)")
         out[i, :n - 1] = torch.tensor(row, dtype=torch.float32)
     return out.to(batch.old_logprobs.device)
 
 
 def sampled_reverse_kl(completions: Sequence[Any], teacher) -> float:
     """Mean over the sampled tokens of ``log π_S − log π_T``: the reverse KL ``KL(π_S ‖ π_T)`` per token,
-    estimated on the student's completions (their ``logprobs`` are π_S's at sampling time).
+    estimated on the student's completions (their ``logprobs`` are π_S's at sampling time); the teacher's
+    scores checked as :func:`teacher_logprobs` checks them.
 
     Example:
         >>> from llmgym.runtime.models import load_model
@@ -167,7 +189,7 @@ def sampled_reverse_kl(completions: Sequence[Any], teacher) -> float:
         True
     """
     rows = [list(c.prompt_ids) + list(c.token_ids) for c in completions]
-    scores = teacher.score_tokens(rows)
+    scores = _scores(teacher, rows)
     total, count = 0.0, 0
     for c, row in zip(completions, scores):
         graded = row[len(c.prompt_ids) - 1:]
@@ -193,12 +215,16 @@ class OnPolicyDistillation(Agent):
             ``config.teacher``.
         teacher_tokenizer: the teacher model's tokenizer (default: the student's; checked either way).
 
+    A teacher that is the student (the same engine or model, or the same weights) is refused here, and one whose
+    scores on the first batch are the student's own log-probs at :meth:`prepare`: every reward would be 0.
+
     Example:
         >>> import gymnasium, llmgym
-        >>> from llmgym.runtime.models import load_model
+        >>> from llmgym.runtime.models import TinyModelConfig, build_tiny_model, load_model
         >>> from llmgym.agents import OnPolicyDistillation
         >>> student, tok = load_model("tiny")
-        >>> agent = OnPolicyDistillation(student, tok, teacher="tiny", tasks_per_step=2, group_size=2, max_new_tokens=4)
+        >>> teacher = build_tiny_model(tok, TinyModelConfig(seed=1))  # other weights, the same tokenizer
+        >>> agent = OnPolicyDistillation(student, tok, teacher=teacher, tasks_per_step=2, group_size=2, max_new_tokens=4)
         >>> row = agent.learn(gymnasium.make("llmgym/Copy-v0", tokenizer=tok), steps=1)[0]
         >>> row["reverse_kl"] == row["reverse_kl"], any(p.requires_grad for p in agent.teacher.model.parameters())
         (True, False)
@@ -221,11 +247,19 @@ class OnPolicyDistillation(Agent):
             teacher_model, teacher_tokenizer = _load_teacher(dataclasses.replace(c, teacher=str(teacher)), self.device)
         elif isinstance(teacher, torch.nn.Module):
             teacher_model, teacher_tokenizer = teacher, teacher_tokenizer or tokenizer
+        idle = "every reverse-KL reward would be 0 and nothing would train from it; give another model as the teacher"
+        if teacher is not None and teacher is self.engine:
+            raise TeacherMismatchError(f"the teacher is the student's own engine: {idle}")
+        if teacher_model is None and isinstance(getattr(teacher, "model", None), torch.nn.Module):
+            if teacher.model is model or same_weights(teacher.model, model):
+                raise TeacherMismatchError(f"the teacher engine runs the student's model (the same weights): {idle}")
         if teacher_model is not None:
             student_ids = {id(p) for p in model.parameters()}
             if any(id(p) in student_ids for p in teacher_model.parameters()):
                 raise TeacherMismatchError("the teacher shares weights with the student; give a separate model "
                                            "(the teacher must not train)")
+            if same_weights(teacher_model, model):
+                raise TeacherMismatchError(f"the teacher has the student's weights (the same model loaded twice): {idle}")
             teacher_model.requires_grad_(False)
             teacher_model.eval()
             teacher = HFEngine(teacher_model, teacher_tokenizer)
@@ -239,10 +273,14 @@ class OnPolicyDistillation(Agent):
             teacher_vocab_size=getattr(getattr(model_of, "config", None), "vocab_size", None)
             if isinstance(model_of, torch.nn.Module) else None)
         self.teacher = teacher
+        self._teacher_seen = False  # the first batch also checks that the teacher is not the student
 
     def prepare(self, batch: Batch) -> Batch:
         with torch.no_grad():
             batch.teacher_logprobs = teacher_logprobs(self.teacher, batch)
+        if not self._teacher_seen:
+            check_not_the_student(batch.old_logprobs, batch.teacher_logprobs, batch.action_mask)
+            self._teacher_seen = True
         return super().prepare(batch)
 
     def compute_advantages(self, batch: Batch) -> None:

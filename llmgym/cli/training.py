@@ -158,8 +158,12 @@ def train_run(
             trainer = Trainer(agent, env, out, **options)
         if banner:
             console.print(banner)
+        from llmgym.agents.teacher_checks import TeacherScoreError
+
         try:
             return trainer.run(spec.steps)
+        except TeacherScoreError as exc:  # a distillation teacher whose scores cannot be log-probs: not trained on
+            raise UsageError(f"{exc}; check the --teacher model") from None
         except RolloutsLost as exc:  # the rollout servers are gone: the completed steps are saved
             hint = (f": restart the servers and continue with llmgym train --resume {out}"
                     if exc.checkpoint_step is not None else "")

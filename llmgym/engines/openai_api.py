@@ -234,8 +234,9 @@ class OpenAIEngine:
         return validate_models_response(http.status_code, http.headers.get("content-type"), http.content,
                                         server=self.base_url)
 
-    def _request(self, *, max_tokens: int, echoed: int = 0, **kwargs) -> ServedChoice:
-        """One completion request; its reply checked by :func:`validate_completions_response`.
+    def _request(self, *, max_tokens: int, echoed: int = 0, sent: Sequence[int] | None = None, **kwargs) -> ServedChoice:
+        """One completion request; its reply checked by :func:`validate_completions_response` (with ``sent``, the
+        ids of an echoed prompt: the echo checked against them position by position).
         ``openai.BadRequestError`` is left to the caller (a refused token-id prompt falls back to text)."""
         self._budget.max_bytes = REPLY_BASE_BYTES + REPLY_BYTES_PER_TOKEN * (max_tokens + echoed)
         try:
@@ -251,7 +252,8 @@ class OpenAIEngine:
         http = raw.http_response
         (choice,) = validate_completions_response(
             http.status_code, http.headers.get("content-type"), http.content, server=self.base_url,
-            max_tokens=max_tokens, vocab_size=self.vocab_size, echoed=echoed, model=self.model)
+            max_tokens=max_tokens, vocab_size=self.vocab_size, echoed=echoed, model=self.model, sent=sent,
+            tokenizer=self.tokenizer)
         return choice
 
     # -- the engine contract --------------------------------------------------------------------------
@@ -390,13 +392,21 @@ class OpenAIEngine:
     def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
         """Log-probs of ``completion_ids`` after ``prompt_ids`` as the server scores its prompt
         (``echo=True``; vLLM's prompt log-probs are of the raw logits, so ``temperature`` must be 1).
-        :class:`~llmgym.rlhf.llm_graders.LLMGrader`'s ``mode="prob"`` uses it."""
+        :class:`~llmgym.rlhf.llm_graders.LLMGrader`'s ``mode="prob"`` uses it. Every field of the echo that says
+        what was scored (ids, token strings, offsets, alternatives, text) must name the ids sent, position by
+        position (:func:`~llmgym.engines.served_replies.check_echo`), or :class:`ServerError` says so."""
         if temperature != 1.0:
             raise ValueError("OpenAIEngine.logprobs scores at temperature 1 only (the server's prompt log-probs)")
         ids = [int(t) for t in prompt_ids] + [int(t) for t in completion_ids]
+        if self.tokenizer is None:
+            raise ValueError("OpenAIEngine.logprobs needs the model's tokenizer: the server's echo of the scored tokens "
+                             "is checked against the ids sent")
+        # vLLM names each scored token by its id (token_id:N) when asked: the echo is then checked exactly
+        extra = {"return_tokens_as_token_ids": True} if self.server_is_vllm else None
         try:
             choice = self._request(prompt=self._prompt(ids) if self.prompts_sent_as == "text" else ids, max_tokens=1,
-                                   echoed=len(ids), temperature=0.0, echo=True, logprobs=0)
+                                   echoed=len(ids), sent=None if self.prompts_sent_as == "text" else ids,
+                                   temperature=0.0, echo=True, logprobs=0, extra_body=extra)
         except openai.BadRequestError as exc:
             raise ServerError(f"the server at {self.base_url} refused the request: {_first_line(exc)}") from None
         scored = choice.logprobs

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from llmgym.errors import LLMGymError
 
-__all__ = ["LOGPROB_MIN", "MalformedResponseError", "ServedChoice", "ServerError", "one_line",
-           "validate_completions_response", "validate_models_response"]
+__all__ = ["LOGPROB_MIN", "PROBABILITY_SUM_TOL", "MalformedResponseError", "ServedChoice", "ServerError", "check_echo",
+           "one_line", "token_renderings", "validate_completions_response", "validate_models_response"]
 
 
 class ServerError(LLMGymError, ConnectionError):
@@ -45,6 +46,12 @@ LOGPROB_MAX = 1e-6
 #: log-softmax bottoms out near -104 per unit of logit spread divided by the temperature). ``-1e300`` is a lie.
 LOGPROB_MIN = -1e4
 _TOKEN_ID_LIMIT = 1 << 31  # without a vocabulary: what no tokenizer reaches
+#: Alternatives at one position are distinct tokens of one distribution: their probabilities sum to at most 1.
+#: This much above 1 is tolerated (rounding of each log-prob, bf16 logits); a reply that names two tokens
+#: each at probability ~1 sums to ~2.
+PROBABILITY_SUM_TOL = 0.05
+#: The same float sent twice in one reply (a token's log-prob and its entry among the alternatives).
+_SAME_LOGPROB_TOL = 1e-4
 
 
 class ServedChoice(NamedTuple):
@@ -140,6 +147,8 @@ def validate_completions_response(
     n: int = 1,
     echoed: int = 0,
     model: str | None = None,
+    sent: Sequence[int] | None = None,
+    tokenizer: Any = None,
 ) -> list[ServedChoice]:
     """Check a ``POST /completions`` reply, field by field; return its ``n`` choices as plain data.
 
@@ -152,6 +161,12 @@ def validate_completions_response(
     ``model`` given -- a reply that does not name ``model`` as the model that answered, each raise
     :class:`ServerError` naming ``server`` and the cause, on one line. Another engine over OpenAI-compatible
     servers can call it on the raw bytes of any reply.
+
+    Alternatives (``logprobs.top_logprobs``, vLLM's ``prompt_logprobs``) are log-probs of *distinct* tokens at
+    one position: each is checked as a log-prob, and their probabilities (with the scored token's) must not sum
+    above 1 (+ :data:`PROBABILITY_SUM_TOL`). With ``sent`` (the prompt ids of an ``echo=True`` request) every
+    field that says what the server scored is compared with what was sent, position by position
+    (:func:`check_echo`): the ids, the token strings, the text offsets, the alternatives, the prompt's text.
 
     Example:
         >>> body = b'{"choices": [{"text": "hi", "finish_reason": "stop", "token_ids": [7, 8],'
@@ -207,8 +222,193 @@ def validate_completions_response(
             raise ServerError(f"{where}: logprobs.tokens lists "
                               + (f"{len(listed)} tokens" if isinstance(listed, list) else one_line(repr(listed), 40))
                               + f" for {len(lps)} log-probs")
+        _check_alternatives(lp_block.get("top_logprobs") if isinstance(lp_block, dict) else None, lps, listed, where)
+        if sent is not None:
+            check_echo(choice, lps, sent, tokenizer, where)
         out.append(ServedChoice(text, ids, lps, "length" if finish == "length" else "stop"))
     return out
+
+
+def _is_logprob(lp: Any) -> bool:
+    return type(lp) in (int, float) and math.isfinite(lp) and LOGPROB_MIN <= lp <= LOGPROB_MAX
+
+
+def _check_alternatives(raw: Any, lps: list[float | None], listed: Any, where: str) -> None:
+    """``logprobs.top_logprobs``: per position ``None`` or ``{token string: log-prob}``; each a log-prob, and the
+    probabilities of the distinct tokens named at one position (the scored one included) summing to at most 1."""
+    if raw is None:
+        return
+    if not isinstance(raw, list) or len(raw) != len(lps):
+        raise ServerError(f"{where}: logprobs.top_logprobs lists "
+                          + (f"{len(raw)} positions" if isinstance(raw, list) else one_line(repr(raw), 40))
+                          + f" for {len(lps)} log-probs")
+    for i, alternatives in enumerate(raw):
+        if alternatives is None:
+            continue
+        if not isinstance(alternatives, dict) or not all(_is_logprob(v) for v in alternatives.values()):
+            raise ServerError(f"{where}: top_logprobs at position {i} is not a map of token to log-prob "
+                              f"({one_line(repr(alternatives), 60)})")
+        total = sum(math.exp(v) for v in alternatives.values())
+        token = listed[i] if isinstance(listed, list) and isinstance(listed[i], str) else None
+        if lps[i] is not None and token not in alternatives:
+            total += math.exp(lps[i])
+        if total > 1.0 + PROBABILITY_SUM_TOL:
+            raise ServerError(f"{where}: the tokens named at position {i} have probabilities summing to {total:.3g} "
+                              f"(distinct tokens of one distribution sum to at most 1): not log-probs of one model")
+
+
+def token_renderings(tokenizer: Any, token_id: int) -> set[str]:
+    """Every string a server may show for ``token_id``: vLLM's ``token_id:N`` (``return_tokens_as_token_ids``),
+    the id decoded alone (special tokens kept or skipped, leading spaces a sentencepiece marker stood for
+    restored), the raw vocabulary entry and its string form. A string outside this set names another token.
+
+    Example:
+        >>> from llmgym.runtime.models import build_tokenizer
+        >>> from llmgym.engines.served_replies import token_renderings
+        >>> sorted(token_renderings(build_tokenizer(), 223))
+        [' ', 'token_id:223', 'Ġ']
+    """
+    shown = {f"token_id:{token_id}"}
+    if tokenizer is None:
+        return shown
+    decoded = tokenizer.decode([token_id], skip_special_tokens=False)
+    shown |= {decoded, tokenizer.decode([token_id], skip_special_tokens=True)}
+    raw = tokenizer.convert_ids_to_tokens(token_id)
+    if isinstance(raw, str):
+        shown.add(raw)
+        try:
+            shown.add(tokenizer.convert_tokens_to_string([raw]))
+        except Exception:  # a tokenizer without a string form of raw entries: the decodes above stand
+            pass
+        markers = len(raw) - len(raw.lstrip("\u2581"))  # sentencepiece's word marker, dropped by decode
+        if markers:
+            shown.add(" " * markers + decoded.lstrip(" "))
+    return shown
+
+
+def _shows(shown: Any, sent: Sequence[int], i: int, tokenizer: Any) -> bool:
+    """Whether the string ``shown`` may stand for ``sent[i]``: one of its renderings; where the id alone decodes to
+    an unfinished UTF-8 sequence (U+FFFD), the display depends on its neighbours: then also ``""`` or the end of
+    the text of the (up to 4) ids that finish with it."""
+    if not isinstance(shown, str):
+        return False
+    if shown.startswith("token_id:"):
+        return shown == f"token_id:{sent[i]}"
+    if tokenizer is None:
+        raise ServerError("the server names the scored tokens by their text, and no tokenizer was given to check it "
+                          "against the ids sent: pass the model's tokenizer to the engine")
+    if shown in token_renderings(tokenizer, sent[i]):
+        return True
+    if "\ufffd" not in tokenizer.decode([sent[i]], skip_special_tokens=False):
+        return False
+    return shown == "" or any(tokenizer.decode(list(sent[j:i + 1])).endswith(shown) for j in range(max(0, i - 4), i))
+
+
+def check_echo(choice: dict, lps: list[float | None], sent: Sequence[int], tokenizer: Any, where: str) -> None:
+    """Raise :class:`ServerError` unless every field of an ``echo=True`` reply that says what the server scored
+    names the ids that were sent, position by position: ``token_ids`` (its first ``len(sent)``), vLLM's
+    ``prompt_token_ids`` and ``prompt_logprobs`` (its keys, and the same log-probs), ``logprobs.tokens`` (each one
+    of the sent id's renderings, :func:`token_renderings`), ``logprobs.text_offset`` (each token's offset the
+    previous one's plus its length), the scored token's entry among ``top_logprobs`` (the same log-prob), and the
+    reply's text (it starts with the sent ids' text). A field the server leaves out is not checked; one it
+    gives is. A length-only check lets a server score other tokens than the ones sent.
+
+    Example:
+        >>> from llmgym.runtime.models import build_tokenizer
+        >>> from llmgym.engines.served_replies import ServerError, check_echo
+        >>> tok = build_tokenizer()
+        >>> sent = tok.encode("ab")
+        >>> reply = {"text": tok.decode(sent) + "c", "logprobs": {"tokens": ["<s>", "a", "x", "c"]}}
+        >>> try:
+        ...     check_echo(reply, [None, -1.0, -2.0, -3.0], sent, tok, "http://h/v1")
+        ... except ServerError as err:
+        ...     print(err)
+        http://h/v1: the echo names token 'x' at position 2 where id 68 ('b') was sent: the server scored other tokens than the ones sent
+    """
+    n = len(sent)
+    hint = "the server scored other tokens than the ones sent"
+
+    def mismatch(field: str, i: int, named: Any) -> ServerError:
+        text = ("" if tokenizer is None else f" ({tokenizer.decode([sent[i]], skip_special_tokens=False)!r})")
+        return ServerError(f"{where}: the echo names {field} {one_line(repr(named), 40)} at position {i} where id "
+                           f"{sent[i]}{text} was sent: {hint}")
+
+    if len(lps) < n:
+        raise ServerError(f"{where}: {len(lps)} log-probs for the {n} tokens sent: {hint}")
+    ids = choice.get("token_ids")
+    if ids is not None:
+        for i in range(n):
+            if ids[i] != sent[i]:
+                raise mismatch("token id", i, ids[i])
+    prompt_ids = choice.get("prompt_token_ids")
+    if prompt_ids is not None:
+        if not isinstance(prompt_ids, list) or len(prompt_ids) != n:
+            raise ServerError(f"{where}: prompt_token_ids is not the {n} ids sent ({one_line(repr(prompt_ids), 60)}): "
+                              f"{hint}")
+        for i in range(n):
+            if prompt_ids[i] != sent[i]:
+                raise mismatch("prompt token id", i, prompt_ids[i])
+    block = choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else {}
+    tokens = block.get("tokens")
+    if tokens is not None:
+        for i in range(n):
+            if not _shows(tokens[i], sent, i, tokenizer):
+                raise mismatch("token", i, tokens[i])
+    offsets = block.get("text_offset")
+    if offsets is not None:
+        if (not isinstance(offsets, list) or len(offsets) != len(lps) or any(type(o) is not int for o in offsets)
+                or offsets[0] < 0):
+            raise ServerError(f"{where}: logprobs.text_offset is not one offset per token ({one_line(repr(offsets), 60)})")
+        if tokens is not None:
+            for i in range(n - 1 if n == len(lps) else n):
+                if offsets[i + 1] - offsets[i] != len(tokens[i]):
+                    raise ServerError(f"{where}: logprobs.text_offset at position {i + 1} is {offsets[i + 1]}, not the "
+                                      f"previous offset plus the length of token {one_line(repr(tokens[i]), 40)}: {hint}")
+    top = block.get("top_logprobs")
+    if isinstance(top, list) and tokens is not None:
+        for i in range(1, n):
+            alternatives = top[i]
+            if isinstance(alternatives, dict) and tokens[i] in alternatives and lps[i] is not None \
+                    and abs(alternatives[tokens[i]] - lps[i]) > _SAME_LOGPROB_TOL:
+                raise ServerError(f"{where}: top_logprobs gives the scored token at position {i} log-prob "
+                                  f"{alternatives[tokens[i]]!r}, token_logprobs {lps[i]!r}: {hint}")
+    _check_prompt_logprobs(choice.get("prompt_logprobs"), lps, sent, where, hint)
+    text = choice.get("text")
+    if tokenizer is not None and isinstance(text, str) and text:
+        prefixes = {tokenizer.decode(list(sent), skip_special_tokens=False), tokenizer.decode(list(sent),
+                                                                                             skip_special_tokens=True)}
+        if not any(text.startswith(p) for p in prefixes):
+            raise ServerError(f"{where}: the echoed text {one_line(repr(text), 60)} does not start with the text of the "
+                              f"ids sent: {hint}")
+
+
+def _check_prompt_logprobs(raw: Any, lps: list[float | None], sent: Sequence[int], where: str, hint: str) -> None:
+    """vLLM's ``prompt_logprobs``: ``None``, then per prompt position ``{"id": {"logprob": x, ...}, ...}`` naming the
+    sent id with the log-prob ``token_logprobs`` gives it, alternatives summing to at most 1."""
+    if raw is None:
+        return
+    n = len(sent)
+    if not isinstance(raw, list) or len(raw) != n:
+        raise ServerError(f"{where}: prompt_logprobs is not one entry per token sent ({one_line(repr(raw), 60)}): {hint}")
+    for i in range(1, n):
+        entry = raw[i]
+        if not isinstance(entry, dict) or str(sent[i]) not in entry:
+            raise ServerError(f"{where}: prompt_logprobs at position {i} does not name id {sent[i]}, which was sent "
+                              f"({one_line(repr(entry), 60)}): {hint}")
+        values = [v.get("logprob") if isinstance(v, dict) else v for v in entry.values()]
+        if not all(_is_logprob(v) for v in values):
+            raise ServerError(f"{where}: prompt_logprobs at position {i} holds a value that is not a log-prob "
+                              f"({one_line(repr(entry), 60)})")
+        mine = entry[str(sent[i])]
+        mine = mine.get("logprob") if isinstance(mine, dict) else mine
+        if lps[i] is not None and abs(mine - lps[i]) > _SAME_LOGPROB_TOL:
+            raise ServerError(f"{where}: prompt_logprobs gives id {sent[i]} at position {i} log-prob {mine!r}, "
+                              f"token_logprobs {lps[i]!r}: {hint}")
+        total = sum(math.exp(v) for v in values)
+        if total > 1.0 + PROBABILITY_SUM_TOL:
+            raise ServerError(f"{where}: the tokens named at position {i} of prompt_logprobs have probabilities summing "
+                              f"to {total:.3g} (distinct tokens of one distribution sum to at most 1): not log-probs of "
+                              f"one model")
 
 
 def validate_models_response(status: int, content_type: str | None, body: bytes, *, server: str) -> list[tuple[str, str]]:

@@ -98,3 +98,29 @@ def test_resume_refuses_a_new_teacher(models, tmp_path, capsys):
     assert main(_args(models, out, 1)) == 0
     assert main(["train", "--resume", str(out), "--teacher", models[1]]) == 2
     assert "drop --teacher" in capsys.readouterr().err
+
+
+def test_the_student_as_its_own_teacher_is_refused_in_one_line(models, tmp_path, capsys):
+    """``--teacher`` naming the student's own model: every reward would be 0 and nothing would train."""
+    student, _ = models
+    assert main(["train", "--env", ENV, "--agent", "distill", "--model", student, "--teacher", student,
+                 "--steps", "1", "--out", str(tmp_path / "run"), *SMALL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the teacher has the student's weights" in err and "nothing would train" in err, err
+    assert len(err.splitlines()) == 1, err
+
+
+def test_a_teacher_whose_scores_cannot_be_log_probs_stops_the_run_in_one_line(models, tmp_path, capsys):
+    """A broken teacher (NaN weights: NaN scores) is named on one line, exit 2, before a step trains on it."""
+    import torch
+
+    from llmgym.runtime.models import load_model, save_pretrained
+
+    teacher, tok = load_model(models[1])
+    with torch.no_grad():
+        teacher.model.norm.weight.fill_(float("nan"))
+    broken = save_pretrained(teacher, tok, tmp_path / "broken")
+    assert main(["train", "--env", ENV, "--agent", "distill", "--model", models[0], "--teacher", str(broken),
+                 "--steps", "1", "--out", str(tmp_path / "run"), *SMALL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("llmgym: error: the teacher's scores cannot be log-probs of one model") and "nan" in err, err

@@ -35,12 +35,38 @@ def reply(token_ids=(5, 6), logprobs=(-0.1, -0.2), text="ab", finish="length", *
     return {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "tiny", "choices": [choice]}
 
 
+def echo_reply(tok, sent, logprobs, generated=9, as_ids=True, model="tiny") -> dict:
+    """What vLLM answers to ``echo=True, logprobs=0, max_tokens=1`` for the ids ``sent`` (``logprobs``: one per
+    token after the first; the generated token ``generated`` gets -1.0): every field that says what was scored --
+    token strings (``token_id:N`` with ``return_tokens_as_token_ids``, else the decoded id), text offsets, the
+    scored token among the alternatives, ``prompt_logprobs``, the echoed text -- as vLLM 0.32 writes them."""
+    ids = list(sent) + [generated]
+    lps = [None, *logprobs, -1.0]
+    if as_ids:
+        tokens = [f"token_id:{t}" for t in ids]
+    else:  # vLLM's display: an unfinished UTF-8 byte shows as "", the byte that finishes it as the character
+        tokens = [tok.decode(ids[:i + 1])[len(tok.decode(ids[:i])):] if "\ufffd" not in tok.decode(ids[:i + 1])
+                  else "" for i in range(len(ids))]
+    offsets = [0]
+    for t in tokens[:-1]:
+        offsets.append(offsets[-1] + len(t))
+    choice = {"index": 0, "text": tok.decode(list(sent)) + tok.decode([generated]), "finish_reason": "length",
+              "token_ids": None, "prompt_token_ids": None,
+              "logprobs": {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens,
+                           "top_logprobs": [None] + [{t: lp} for t, lp in zip(tokens[1:], lps[1:])]},
+              "prompt_logprobs": [None] + [{str(t): {"logprob": lp, "rank": 1, "decoded_token": "x"}}
+                                           for t, lp in zip(sent[1:], logprobs)]}
+    return {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": model, "choices": [choice]}
+
+
 class FakeServer:
     """A loopback server: ``/v1/models`` lists one vLLM model, ``/v1/completions`` answers ``self.answer``:
-    ``(status, content type, body bytes, seconds between bytes or None)``."""
+    ``(status, content type, body bytes, seconds between bytes or None)``, or ``self.respond(request)``'s answer
+    to the request's JSON where ``respond`` is set."""
 
     def __init__(self):
         self.answer = (200, "application/json", json.dumps(reply()).encode(), None)
+        self.respond = None
         self.models = (200, "application/json", json.dumps(MODELS).encode(), None)
         self.posts = 0
         self.encoding = None  # a Content-Encoding to claim
@@ -72,10 +98,10 @@ class FakeServer:
                 self._send(*outer.models)
 
             def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                request = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 outer.posts += 1
                 outer.accept_encodings.append(self.headers.get("Accept-Encoding"))
-                self._send(*outer.answer)
+                self._send(*(outer.respond(json.loads(request)) if outer.respond else outer.answer))
 
             def log_message(self, *args):
                 pass
@@ -218,9 +244,9 @@ def test_a_hostile_model_list_is_a_server_error(server):
 def test_the_echo_scores_are_checked(server, tok):
     """``logprobs()`` (a served judge's P(yes)) reads the prompt's log-probs: they are checked the same way."""
     engine = _engine(server, tok)
-    server.answer = _json(reply(token_ids=(3, 4, 5, 9), logprobs=(None, -0.5, -0.25, -1.0), text="abcd"))
+    server.answer = _json(echo_reply(tok, (3, 4, 5), (-0.5, -0.25)))
     assert engine.logprobs([3, 4], [5]) == [-0.25]
-    server.answer = _json(reply(token_ids=(3, 4, 5, 9), logprobs=(None, -0.5, 7.0, -1.0), text="abcd"))
+    server.answer = _json(echo_reply(tok, (3, 4, 5), (-0.5, 7.0)))
     with pytest.raises(ServerError, match=r"log-prob 7\.0"):
         engine.logprobs([3, 4], [5])
 
