@@ -115,8 +115,13 @@ def load_checkpoint(agent, directory: Path) -> None:
         full.update(state["model"])
         state["model"] = full
     elif "model" not in state:
+        from llmgym.runtime.models import ModelFileError
+
         quiet_hf_progress()
-        weights, _ = load_model(directory)
+        try:
+            weights, _ = load_model(directory)
+        except ModelFileError as exc:
+            raise CheckpointError(f"cannot read the checkpoint {exc.path} ({exc.reason})") from None
         state["model"] = weights.state_dict()
     state.pop("format", None)
     agent.load_state_dict(state)
