@@ -200,6 +200,7 @@ class JsonlRead:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class _TooDeep(ValueError):
@@ -242,7 +243,12 @@ def _parse(line: bytes) -> dict[str, Any] | None:
     """A line's JSON object; ``None`` for anything else (every way a line can fail to decode is caught here)."""
     try:
         record = json.loads(line.decode("utf-8"))
-        return _clean(record) if isinstance(record, dict) else None
+        if not isinstance(record, dict):
+            return None
+        # the walk is needed only where a surrogate escape or deep nesting can be (valid UTF-8 holds no surrogate)
+        if _ESCAPED_SURROGATE.search(line) or line.count(b"[") + line.count(b"{") > MAX_DEPTH:
+            return _clean(record)
+        return record
     except (ValueError, RecursionError):  # bad UTF-8 or JSON, > 4300-digit ints, _TooDeep; nesting past the limit
         return None
 
