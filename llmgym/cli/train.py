@@ -228,7 +228,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         # the run folder is data: the modules it names are imported only where --import names them again
         # (main() imported those, from the current folder as for any command); none comes from the folder
         check_resume_imports(spec, args.imports or [])
-        args.resume_imports = list(spec.imports)
         if args.steps is not None:
             spec.steps = args.steps
         if args.checkpoint_every is not None:
@@ -314,6 +313,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UsageError(f"--log-to {tracker}: the {tracker} package is not installed ({install_hint(tracker)}, "
                              f"or pip install {tracker})")
     args.resume_dir = out  # a second Ctrl-C ends in main(), which then prints how to resume
+    args.resume_imports = list(spec.imports)  # ... with the --import the run needs again
 
     verb = "resuming" if args.resume else "training"
     extras = [f"{key} {spec.agent_config[field]}" for key, field in (("lora r", "lora_r"), ("precision", "precision"))

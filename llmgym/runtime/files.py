@@ -80,7 +80,7 @@ def check_run_folder(folder: str | os.PathLike, names: Iterable[str] = RUN_FILES
     for name in names:
         try:
             mode = os.lstat(folder / name).st_mode
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             continue
         if stat.S_ISLNK(mode):
             raise _refuse(folder / name, "a symbolic link")
