@@ -262,7 +262,8 @@ def scan_jsonl(path: str | os.PathLike, *, limit: int | None = None, max_line: i
         >>> import tempfile, pathlib
         >>> from llmgym.runtime.files import scan_jsonl
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "log.jsonl"
-        >>> _ = p.write_text('{"a": "\\\\ud800"}\\n' + "[" * 100_000 + "\\n" + '{"n": ' + "9" * 5000 + "}\\n{\\"b\\": 1}\\n")
+        >>> lines = ['{"a": "\\\\ud800"}', "[" * 100_000, '{"n": ' + "9" * 5000 + "}", '{"b": 1}']
+        >>> _ = p.write_text("\\n".join(lines) + "\\n")
         >>> got = scan_jsonl(p)
         >>> got.records, got.unreadable
         ([{'a': '\ufffd'}, {'b': 1}], 2)
@@ -393,7 +394,8 @@ def lost_steps_note(name: str, read: JsonlRead, last_step: int) -> str:
         'metrics.jsonl: steps 12, 56–58 lost (cut, corrupt or removed lines; 2 unreadable lines dropped); the run resumes from step 60'
     """
     if read.lost_steps:
-        dropped = f"; {read.unreadable} unreadable line{'s' * (read.unreadable != 1)} dropped" if read.unreadable else ""
+        dropped = (f"; {read.unreadable} unreadable line{'s' * (read.unreadable != 1)} dropped"
+                   if read.unreadable else "")
         return (f"{name}: step{'s' * (len(read.lost_steps) != 1)} {step_span(read.lost_steps)} lost (cut, corrupt or "
                 f"removed lines{dropped}); the run resumes from step {last_step}")
     if read.unreadable:

@@ -177,8 +177,8 @@ def report_data(path: str | os.PathLike) -> dict[str, Any]:
         title = _clip(f"{config.get('agent', 'run')} on {config.get('env', path.name)}")[:300]
         config = _for_page(config)
         kept, over = _within(records, budget)
-        return {"kind": "run", "title": title, "source": _clip(str(path)), "summary": summary, "config": config,
-                "curves": curves, "records": kept, "left_out": more + over, "group_by": "step", "tasks": []}
+        return {"kind": "run", "title": title, "source": _clip(str(path)), "summary": _for_page(summary),
+                "config": config, "curves": curves, "records": kept, "left_out": more + over, "group_by": "step", "tasks": []}
     if os.path.lexists(path) and path.suffix == ".json":
         summary_json = _read_json(path)
         if isinstance(summary_json, dict) and isinstance(summary_json.get("per_task"), list):
