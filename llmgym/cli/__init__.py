@@ -60,6 +60,7 @@ from llmgym.cli.quickstart import QUICKSTART_SETTINGS, quickstart_base_model
 from llmgym.cli.training import RunSpec, train_run
 from llmgym.train import TrainResult
 from llmgym.runtime.threads import passive_openmp
+from llmgym.runtime.files import RunFileError
 
 __all__ = [
     "COMMANDS",
@@ -137,6 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"llmgym: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except RunFileError as exc:  # a run folder's file that is a link (or not a regular file): never followed
+        print(f"llmgym: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError) as exc:
         # a path that changed under a running command (its checks passed before the work began)
         print(f"llmgym: error: {exc.strerror or type(exc).__name__}: {exc.filename!r} "
@@ -146,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         resume_dir = getattr(args, "resume_dir", None)
         with contextlib.suppress(OSError):  # stderr may be a closed pipe or a hung-up terminal too
             if resume_dir is not None and (resume_dir / "checkpoints" / "last" / "step.txt").is_file():
-                print(f"llmgym: interrupted; continue with: {invoked_as()} train --resume {resume_dir}", file=sys.stderr)
+                again = getattr(args, "resume_imports", None) or []
+                print(f"llmgym: interrupted; continue with: {invoked_as()} train --resume {resume_dir}"
+                      f"{''.join(f' --import {name}' for name in again)}", file=sys.stderr)
             else:
                 print("llmgym: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

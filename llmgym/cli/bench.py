@@ -269,10 +269,14 @@ def _digest(value: Any) -> str:
 
 def _load_partial(out: Path, settings: dict[str, Any], n: int) -> dict[int, list[dict[str, Any]]]:
     """The samples an unfinished benchmark kept, by task index; a :class:`UsageError` if its settings differ."""
+    from llmgym.runtime.files import read_bytes_bounded, scan_jsonl
+
     partial = partial_path(out)
     try:
-        recorded = json.loads(partial.read_text())
-    except (OSError, ValueError) as exc:
+        recorded = json.loads(read_bytes_bounded(partial, 2**26))
+        if not isinstance(recorded, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, RecursionError) as exc:  # a link or an oversized file included (RunFileError)
         raise UsageError(f"cannot read {partial} ({exc}): start again with --overwrite") from None
     changed = [k for k in settings if recorded.get(k) != settings[k]]
     if changed:
@@ -283,18 +287,19 @@ def _load_partial(out: Path, settings: dict[str, Any], n: int) -> dict[int, list
                          f"--overwrite to start again")
     by_task: dict[int, list[dict[str, Any]]] = {}
     path = samples_path(out)
-    try:
-        # "\n" only: a completion may hold U+2028 or \x1c, which str.splitlines() would split on
-        lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line]
-    except OSError:
-        lines = []
-    for number, line in enumerate(lines, 1):
+    try:  # lines split at "\n" only (a completion may hold U+2028), each bounded, never through a link
+        read = scan_jsonl(path)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path} ({exc}): start again with --overwrite") from None
+    for number, record in enumerate(read.records, 1):
         try:
-            record = json.loads(line)
             by_task.setdefault(int(record["task_index"]), []).append(record)
-        except (ValueError, KeyError, TypeError):
-            raise UsageError(f"{path}:{number} is not a sample record of llmgym bench: start again with --overwrite"
-                             ) from None
+        except (ValueError, KeyError, TypeError, OverflowError):
+            raise UsageError(f"record {number} of {path} is not a sample record of llmgym bench: start again with "
+                             f"--overwrite") from None
+    if read.unreadable:
+        raise UsageError(f"{path} has {read.unreadable} unreadable line{'s' * (read.unreadable != 1)} (not sample "
+                         f"records of llmgym bench): start again with --overwrite")
     return {g: records for g, records in by_task.items() if len(records) == n}  # whole tasks only
 
 
@@ -399,7 +404,9 @@ def _bench(args, console, info, env, engine, tokenizer, sampling, requested, env
         if args.resume:  # the kept records, whole tasks only, in task order; then the new ones are appended
             atomic_write_text(samples_path(out), "".join(json.dumps(r, ensure_ascii=False) + "\n"
                                                          for g in sorted(kept) for r in kept[g]))
-        file = samples_path(out).open("a" if args.resume else "w", encoding="utf-8")
+        from llmgym.runtime.files import open_append
+
+        file = open_append(samples_path(out), truncate=not args.resume)  # never through a link; mode 0600
 
     def sink(records: list[dict[str, Any]]) -> None:
         for r in records:

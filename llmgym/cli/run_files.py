@@ -65,9 +65,7 @@ def check_out_file(path: str | Path, flag: str = "--out", example: str = "result
     return out
 
 
-RUN_FILES = ("metrics.jsonl", "curves.png", "config.json", "eval.json", "checkpoints", "tensorboard", "rollouts.jsonl",
-             "report.html", "trackers.json", "wandb")
-"""What a training run writes into its directory (``train``, ``quickstart``)."""
+from llmgym.runtime.files import RUN_FILES  # noqa: E402  (one list: what a run writes, none of it a link)
 
 
 def existing_files(folder: Path, names: Sequence[str]) -> list[Path]:

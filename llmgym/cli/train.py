@@ -23,7 +23,6 @@ from pathlib import Path
 from llmgym.cli.common import (
     apply_scale_options,
     check_device,
-    import_user_modules,
     parse_overrides,
     read_config_file,
     scale_options,
@@ -38,7 +37,7 @@ from llmgym.runtime.install import install_hint
 from llmgym.cli.training import RunSpec, train_run
 from llmgym.runtime.logging import TRACKERS
 
-__all__ = ["add_parser", "check_async", "cmd_train"]
+__all__ = ["add_parser", "check_async", "check_resume_imports", "cmd_train", "read_run_spec"]
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -146,6 +145,56 @@ def teacher_fields(args: argparse.Namespace, agent_cls, fields: dict) -> dict:
     return out
 
 
+MAX_CONFIG_BYTES = 2**20
+"""A run's ``config.json`` larger than this (1 MiB) is not one ``llmgym train`` wrote."""
+
+
+def read_run_spec(out: Path) -> RunSpec:
+    """The :class:`RunSpec` of the run folder ``out`` (its ``config.json``), read as data: never through a link,
+    bounded, its fields checked for type; a :class:`UsageError` naming what is wrong otherwise."""
+    from llmgym.runtime.files import RunFileError, read_bytes_bounded
+
+    config_path = out / "config.json"
+    try:
+        data = json.loads(read_bytes_bounded(config_path, MAX_CONFIG_BYTES))
+        spec = RunSpec.from_json(data)
+    except FileNotFoundError:
+        raise UsageError(f"nothing to resume in {str(out)!r}: no config.json there (give the --out DIR of a run)") from None
+    except RunFileError as exc:
+        raise UsageError(str(exc)) from None
+    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UsageError(f"{config_path} is not a run's config.json ({first}): resume a directory written by "
+                         f"llmgym train") from None
+    if not (isinstance(spec.imports, list) and all(isinstance(m, str) for m in spec.imports)):
+        raise UsageError(f"{config_path} is not a run's config.json (imports is not a list of module names): resume "
+                         f"a directory written by llmgym train")
+    return spec
+
+
+def check_resume_imports(spec: RunSpec, given: list[str]) -> None:
+    """Refuse to resume a run that imported modules the user did not name again with ``--import``: a run folder
+    is data, and the code it names is loaded only on the user's word (and only from where ``--import`` looks,
+    never from the folder the run recorded).
+
+    Example:
+        >>> from llmgym.cli.train import check_resume_imports
+        >>> from llmgym.cli.training import RunSpec
+        >>> spec = RunSpec(env="llmgym/Copy-v0", agent="grpo", model="tiny", steps=2, imports=["my_envs"])
+        >>> check_resume_imports(spec, ["my_envs"])
+        >>> check_resume_imports(spec, [])
+        Traceback (most recent call last):
+        ...
+        llmgym.cli.usage.UsageError: --resume: this run imported my_envs; pass --import my_envs to load it again ...
+    """
+    missing = [name for name in spec.imports if name not in given]
+    if missing:
+        flags = " ".join(f"--import {name}" for name in missing)
+        raise UsageError(f"--resume: this run imported {', '.join(missing)}; pass {flags} to load it again (a run "
+                         f"folder never loads code by itself; run from the folder that holds "
+                         f"{'it' if len(missing) == 1 else 'them'})")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """``llmgym train``."""
     from rich.table import Table
@@ -174,17 +223,11 @@ def cmd_train(args: argparse.Namespace) -> int:
                              f"(only --steps, --checkpoint-every, --eval-every, --log-to, --rollouts-every, "
                              f"--rollouts-per-step, --device and --threads may change)")
         out = Path(args.resume)
-        config_path = out / "config.json"
-        if not config_path.is_file():
-            raise UsageError(f"nothing to resume in {str(out)!r}: no config.json there (give the --out DIR of a run)")
+        spec = read_run_spec(out)
         check_out_dir(out, "--resume")
-        try:
-            spec = RunSpec.from_json(json.loads(config_path.read_text()))
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise UsageError(f"{config_path} is not a run's config.json ({exc}): resume a directory written by "
-                             f"llmgym train") from None
-        # the modules the run's env came from (--import), from here or from where the run began
-        import_user_modules(spec.imports, also_from=spec.import_dir, flag="--resume: the run's --import")
+        # the run folder is data: the modules it names are imported only where --import names them again
+        # (main() imported those, from the current folder as for any command); none comes from the folder
+        check_resume_imports(spec, args.imports or [])
         if args.steps is not None:
             spec.steps = args.steps
         if args.checkpoint_every is not None:
@@ -270,6 +313,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UsageError(f"--log-to {tracker}: the {tracker} package is not installed ({install_hint(tracker)}, "
                              f"or pip install {tracker})")
     args.resume_dir = out  # a second Ctrl-C ends in main(), which then prints how to resume
+    args.resume_imports = list(spec.imports)  # ... with the --import the run needs again
 
     verb = "resuming" if args.resume else "training"
     extras = [f"{key} {spec.agent_config[field]}" for key, field in (("lora r", "lora_r"), ("precision", "precision"))
@@ -318,8 +362,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     console.print(f"one page of it all: {invoked_as()} report {out}")
     if result.interrupted:
         if result.checkpoint is not None:
+            again = "".join(f" --import {name}" for name in spec.imports)
             console.print(f"[yellow]interrupted; checkpoint saved at step {result.checkpoint_step}. Continue with: "
-                          f"{invoked_as()} train --resume {out}[/]")
+                          f"{invoked_as()} train --resume {out}{again}[/]")
         else:
             console.print("[yellow]interrupted; no checkpoint to continue from[/]")
         return EXIT_INTERRUPTED

@@ -60,9 +60,11 @@ class RunSpec:
     verify_workers: int | None = None
     """Threads that verify a batch concurrently under the pipelined learner (``--verify-workers``)."""
     imports: list[str] = dataclasses.field(default_factory=list)
-    """The ``--import`` modules the run's env comes from: ``--resume`` imports them again."""
+    """The ``--import`` modules the run's env comes from. ``--resume`` imports none of them by itself (a run folder
+    is data): it asks for ``--import`` naming them again."""
     import_dir: str | None = None
-    """The folder the run was started in (where ``--import`` found the modules), searched again by ``--resume``."""
+    """The folder the run was started in (where ``--import`` found the modules); a record for the reader only,
+    never put on ``sys.path``."""
 
     def to_json(self) -> dict[str, Any]:
         from llmgym import __version__

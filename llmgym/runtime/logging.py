@@ -25,7 +25,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmgym.runtime.files import read_jsonl, rewind_jsonl
+from llmgym.runtime.files import (
+    JsonlRead,
+    check_run_folder,
+    open_append,
+    read_bytes_bounded,
+    read_jsonl,
+    rewind,
+    write_bytes_atomic,
+    write_text_atomic,
+)
 
 __all__ = [
     "TIMING_FIELDS",
@@ -40,6 +49,9 @@ __all__ = [
     "plot_comparison",
     "plot_curves",
     "read_metrics",
+    "metrics_notes",
+    "rewind_metrics",
+    "step_rows",
     "reward_band",
     "steps_to_threshold",
     "truncate_metrics",
@@ -102,7 +114,8 @@ class MetricsLogger:
     TensorBoard (``torch.utils.tensorboard``, which needs the ``tensorboard`` package) is used when it
     can be imported and ``tensorboard`` is not ``False``; otherwise it is skipped silently. Event files
     go to ``<out_dir>/tensorboard``. Each row is flushed as it is written, so an interrupted run
-    keeps every completed step.
+    keeps every completed step. ``metrics.jsonl`` is appended to, never through a link, and made with mode
+    0600 (:func:`llmgym.runtime.files.open_append`); a run folder whose files are links is refused.
 
     Args:
         out_dir: the run directory (created if missing).
@@ -126,7 +139,8 @@ class MetricsLogger:
         for name in trackers:
             if name not in TRACKERS:
                 raise ValueError(f"unknown tracker {name!r}: choose from {', '.join(TRACKERS)}")
-        self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+        check_run_folder(self.out_dir, ("metrics.jsonl", "tensorboard", TRACKER_IDS, "wandb"))
+        self._file = open_append(self.path, truncate=not append)
         self._writer = None
         if tensorboard is not False:
             try:
@@ -236,16 +250,16 @@ def _markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
 
 def _read_tracker_ids(path: Path) -> dict[str, str]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_bytes_bounded(path, 2**16))
+    except FileNotFoundError:
+        return {}
+    except (ValueError, RecursionError):  # not JSON: the run starts new tracker runs
         return {}
     return {k: v for k, v in data.items() if k in TRACKERS and isinstance(v, str)} if isinstance(data, dict) else {}
 
 
 def _write_tracker_ids(path: Path, ids: Mapping[str, str]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(dict(ids), indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(dict(ids), indent=2) + "\n")
 
 
 class _Tracker:
@@ -291,18 +305,44 @@ class _Tracker:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a metrics JSONL file (``None`` values read back as NaN); ``[]`` if it is missing. A line cut
-    short by a run killed as it wrote it is skipped."""
-    return [_metrics_row(r) for r in read_jsonl(path)]
+    """The step rows of a metrics JSONL file (``None`` values read back as NaN); ``[]`` if it is missing. A line
+    cut short by a run killed as it wrote it, or otherwise unreadable, is skipped; so are notes (records
+    without a step: :func:`metrics_notes`)."""
+    return step_rows(read_jsonl(path))
+
+
+def metrics_notes(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The notes of a metrics JSONL file: records without a ``step``, such as the one a resumed run writes
+    when the file had lost steps (``{"lost_steps": [...], "unreadable_lines": N, "resumed_from": S}``)."""
+    return [r for r in read_jsonl(path) if "step" not in r]
+
+
+def step_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The metrics rows among ``records`` (those with an integer ``step``), ``None`` values as NaN.
+
+    Example:
+        >>> from llmgym.runtime.logging import step_rows
+        >>> step_rows([{"step": 1, "kl": None}, {"lost_steps": [2]}])
+        [{'step': 1, 'kl': nan}]
+    """
+    return [_metrics_row(r) for r in records if isinstance(r.get("step"), int) and not isinstance(r["step"], bool)]
 
 
 def _metrics_row(record: dict[str, Any]) -> dict[str, Any]:
     return {k: (math.nan if v is None else v) for k, v in record.items()}
 
 
+def rewind_metrics(path: str | os.PathLike, last_step: int) -> tuple[list[dict[str, Any]], JsonlRead]:
+    """:func:`truncate_metrics`, and what the rewind found (:class:`~llmgym.runtime.files.JsonlRead`: the steps
+    up to ``last_step`` the file had lost, now named by a note in it, and the unreadable lines dropped)."""
+    read = rewind(path, last_step, every_step=True)
+    return step_rows(read.records), read
+
+
 def truncate_metrics(path: str | os.PathLike, last_step: int) -> list[dict[str, Any]]:
     """Drop rows after ``last_step`` (steps logged after the checkpoint a run resumes from) and any line cut
-    short, atomically (:func:`llmgym.runtime.files.rewind_jsonl`); return the rows kept.
+    short, atomically (:func:`llmgym.runtime.files.rewind`), noting steps up to ``last_step`` the file lost;
+    return the rows kept.
 
     Example:
         >>> import tempfile
@@ -315,7 +355,7 @@ def truncate_metrics(path: str | os.PathLike, last_step: int) -> list[dict[str, 
         ...     [r["step"] for r in truncate_metrics(Path(d) / "metrics.jsonl", 2)]
         [1, 2]
     """
-    return [_metrics_row(r) for r in rewind_jsonl(path, last_step)]
+    return rewind_metrics(path, last_step)[0]
 
 
 def moving_average(values: Sequence[float], window: int) -> list[float]:
@@ -350,6 +390,19 @@ def steps_to_threshold(steps: Sequence[int], rewards: Sequence[float], threshold
         if value >= threshold:
             return int(step)
     return None
+
+
+def _save_png(plt, fig, path: Path, dpi: int) -> None:
+    """``fig`` as a PNG at ``path``, written whole through a temporary file and a rename (never through a link
+    that stands at ``path``; mode 0600)."""
+    import io
+
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    write_bytes_atomic(path, buffer.getvalue())
 
 
 def _pyplot():
@@ -497,9 +550,7 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, titl
         ax.set_xlabel("step")
         ax.xaxis.set_tick_params(labelbottom=True)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save_png(plt, fig, path, dpi=90)
     return path
 
 
@@ -588,7 +639,5 @@ def plot_comparison(curves: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]],
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save_png(plt, fig, path, dpi=100)
     return path

@@ -22,7 +22,10 @@ from typing import Iterable, Sequence
 
 import torch
 
+from llmgym.errors import LLMGymError
+
 __all__ = [
+    "ModelFileError",
     "TinyModelConfig",
     "build_tokenizer",
     "build_tiny_model",
@@ -34,6 +37,18 @@ __all__ = [
     "flush_denormals",
     "looks_like_hub_id",
 ]
+
+
+
+class ModelFileError(LLMGymError, OSError):
+    """A model directory whose weights file cannot be read (damaged, cut short, or not a model's).
+
+    Attributes: ``path`` (the file) and ``reason`` (the reader's first line)."""
+
+    def __init__(self, message: str, path: str = "", reason: str = ""):
+        super().__init__(message)
+        self.path, self.reason = path, reason
+
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 # A minimal chat template, so chat-message prompts render with the tiny tokenizer too: one line per
@@ -197,7 +212,8 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = N
     """Load ``(model, tokenizer)``: a Hugging Face causal LM by local path, or by hub id.
 
     A local directory needs no network; a hub id needs the user's network (or a filled HF cache).
-    The string ``"tiny"`` builds (and caches) the default tiny model instead.
+    The string ``"tiny"`` builds (and caches) the default tiny model instead. A damaged weights file raises
+    :class:`ModelFileError` (one line naming the file).
 
     Example:
         >>> from llmgym.runtime.models import load_model
@@ -211,8 +227,17 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = N
     if tiny:
         name_or_path = tiny_model_path()
     tokenizer = load_tokenizer(name_or_path)
+    from safetensors import SafetensorError
+
     with _no_loading_bar(tiny):  # a bar for a megabyte of local weights is noise; a real model keeps it
-        model = AutoModelForCausalLM.from_pretrained(str(name_or_path), **_dtype_kwarg(dtype or torch.float32))
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(name_or_path), **_dtype_kwarg(dtype or torch.float32))
+        except SafetensorError as exc:  # a damaged or foreign weights file: one line, not safetensors' traceback
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            where = Path(name_or_path) / "model.safetensors" if Path(name_or_path).is_dir() else name_or_path
+            raise ModelFileError(f"cannot read the model weights {str(where)!r} ({first}): the file is damaged or "
+                                 f"not a model's; save the model again, or use another checkpoint",
+                                 str(where), first) from None
     if device is not None:
         model.to(device)
     if model.generation_config.pad_token_id is None:

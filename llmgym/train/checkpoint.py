@@ -115,8 +115,13 @@ def load_checkpoint(agent, directory: Path) -> None:
         full.update(state["model"])
         state["model"] = full
     elif "model" not in state:
+        from llmgym.runtime.models import ModelFileError
+
         quiet_hf_progress()
-        weights, _ = load_model(directory)
+        try:
+            weights, _ = load_model(directory)
+        except ModelFileError as exc:
+            raise CheckpointError(f"cannot read the checkpoint {exc.path} ({exc.reason})") from None
         state["model"] = weights.state_dict()
     state.pop("format", None)
     agent.load_state_dict(state)
@@ -145,8 +150,12 @@ def load_pipeline_state(directory: Path) -> dict[str, Any] | None:
 
 
 def checkpoint_step(directory: Path) -> int | None:
-    """The step a checkpoint holds (its ``step.txt``), or ``None`` if there is none."""
+    """The step a checkpoint holds (its ``step.txt``), or ``None`` if there is none. A ``step.txt`` that is a link
+    raises :class:`~llmgym.runtime.files.RunFileError` (a checkpoint's files are never followed through links)."""
+    from llmgym.runtime.files import check_run_folder, read_bytes_bounded
+
+    check_run_folder(directory, ("step.txt",))
     try:
-        return int((Path(directory) / "step.txt").read_text().strip())
-    except (OSError, ValueError):
+        return int(read_bytes_bounded(Path(directory) / "step.txt", 64).decode("ascii").strip())
+    except (OSError, ValueError):  # none, not a file, too long, not a number
         return None

@@ -28,99 +28,205 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from llmgym.errors import LLMGymError
-from llmgym.runtime.files import write_text_atomic
+from llmgym.runtime.files import (
+    RunFileError,
+    check_run_folder,
+    read_bytes_bounded,
+    scan_jsonl,
+    step_span,
+    write_text_atomic,
+)
 
-__all__ = ["MAX_RECORDS", "ReportInputError", "report_data", "write_report"]
+__all__ = ["MAX_PAGE_CHARS", "MAX_PAGE_TEXT", "MAX_RECORDS", "ReportInputError", "report_data", "write_report"]
 
 MAX_RECORDS = 5000
 """Sampled episodes a page holds at most (the first ones, in file order); the page says how many it left out."""
+MAX_PAGE_TEXT = 20_000
+"""Characters a page shows of any one text (a completion, a prompt, a setting); the rest is cut with a marker
+that says how long the text was."""
+MAX_PAGE_CHARS = 16_000_000
+"""The page's data budget in characters: per-task rows and episodes beyond it are left out (and counted), so a
+page's size is bounded by this, not by its inputs."""
+MAX_PNG_BYTES = 8 * 2**20
+"""A ``curves.png`` larger than this (8 MiB) is not embedded (the curves are drawn again from the metrics)."""
+MAX_JSON_BYTES = 32 * 2**20
+"""A ``config.json`` or bench summary larger than this (32 MiB) is not read."""
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_MAX_DEPTH = 24
 
 
 class ReportInputError(LLMGymError, ValueError):
-    """The path is neither a run directory nor a ``bench`` summary."""
+    """The path is neither a run directory nor a ``bench`` summary (or one of its files is a link)."""
 
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return json.loads(read_bytes_bounded(path, MAX_JSON_BYTES))
+    except RunFileError as exc:
+        raise ReportInputError(str(exc)) from None
+    except (OSError, ValueError, RecursionError):
         return None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line) if line.strip() else None
-            except ValueError:  # a line cut short by a killed run
-                continue
-            if isinstance(record, dict):
-                out.append(record)
-    return out
-
-
 def _png_data_url(path: Path) -> str | None:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode() if path.is_file() else None
+    """``path`` as a ``data:`` URL when it is a regular file under :data:`MAX_PNG_BYTES` that begins with the PNG
+    signature; ``None`` otherwise (a link is refused before: :func:`report_data`)."""
+    try:
+        data = read_bytes_bounded(path, MAX_PNG_BYTES)
+    except (OSError, RunFileError):
+        return None
+    return "data:image/png;base64," + base64.b64encode(data).decode() if data.startswith(_PNG_SIGNATURE) else None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clip(text: str) -> str:
+    text = _SURROGATE.sub("\ufffd", text)
+    return text if len(text) <= MAX_PAGE_TEXT else \
+        text[:MAX_PAGE_TEXT] + f"… [cut for the page: {len(text):,} characters in all]"
+
+
+def _for_page(value: Any, depth: int = 0) -> Any:
+    """``value`` with every string (and key) cut to :data:`MAX_PAGE_TEXT`, lone surrogates replaced, nesting bounded."""
+    if isinstance(value, str):
+        return _clip(value)
+    if isinstance(value, (dict, list)) and depth >= _MAX_DEPTH:
+        return "… [nested too deep for the page]"
+    if isinstance(value, dict):
+        return {_clip(str(k)): _for_page(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_for_page(v, depth + 1) for v in value]
+    return value
+
+
+def _within(items: list[Any], budget: list[int]) -> tuple[list[Any], int]:
+    """The first of ``items`` (made fit for the page) whose JSON fits in ``budget[0]`` characters (spent),
+    and how many were left out."""
+    from llmgym.runtime.logging import json_safe
+
+    kept = []
+    for i, item in enumerate(items):
+        item = json_safe(_for_page(item))
+        size = len(json.dumps(item, ensure_ascii=False))
+        if size > budget[0]:
+            return kept, len(items) - i
+        budget[0] -= size
+        kept.append(item)
+    return kept, 0
+
+
+def _records(path: Path) -> tuple[list[dict[str, Any]], int, int]:
+    """A JSONL file's records (at most :data:`MAX_RECORDS`), how many more it holds, how many lines were unreadable."""
+    try:
+        read = scan_jsonl(path, limit=MAX_RECORDS)
+    except RunFileError as exc:
+        raise ReportInputError(str(exc)) from None
+    return read.records, read.more, read.unreadable
 
 
 def report_data(path: str | os.PathLike) -> dict[str, Any]:
     """What the page of ``path`` shows, as plain data: ``kind`` (``"run"`` or ``"bench"``), ``title``,
     ``summary`` (label → value), ``config``, ``curves`` (a PNG ``data:`` URL or ``None``), ``records`` (the
     sampled episodes), ``group_by`` (the field records are grouped by), ``tasks`` (a benchmark's per-task
-    results) and ``left_out`` (records beyond :data:`MAX_RECORDS`)."""
-    from llmgym.runtime.logging import plot_curves, read_metrics
-    from llmgym.train.rollouts import read_rollouts
+    results) and ``left_out`` (records beyond :data:`MAX_RECORDS` or the page's budget).
+
+    The files are data from whoever wrote them: one that is a link is refused (:class:`ReportInputError`),
+    every line is read with a bound and unreadable ones are skipped and counted (``summary``), ``curves.png``
+    is embedded only when it is a PNG, and the page's texts and size are bounded (:data:`MAX_PAGE_TEXT`,
+    :data:`MAX_PAGE_CHARS`)."""
+    from llmgym.runtime.logging import step_rows, plot_curves
+    from llmgym.train.rollouts import ROLLOUTS_FILE
 
     path = Path(path)
-    if path.is_dir() and (path / "metrics.jsonl").is_file():
-        rows = read_metrics(path / "metrics.jsonl")
-        config = _read_json(path / "config.json") or {}
+    budget = [MAX_PAGE_CHARS]
+    if path.is_dir() and os.path.lexists(path / "metrics.jsonl"):
+        try:
+            check_run_folder(path)
+            read = scan_jsonl(path / "metrics.jsonl")
+        except RunFileError as exc:
+            raise ReportInputError(str(exc)) from None
+        rows = step_rows(read.records)
+        notes = [r for r in read.records if "step" not in r]
+        config = _read_json(path / "config.json")
+        config = config if isinstance(config, dict) else {}
         curves = _png_data_url(path / "curves.png")
         if curves is None and rows:
             with tempfile.TemporaryDirectory() as tmp:
                 curves = _png_data_url(plot_curves(rows, Path(tmp) / "curves.png"))
-        records = read_rollouts(path)
+        records, more, unreadable = _records(path / ROLLOUTS_FILE)
         last = rows[-1] if rows else {}
         evals = [r for r in rows if isinstance(r.get("eval_reward"), (int, float))]
         summary = {"steps": last.get("step"), "reward (last step)": last.get("reward_mean"),
                    "held-out reward (last evaluation)": evals[-1]["eval_reward"] if evals else None,
                    "sampled completions": last.get("samples_total"),
-                   "wall time (s)": sum(float(r.get("wall_s") or 0) for r in rows) if rows else None}
-        title = f"{config.get('agent', 'run')} on {config.get('env', path.name)}"
-        return {"kind": "run", "title": title, "source": str(path), "summary": summary, "config": config,
-                "curves": curves, "records": records[:MAX_RECORDS], "left_out": max(0, len(records) - MAX_RECORDS),
-                "group_by": "step", "tasks": []}
-    if path.is_file() and path.suffix == ".json":
+                   "wall time (s)": sum(_number(r.get("wall_s")) for r in rows) if rows else None}
+        lost = sorted({s for n in notes if isinstance(n.get("lost_steps"), list) for s in n["lost_steps"]
+                       if isinstance(s, int)})
+        if lost:
+            summary["steps lost (cut or corrupt lines, noted at resume)"] = step_span(lost)
+        skipped = read.unreadable + unreadable
+        if skipped:
+            summary["unreadable lines skipped"] = skipped
+        title = _clip(f"{config.get('agent', 'run')} on {config.get('env', path.name)}")[:300]
+        config = _for_page(config)
+        kept, over = _within(records, budget)
+        return {"kind": "run", "title": title, "source": _clip(str(path)), "summary": _for_page(summary),
+                "config": config, "curves": curves, "records": kept, "left_out": more + over, "group_by": "step", "tasks": []}
+    if os.path.lexists(path) and path.suffix == ".json":
         summary_json = _read_json(path)
         if isinstance(summary_json, dict) and isinstance(summary_json.get("per_task"), list):
             samples = path.with_name(path.stem + ".samples.jsonl")
-            records = _read_jsonl(samples)
+            records, more, unreadable = _records(samples)
             tasks = summary_json["per_task"]
-            prompts = {t.get("id"): t.get("prompt") for t in tasks if isinstance(t, dict)}
+            prompts = {t.get("id"): t.get("prompt") for t in tasks if isinstance(t, dict) and _hashable(t.get("id"))}
             for r in records:  # the samples file leaves the prompt to the summary
-                r.setdefault("prompt", prompts.get(r.get("task_id")))
-            config = {k: v for k, v in summary_json.items() if k != "per_task"}
+                if _hashable(r.get("task_id")):
+                    r.setdefault("prompt", prompts.get(r.get("task_id")))
+            config = _for_page({k: v for k, v in summary_json.items() if k != "per_task"})
             keys = [k for k in summary_json if k.startswith("pass@")] + ["reward_mean", "reward_ci95", "tasks",
                                                                          "samples", "tokens_per_s", "wall_s"]
-            summary = {k: summary_json.get(k) for k in keys if k in summary_json}
-            return {"kind": "bench", "title": f"bench: {summary_json.get('env', path.stem)}", "source": str(path),
-                    "summary": summary, "config": config, "curves": None, "records": records[:MAX_RECORDS],
-                    "left_out": max(0, len(records) - MAX_RECORDS), "group_by": "task_id", "tasks": tasks}
+            summary = {_clip(k): _for_page(summary_json.get(k)) for k in keys if k in summary_json}
+            if unreadable:
+                summary["unreadable lines skipped"] = unreadable
+            tasks, tasks_over = _within(tasks, budget)
+            if tasks_over:
+                summary["per-task rows left out (page size bound)"] = tasks_over
+            kept, over = _within(records, budget)
+            return {"kind": "bench", "title": _clip(f"bench: {summary_json.get('env', path.stem)}")[:300],
+                    "source": _clip(str(path)), "summary": summary, "config": config, "curves": None,
+                    "records": kept, "left_out": more + over, "group_by": "task_id", "tasks": tasks}
     raise ReportInputError(f"{str(path)!r} is neither a run directory (with metrics.jsonl) nor a bench summary "
                            f"(bench --out FILE.json): give one of those")
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value or 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
+
+
+def _hashable(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+_PLACEHOLDER = re.compile(r"__(TITLE|STYLE|SCRIPT|DATA)__")
 
 
 def write_report(path: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Write the page of the run directory or ``bench`` summary at ``path``; return where it went.
 
     ``out`` defaults to ``<run>/report.html`` for a run and ``FILE.report.html`` beside a benchmark's
-    ``FILE.json``. The file is written whole (through a temporary file and a rename)."""
+    ``FILE.json``. The file is written whole (through a temporary file and a rename, which replaces a link
+    standing there rather than following it). The template is filled in one pass: a value that holds a
+    placeholder's name is not filled again."""
     from llmgym.runtime.logging import json_safe
 
     data = json_safe(report_data(path))  # NaN (a step without KL) becomes null
@@ -131,9 +237,8 @@ def write_report(path: str | os.PathLike, out: str | os.PathLike | None = None) 
     # JSON inside <script>: "<" escaped, so no text in it can end the element or open a comment
     payload = json.dumps(data, ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
     title = data["title"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    page = _PAGE.replace("__TITLE__", title).replace("__STYLE__", _STYLE).replace("__SCRIPT__", _SCRIPT)
-    page = page.replace("__DATA__", payload)
-    write_text_atomic(out, page)
+    values = {"TITLE": title, "STYLE": _STYLE, "SCRIPT": _SCRIPT, "DATA": payload}
+    write_text_atomic(out, _PLACEHOLDER.sub(lambda m: values[m.group(1)], _PAGE))
     return out
 
 

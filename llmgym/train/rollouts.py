@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from llmgym.errors import LLMGymError
-from llmgym.runtime.files import read_jsonl, rewind_jsonl
+from llmgym.runtime.files import JsonlRead, open_append, read_jsonl, rewind
 from llmgym.runtime.logging import json_safe
 from llmgym.runtime.secrets import known_secrets, redact_tree
 
 __all__ = ["MAX_TEXT", "ROLLOUTS_FILE", "ROLLOUTS_EVERY", "ROLLOUTS_PER_STEP", "RolloutLog", "episode_advantages",
-           "episode_records", "read_rollouts", "sample_episodes", "step_records", "truncate_rollouts"]
+           "episode_records", "read_rollouts", "rewind_rollouts", "sample_episodes", "step_records", "truncate_rollouts"]
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 ROLLOUTS_EVERY = 10
@@ -200,7 +200,8 @@ def step_records(episodes: Sequence[Any], advantages: Sequence[float] | None, to
 
 
 class RolloutLog:
-    """Appends sampled episodes to ``<out_dir>/rollouts.jsonl`` (one JSON object a line, flushed as written).
+    """Appends sampled episodes to ``<out_dir>/rollouts.jsonl`` (one JSON object a line, flushed as written;
+    the file is opened without following a link and made with mode 0600).
 
     Args:
         out_dir: the run directory.
@@ -220,7 +221,7 @@ class RolloutLog:
         self._file = None
         if every > 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+            self._file = open_append(self.path, truncate=not append)  # never through a link; mode 0600
 
     def wants(self, step: int, last: int) -> bool:
         """Whether step ``step`` (of ``last`` in all) records its episodes."""
@@ -265,4 +266,9 @@ def truncate_rollouts(path: str | os.PathLike, last_step: int) -> int:
         ...     truncate_rollouts(p, 2), p.read_text().count("\\n")
         (2, 2)
     """
-    return len(rewind_jsonl(path, last_step))
+    return len(rewind_rollouts(path, last_step).records)
+
+
+def rewind_rollouts(path: str | os.PathLike, last_step: int) -> JsonlRead:
+    """:func:`truncate_rollouts`, and what the rewind found (the unreadable lines it dropped)."""
+    return rewind(path, last_step)

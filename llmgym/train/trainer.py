@@ -31,7 +31,7 @@ from typing import Any
 
 from llmgym.errors import LLMGymError
 from llmgym.runtime.display import format_value, make_console, make_progress
-from llmgym.runtime.files import write_text_atomic
+from llmgym.runtime.files import check_run_folder, lost_steps_note, write_text_atomic
 from llmgym.train.rollouts import (
     ROLLOUTS_EVERY,
     ROLLOUTS_FILE,
@@ -39,8 +39,8 @@ from llmgym.train.rollouts import (
     RolloutLog,
     episode_advantages,
     episode_records,
+    rewind_rollouts,
     step_records,
-    truncate_rollouts,
 )
 
 __all__ = ["EVAL_SEED", "RolloutsLost", "RunExistsError", "StopOnSignals", "TrainResult", "Trainer",
@@ -393,6 +393,8 @@ class Trainer:
         self._pipeline_state: Any = None
         self._stop: StopOnSignals | None = None
         self._stop_early = False
+        self.resume_notes: list[str] = []
+        """What :meth:`resume` found damaged in the run's logs (one line each; empty when nothing was)."""
 
     def _default_config(self) -> dict[str, Any]:
         from llmgym import __version__
@@ -421,13 +423,22 @@ class Trainer:
         constructor's (give the same ``max_staleness``; the rest may change). Then :meth:`run` with the
         total number of steps logs what an uninterrupted run would have.
 
+        The run folder is data: a file of it that is a link is refused
+        (:class:`~llmgym.runtime.files.RunFileError`), and a damaged ``metrics.jsonl`` (a cut or corrupt line,
+        lines removed) is said in one line on the console, kept in :attr:`resume_notes`, and recorded in the
+        file as a note naming the lost steps (:func:`llmgym.runtime.files.rewind`): no gap without a word.
+
         Raises :class:`~llmgym.train.checkpoint.CheckpointError` when there is no readable checkpoint.
         """
-        from llmgym.runtime.logging import truncate_metrics
+        from llmgym.runtime.logging import rewind_metrics
         from llmgym.train.checkpoint import PIPELINE_STATE, CheckpointError, load_checkpoint, load_pipeline_state
 
         trainer = cls(agent, env, out_dir, **options)
+        check_run_folder(trainer.out_dir)
         last = trainer.checkpoint_dir / "last"
+        check_run_folder(trainer.checkpoint_dir, ("last",))
+        if last.is_dir():
+            check_run_folder(last, [p.name for p in last.iterdir()])
         if not (last / "agent.pt").is_file():
             raise CheckpointError(f"no checkpoint to resume at {last}: was the run started with checkpoints?")
         if trainer.max_staleness is None and (last / PIPELINE_STATE).is_file():
@@ -436,10 +447,16 @@ class Trainer:
         load_checkpoint(agent, last)
         if trainer.max_staleness is not None:  # batches a stopped pipelined run had sampled ahead
             trainer._pipeline_state = load_pipeline_state(last)
-        metrics = trainer.out_dir / "metrics.jsonl"
-        trainer.rows = truncate_metrics(metrics, agent.step_count) if metrics.is_file() else []
-        truncate_rollouts(trainer.out_dir / ROLLOUTS_FILE, agent.step_count)
-        trainer.checkpoint, trainer.checkpoint_step = last, agent.step_count
+        done = agent.step_count
+        trainer.rows, metrics = rewind_metrics(trainer.out_dir / "metrics.jsonl", done)
+        rollouts = rewind_rollouts(trainer.out_dir / ROLLOUTS_FILE, done)
+        trainer.resume_notes = [note for note in (lost_steps_note("metrics.jsonl", metrics, done),
+                                                  rollouts.note(ROLLOUTS_FILE)) if note]
+        if trainer.resume_notes:
+            console = trainer.console or make_console()
+            for note in trainer.resume_notes:
+                console.print(f"[yellow]{note}[/]", markup=True, highlight=False)
+        trainer.checkpoint, trainer.checkpoint_step = last, done
         trainer._continuing = True
         return trainer
 
@@ -468,6 +485,7 @@ class Trainer:
             if earlier:
                 raise RunExistsError(f"{str(out)!r} already holds a run ({earlier[0].name}): continue it with "
                                      f"Trainer.resume({str(out)!r}, agent, env), or choose another out_dir")
+        check_run_folder(out)  # never written through a link
         console = self.console or make_console()
         checkpoints = self.checkpoint_every is not None
         every = self.checkpoint_every or 0

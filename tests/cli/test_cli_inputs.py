@@ -387,3 +387,62 @@ def test_loading_a_run_model_sets_its_cpu_threads_and_says_how_many():
         assert model.config.model_type == "llama" and tokenizer.pad_token_id is not None
     finally:
         torch.set_num_threads(before)
+
+
+def test_resume_imports_only_what_import_names_again_and_nothing_from_the_run_folder(tmp_path, monkeypatch, capsys):
+    """A shared run folder's config.json names modules: ``--resume`` runs none of them on its word, neither
+    from the folder itself (a namespace package under the current directory) nor from its recorded import_dir."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    run, elsewhere = tmp_path / "sharedrun", tmp_path / "elsewhere"
+    run.mkdir()
+    elsewhere.mkdir()
+    marker = tmp_path / "ran.txt"
+    payload = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    (run / "payload_in_run.py").write_text(payload)
+    (elsewhere / "payload_elsewhere.py").write_text(payload)
+    (run / "config.json").write_text(json.dumps({"env": ENV, "agent": "grpo", "model": "tiny", "steps": 4,
+                                                 "imports": ["sharedrun.payload_in_run", "payload_elsewhere"],
+                                                 "import_dir": str(elsewhere)}))
+    monkeypatch.chdir(tmp_path)
+    line = usage_error(capsys, ["train", "--resume", "sharedrun", "--steps", "5"])
+    assert ("this run imported sharedrun.payload_in_run, payload_elsewhere; pass --import sharedrun.payload_in_run "
+            "--import payload_elsewhere to load it again") in line, line
+    # named again, a module is looked for where --import looks (here), never in the folder the run recorded
+    line = usage_error(capsys, ["train", "--resume", "sharedrun", "--steps", "5", "--import", "payload_elsewhere"])
+    assert "no module named 'payload_elsewhere'" in line, line
+    assert not marker.exists() and str(elsewhere) not in sys.path
+    assert not any(name.startswith(("sharedrun", "payload_")) for name in sys.modules)
+
+
+def test_a_damaged_model_safetensors_is_one_line_for_bench_and_for_resume(model_dir, run_dir, tmp_path, capsys):
+    import shutil
+
+    model = Path(shutil.copytree(model_dir, tmp_path / "model"))
+    (model / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:64])
+    line = usage_error(capsys, ["bench", "--env", ENV, "--model", str(model), "--tasks", "1", "--samples", "1"])
+    assert f"{model / 'model.safetensors'}" in line and "damaged" in line, line
+    run = Path(shutil.copytree(run_dir, tmp_path / "run"))
+    weights = run / "checkpoints" / "last" / "model.safetensors"
+    weights.write_bytes(b"\xff" * 8 + b"{}")
+    line = usage_error(capsys, ["train", "--resume", str(run), "--steps", "5"])
+    assert f"cannot read the checkpoint {weights}" in line, line
+
+
+def test_a_run_folder_whose_files_are_links_is_one_line_for_report_and_resume(run_dir, tmp_path, capsys):
+    import shutil
+
+    secret = tmp_path / "private.key"
+    secret.write_text("-----BEGIN PRIVATE KEY----- 7731")
+    run = Path(shutil.copytree(run_dir, tmp_path / "run"))
+    (run / "curves.png").unlink()
+    os.symlink(secret, run / "curves.png")
+    line = usage_error(capsys, ["report", str(run)])
+    assert "curves.png" in line and "symbolic link" in line, line
+    (run / "curves.png").unlink()
+    (run / "metrics.jsonl").rename(tmp_path / "metrics.jsonl")
+    os.symlink(tmp_path / "metrics.jsonl", run / "metrics.jsonl")
+    line = usage_error(capsys, ["train", "--resume", str(run), "--steps", "5"])
+    assert "metrics.jsonl" in line and "symbolic link" in line, line
+    assert secret.read_text() == "-----BEGIN PRIVATE KEY----- 7731"

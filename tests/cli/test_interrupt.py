@@ -96,10 +96,12 @@ def test_ctrl_c_mid_run_stops_at_a_step_boundary_and_resume_is_exact(extra, save
     saved = int((slow_odd / "split" / "checkpoints" / "last" / "step.txt").read_text())
     assert 3 <= saved < 12 and len(_rows(slow_odd / "split")) == saved  # at a step boundary: the last step done
     assert f"checkpoint saved at step {saved}" in stdout
+    assert "train --resume split --import slow_odd" in " ".join(stdout.split())  # the command to continue, whole
     if extra:  # the batches sampled ahead by older weights went with the checkpoint
         assert (slow_odd / "split" / "checkpoints" / "last" / "pipeline.pt").is_file()
 
-    assert main(["train", "--resume", "split"]) == 0  # as printed: the recorded --import is imported again
+    # as printed: a run folder loads no code by itself, --import names the env's module again
+    assert main(["train", "--resume", "split", "--import", "slow_odd"]) == 0
     assert _without_timing(_rows(slow_odd / "split")) == _without_timing(straight)
 
 
@@ -151,7 +153,7 @@ def _short_run(saved_tiny_model_dir: str) -> list[str]:
 def _saved_at_a_step_boundary_and_resumed(folder: Path) -> None:
     saved = int((folder / "run" / "checkpoints" / "last" / "step.txt").read_text())
     assert 2 <= saved < 10 and len(_rows(folder / "run")) == saved  # at a step boundary: the last step done
-    assert main(["train", "--resume", "run"]) == 0
+    assert main(["train", "--resume", "run", "--import", "slow_odd"]) == 0  # the env's module, named again
     assert [r["step"] for r in _rows(folder / "run")] == list(range(1, 11))
 
 
@@ -176,7 +178,7 @@ def test_a_closed_output_pipe_saves_at_a_step_boundary_and_says_how_to_resume_on
             proc.wait()
     assert proc.returncode == 130, stderr[-3000:]
     saved = int((slow_odd / "run" / "checkpoints" / "last" / "step.txt").read_text())
-    assert f"checkpoint saved at step {saved}" in stderr and "llmgym train --resume run" in stderr, stderr[-3000:]
+    assert f"checkpoint saved at step {saved}" in stderr and "llmgym train --resume run --import slow_odd" in stderr, stderr[-3000:]
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr[-3000:]
     _saved_at_a_step_boundary_and_resumed(slow_odd)
 

@@ -333,13 +333,15 @@ def test_the_docs_tool_env_trains_and_benches_from_the_command_line(tmp_path):
                "--set", "tasks_per_step=1", "--set", "group_size=2", "--set", "max_new_tokens=16")
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "step" in row][-1] == 2 and (tmp_path / "run" / "checkpoints" / "last").exists()
-    # the "continue with" command, as printed (no --import), and from another folder: config.json has the import
+    # config.json records the import, but a run folder never loads code by itself: --resume without --import
+    # says what to pass, and with it (from the module's folder) continues
     assert json.loads((tmp_path / "run" / "config.json").read_text())["imports"] == ["capitals"]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     proc = subprocess.run([sys.executable, "-m", "llmgym", "train", "--resume", str(tmp_path / "run"), "--steps", "3"],
                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.returncode == 2 and "pass --import capitals to load it again" in proc.stderr, proc.stderr[-3000:]
+    llmgym_cli("train", "--resume", str(tmp_path / "run"), "--steps", "3")
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "step" in row] == [1, 2, 3]
 
