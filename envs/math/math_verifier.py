@@ -43,6 +43,7 @@ from llmgym.envs.math.answer_forms import (
     asks_for_percent,
     required_forms,
 )
+from llmgym.envs.math.answer_text import fold_answer, stray_letters, unread_symbol
 from llmgym.envs.math.scorer_pools import MATH_VERIFY_MAX_NUMBER_BITS, close_workers, math_verify_equal
 from llmgym.env.verifiers import RegexFormat, VerifierUnavailableError, WeightedSum
 from llmgym.runtime.install import install_hint
@@ -211,7 +212,7 @@ def _percents(task: Task, gold: str, predicted: str) -> tuple[str, str]:
 
 # a wrapper's words, and the power after it: \text{ units}^2 is square units, \mathrm{cm}^{3} cubic centimeters
 _UNIT_WRAPPER = re.compile(r"\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}(?:\s*\^\s*\{?\s*([23])\s*\}?)?")
-_WORD = re.compile(r"[A-Za-z]+")
+_WORD = re.compile(r"[^\W\d_]+")  # any script's letters: "см" is a unit the question may not name
 
 
 def _unit_words(text: str, wrapped: bool) -> set[str]:
@@ -484,6 +485,11 @@ class MathVerifier(Verifier):
         if len(predicted) > MAX_ANSWER_CHARS:
             return Score(0.0, {**info, "extracted": predicted[:100] + "...",
                                "error": f"the answer is {len(predicted)} characters long (over {MAX_ANSWER_CHARS}): not compared"})
+        # one spelling for text, fonts, spaces, Unicode and percent words, on both sides, before anything is judged
+        gold, predicted = fold_answer(gold), fold_answer(predicted)
+        symbol = unread_symbol(predicted)
+        if symbol is not None:
+            return Score(0.0, {**info, "error": f"the answer has a sign the verifier does not read ({symbol!r})"})
         if self.literal_answer and not _is_number_literal(predicted):
             return Score(0.0, {**info, "error": "the answer must be a number written out, not an expression"})
         words = _is_words(_unwrap(predicted)) and _is_words(_unwrap(gold))
@@ -491,6 +497,9 @@ class MathVerifier(Verifier):
             return Score(1.0, info)
         gold, predicted = _percents(task, gold, predicted)
         if not words and self.check_form:
+            predicted, stray = stray_letters(predicted, gold)  # letters at the end are a unit; elsewhere, not the reference's
+            if stray:
+                return Score(0.0, {**info, "error": stray})
             mismatch = _unit_mismatch(task, gold, predicted)
             if mismatch:
                 return Score(0.0, {**info, "error": mismatch})
