@@ -253,19 +253,31 @@ _KNOWN_UNITS = frozenset(UNIT_ALIASES) | frozenset(w for name in UNIT_ALIASES.va
 """Every word :data:`UNIT_ALIASES` knows as a unit (an abbreviation or a full name)."""
 
 
+#: Words a unit may be where the question names none, beyond :data:`UNIT_ALIASES`: a generic unit and currencies.
+_GENERIC_UNITS = frozenset({"unit", "dollar", "euro", "cent", "penny", "pennie"})
+#: Words that scale the number before them: never a unit ("3 thousand" is not 3, "3 hundredths" not 3).
+_SCALE_WORDS = frozenset({"hundred", "thousand", "million", "billion", "trillion", "dozen", "tenth", "hundredth",
+                          "thousandth", "millionth", "billionth", "k"})
+
+
 def _unit_mismatch(task: Task, gold: str, predicted: str) -> str | None:
     r"""Why the answer's unit is not the reference's, or ``None``.
 
-    A unit is a word in ``	ext{}`` (``\mathrm{}``, ``\mbox{}``). Units are compared as written, never converted:
-    where the reference has one the answer's must be the same (``5 	ext{ cm}`` does not answer ``5 	ext{ m}``,
-    nor does ``500 	ext{ cm}``); where it has none but the question names units, the answer's must be one of
-    them (``5 	ext{ cm}`` answers "How long, in centimeters, ...?", not "... in meters?"); where neither names a
-    unit, the answer's unit is the answer's own words (``45 minutes`` for "How long did he walk?": a plain
-    number's reference says nothing against it). An answer without a unit is read in the reference's.
+    A unit is a word in ``\text{}`` (every text, font and letter outside the reference's symbols is folded there
+    first: :mod:`llmgym.envs.math.answer_text`). Units are compared as written, never converted: where the
+    reference has one the answer's must be the same (``5 \text{ cm}`` does not answer ``5 \text{ m}``, nor does
+    ``500 \text{ cm}``); where it has none but the question names units, the answer's must be one of them
+    (``5 \text{ cm}`` answers "How long, in centimeters, ...?", not "... in meters?"); where neither names a unit,
+    the answer's words must be units or words of the question (``45 minutes`` for "How long did he walk?", "18
+    rolls" for "How many rolls are left?"), and never a word that scales the number (``3 \text{ thousand}``).
+    An answer without a unit is read in the reference's.
     """
     mine = _unit_words(predicted, wrapped=True)
     if not mine:
         return None
+    scale = sorted(mine & _SCALE_WORDS)
+    if scale:
+        return f"the answer's words ({' '.join(scale)}) scale its number: write the number itself"
     theirs = _unit_words(gold, wrapped=True)
     if theirs:
         return None if mine == theirs else (
@@ -273,7 +285,10 @@ def _unit_mismatch(task: Task, gold: str, predicted: str) -> str | None:
     prompt = _prompt_text(task)
     named = _unit_words(prompt, wrapped=False) | _unit_words(prompt, wrapped=True)
     if not named & _KNOWN_UNITS:
-        return None  # nothing to hold the answer's unit to: a unitless reference and a question naming none
+        # nothing to hold the answer's unit to (a unitless reference, a question naming no unit): a unit or the
+        # question's own words, nothing else (deny by default)
+        unknown = sorted(mine - _KNOWN_UNITS - _GENERIC_UNITS - named)
+        return None if not unknown else f"the answer's words ({' '.join(unknown)}) are neither a unit nor the question's"
     unknown = sorted(mine - named)
     return None if not unknown else f"the answer's unit ({' '.join(unknown)}) is not one the question names"
 

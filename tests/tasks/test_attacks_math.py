@@ -272,7 +272,7 @@ EXTRA_SPELLINGS = {  # what a model writes for some of the sample's questions be
     "4\\pi": ["\\boxed{4\u03c0}", r"\boxed{4 \pi}", r"\boxed{4\pi \text{ square units}}"],
     "x^2 - 2x - 3": ["\\boxed{x\u00b2 \u2212 2x \u2212 3}", r"\boxed{x^2-2x-3}"],
     "2\\sqrt{3}": [r"\boxed{2\,\sqrt{3}}", r"\boxed{2 \sqrt 3}"],
-    "70": [r"\boxed{70 \text{ ways}}", "There are 70 ways.", r"\boxed{\mathbf{70}}", r"\boxed{\textbf{70}}"],
+    "70": ["There are 70 ways.", r"\boxed{\mathbf{70}}", r"\boxed{\textbf{70}}"],
     "10": [r"\boxed{10.0}", "\\boxed{\uff11\uff10}"],
 }
 

@@ -69,6 +69,17 @@ def test_a_unit_in_any_spelling_is_that_unit(verifier, spelling):
     ("What is $2 + 3$?", "5", r"5 c", 0.0),  # a letter that is no unit symbol: a symbol the reference does not have
     ("What is $2 + 3$?", "5", r"5 cm + 0", 0.0),
     ("What is $2 + 3$?", "5", "3\u2030", 0.0),  # a sign the verifier does not read (math-verify drops it)
+    # where the question names no unit: a unit or the question's own words, never a word that scales the number
+    ("What is $1 + 2$?", "3", r"3 \text{ thousand}", 0.0),
+    ("What is $1 + 2$?", "3", r"3 \text{ hundredths}", 0.0),
+    ("What is $1 + 2$?", "3", "The answer is 3 thousand.", 0.0),
+    ("What is $1 + 2$?", "3", r"3 \text{ prct}", 0.0),
+    ("How many rolls are left?", "18", r"18 \text{ rolls}", 1.0),
+    # deny by default, measured: a count noun in the box that the question does not use ("ways" for "Compute
+    # $\dbinom{8}{4}$.") is refused; the same words in prose are not read as the answer
+    (r"Compute $\dbinom{8}{4}$.", "70", r"70 \text{ ways}", 0.0),
+    ("How long did he walk?", "45", r"45 \text{ min}", 1.0),
+    ("How much money is left?", "11", r"11 \text{ dollars}", 1.0),
     ("Solve $2x = 6$.", "3", "x = 3", 1.0),  # a variable named by a relation
     ("What is $e^2$?", "e^{2}", r"\mathrm{e}^{2}", 1.0),
     ("What is the area, in square feet?", "12", r"12 \text{ft}^2", 1.0),
@@ -78,6 +89,10 @@ def test_a_unit_in_any_spelling_is_that_unit(verifier, spelling):
 def test_letters_outside_text_are_a_unit_or_the_references_symbols(verifier, question, gold, answer, reward):
     score = verifier(Task(question, answer=gold), rf"\boxed{{{answer}}}")
     assert score.reward == reward, score.info
+
+
+def test_a_count_noun_in_prose_is_not_read_as_the_answer(verifier):
+    assert verifier(Task(r"Compute $\dbinom{8}{4}$.", answer="70"), "There are 70 ways.").reward == 1.0
 
 
 # -- percent: words are the sign --------------------------------------------------------------------------------
@@ -129,10 +144,15 @@ def test_a_number_is_also_the_list_of_one_solution(verifier):
 
 # -- false refusals: every gold of the shipped GSM8K sample, in the spellings a model writes ----------------------
 
-def _gsm8k_spellings(gold: str) -> list[str]:
+def _gsm8k_spellings(question: str, gold: str) -> list[str]:
+    import re
+
     plain = gold.replace(",", "")
+    asked = re.search(r"How many (\w+)", question)
+    noun = asked[1] if asked else "dollars"
     return [gold, plain, f"The answer is {gold}.", f"#### {plain}", rf"\boxed{{{plain}}}", rf"$\boxed{{{gold}}}$",
-            f"So the total is {plain}.", f"The answer is ${plain}$.", rf"\boxed{{{plain} \text{{ items}}}}",
+            f"So the total is {plain}.", f"The answer is ${plain}$.", rf"\boxed{{{plain} \text{{ {noun}}}}}",
+            f"The answer is {plain} {noun}.",
             f"The answer is {plain} dollars.", rf"\boxed{{\${plain}}}", f"<answer>{plain}</answer>",
             f"\\boxed{{ {plain} }}", rf"\boxed{{{plain}\,\text{{units}}}}"]
 
@@ -143,7 +163,7 @@ def test_every_gold_of_the_gsm8k_sample_pays_against_its_usual_spellings(verifie
     tasks = load_gsm8k(DATA / "gsm8k_sample.jsonl")
     refused, checked = [], 0
     for task in tasks:
-        for completion in _gsm8k_spellings(task.answer):
+        for completion in _gsm8k_spellings(task.prompt, task.answer):
             checked += 1
             score = verifier(task, completion)
             if score.reward != 1.0:
