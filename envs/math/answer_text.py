@@ -132,7 +132,7 @@ _COMMAND_IN_TEXT = re.compile(r"(\\text\{[^{}\\]*)\\(?:([A-Za-z]+)(?![A-Za-z])(?
 _ADJACENT_TEXT = re.compile(r"\\text\{([^{}]*)\}(\s*)\\text\{([^{}]*)\}")
 _TEXT = re.compile(r"\\text\{([^{}]*)\}")
 _BARE_COMMAND = re.compile(r"\\([A-Za-z]+)")
-_PERCENT_WORD = re.compile(r"(?<![^\W\d_])(?:per\s*cents?|percents?|pct)(?![^\W\d_])", re.IGNORECASE)
+_PERCENT_WORD = re.compile(r"(?<![^\W\d_])(?<!\\)(?:per\s*cents?|percents?|pct)(?![^\W\d_])", re.IGNORECASE)
 _SPACES = re.compile(r" {2,}")
 _BRACE_WORD = re.compile(r"\\([lr])brace(?![A-Za-z])")
 
@@ -163,7 +163,7 @@ def _tidy_text(match: re.Match[str]) -> str:
             glued[-1] += word
         else:
             glued.append(word)
-    content = " ".join(glued)
+    content = _PERCENT_WORD.sub(r"\\%", " ".join(glued))
     if content in ("%", r"\%"):
         return r"\%"
     if len(content) == 1 and content.isalpha() and content not in _unit_symbol_letters():
@@ -199,6 +199,7 @@ def fold_answer(text: str) -> str:
             break
         text = folded
     text = _BARE_COMMAND.sub(lambda m: m[0] if m[1] in MATH_COMMANDS else " " + m[1] + " ", text)
+    text = _PERCENT_WORD.sub(r"\\%", text)  # \percent, \pct: an unknown command's name, read as its letters
     text = _TEXT.sub(_tidy_text, text)
     text = text.replace(r"\text{ \%}", r"\%")
     return _SPACES.sub(" ", text).strip()

@@ -50,7 +50,16 @@ CENTIMETERS = [
     r"5\phantom{x} cm", r"5\hspace{1em}cm", r"5 \textbf{\textit{cm}}", r"5 \text{\textbf{c}m}", r"5 \cm",
     "5 \uff43\uff4d", "5\u00a0cm", "5\u2009cm", "5 c\u0301m", "5 c\u200bm", r"5 \text{c{m}}",
     r"5 \text{cm}", r"5 \mathrm{cm}",
+    # a second pass, on the fold itself
+    r"5 c\text{m}", r"5\text{ }cm", r"5 \text{c}\hspace{0pt}\text{m}", r"5 \text{c\kern0pt m}", r"5 \color{red} cm",
+    "5 \U0001d450\U0001d45a", "5 c\u200dm", r"5 \ensuremath{cm}", r"5 \textup{cm}", r"5 \emph{cm}", r"5 \textsc{cm}",
+    r"5 \mathsf{cm}", r"5 \mathtt{cm}", r"5 \pmb{cm}", r"5 \boldsymbol{cm}", r"5 \mathnormal{cm}",
+    r"5 \text{centi}\text{meters}",
 ]
+#: Spellings refused whatever the question asks (deny by default): a unit that is not one, or not where units go.
+NOT_A_UNIT = [r"5_{cm}", r"5 \text{c} \cdot \text{m}", r"5 \textcolor{red}{cm}", "5 \u0441m", r"5 \bar{cm}",
+              r"5 \overset{}{cm}", r"5 \mathcal{cm}", r"5 \mathbb{cm}", r"5 \text{ cent imeters}",
+              r"\text{cm } 5", r"5^{cm}"]
 
 
 @pytest.mark.parametrize("spelling", CENTIMETERS)
@@ -59,6 +68,12 @@ def test_a_unit_in_any_spelling_is_that_unit(verifier, spelling):
     assert score.reward == 0.0 and "unit" in (score.info.get("error") or ""), score.info
     # the same spelling answers the question that asks for centimeters: folded, not refused
     assert verifier(Task("How long, in centimeters, is the rod?", answer="5"), rf"\boxed{{{spelling}}}").reward == 1.0
+
+
+@pytest.mark.parametrize("spelling", NOT_A_UNIT)
+def test_a_unit_out_of_place_is_refused_whatever_the_question(verifier, spelling):
+    for question in ("How long, in meters, is the rod?", "How long, in centimeters, is the rod?"):
+        assert verifier(Task(question, answer="5"), rf"\boxed{{{spelling}}}").reward == 0.0, question
 
 
 @pytest.mark.parametrize("question, gold, answer, reward", [
@@ -98,7 +113,10 @@ def test_a_count_noun_in_prose_is_not_read_as_the_answer(verifier):
 # -- percent: words are the sign --------------------------------------------------------------------------------
 
 PERCENTS = [r"3\%", r"3 \text{ percent}", r"3 \text{ per cent}", r"3 \text{ pct}", r"3 \textrm{percent}", "3 percent",
-            "3 per cent", "3 Percent", r"3\text{%}", r"3 \text{\%}", "3\u066a", "3\uff05", r"3 \mathrm{\%}"]
+            "3 per cent", "3 Percent", r"3\text{%}", r"3 \text{\%}", "3\u066a", "3\uff05", r"3 \mathrm{\%}",
+            # a second pass, on the fold itself
+            r"3\,\%", r"3 \textrm{\%}", r"3 \mathrm{pct}", r"3 \text{p}\text{ct}", "3 \ufe6a", r"3\percent", r"3 \pct",
+            r"3 \text{per}\,\text{cent}", r"3 \text{ PERCENT}"]
 
 
 @pytest.mark.parametrize("spelling", PERCENTS)
@@ -121,11 +139,12 @@ def test_a_percent_in_prose_is_kept(verifier, completion):
 
 @pytest.mark.parametrize("gold, wrong, right", [
     ("(-1, 1)", [r"\{-1, 1\}", r"\left\{ -1, 1 \right\}", r"\lbrace -1, 1 \rbrace", "-1, 1", "x = -1, x = 1",
-                 r"\{-1\} \cup \{1\}", "[-1, 1]", "]-1, 1["],
+                 r"\{-1\} \cup \{1\}", "[-1, 1]", "]-1, 1[", r"\left\lbrace -1,1\right\rbrace", r"\set{-1, 1}",
+                 r"\{-1,1\} \cup \emptyset", r"\textstyle\{-1, 1\}", r"[-1, 1] \setminus \{-1, 1\}"],
      ["(-1, 1)", r"\left( -1, 1 \right)", r"(-1,1)"]),
     (r"\{-1, 1\}", ["(-1, 1)", r"\left( -1, 1 \right)", "[-1, 1]"],
      [r"\{-1, 1\}", r"\{1, -1\}", "-1, 1", r"\left\{ -1, 1 \right\}", r"\lbrace -1, 1 \rbrace", "x = -1, x = 1"]),
-    ("1, 2", ["(1, 2)", "[1, 2]"], [r"\{1, 2\}", "2, 1"]),
+    ("1, 2", ["(1, 2)", "[1, 2]", "(2, 1)"], [r"\{1, 2\}", "2, 1"]),
     ("(1, 2)", [r"\{1, 2\}", "1, 2"], ["(1, 2)"]),
     (r"(-\infty, -1) \cup (1, \infty)", [r"\{-1\} \cup \{1\}", r"\{-1, 1\}"], [r"(-\infty, -1) \cup (1, \infty)"]),
     ("[0, 1)", ["[0, 1]", "(0, 1)", r"\{0, 1\}"], ["[0, 1)"]),
