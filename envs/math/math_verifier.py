@@ -441,7 +441,11 @@ class MathVerifier(Verifier):
             are read one way (in a percent question both ``3\%`` and ``3`` are 3 percent; elsewhere
             ``3\%`` is ``0.03``) and a unit (in ``\text{}``, or in words right after the answer) must be
             the reference's, or one the question names where the reference has none. A tuple's or
-            matrix's entries are each held to these forms (default on).
+            matrix's entries are each held to these forms (default on). Before any of it, both answers are
+            folded to one spelling (:mod:`llmgym.envs.math.answer_text`: every text, font and spacing command as
+            ``\text{}``, Unicode variants, percent words as ``\%``), letters outside text that are not the
+            reference's symbols are a unit at the end or refused elsewhere, and (always) an answer must be of
+            a type the reference can be read as: the set ``\{-1, 1\}`` does not answer the interval ``(-1, 1)``.
 
     Raises:
         ModuleNotFoundError: math-verify is not installed (at construction: an env fails at ``make``).
