@@ -50,7 +50,8 @@ MATH_COMMANDS = frozenset(
     "land lor lnot neg wedge vee oplus otimes forall exists nexists partial nabla int iint iiint oint sum prod "
     "cdots ldots dots vdots ddots colon mid nmid parallel perp angle measuredangle triangle square degree prime "
     "langle rangle lfloor rfloor lceil rceil vert lvert rvert Vert lVert rVert lbrace rbrace lbrack rbrack "
-    "not quad qquad hbar ell Re Im aleph "
+    "not quad qquad hbar ell Re Im aleph imath jmath limits nolimits top bot gets backslash hline cdotp "
+    "longrightarrow Longrightarrow longleftrightarrow Longleftrightarrow uparrow downarrow "
     "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi omicron pi "
     "varpi rho varrho sigma varsigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma "
     "Upsilon Phi Psi Omega".split()) | frozenset(_FUNCTIONS)
