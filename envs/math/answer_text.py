@@ -64,10 +64,25 @@ _UNICODE_SIGNS = {
     "\u00f7": r" \div ", "\u03c0": r" \pi ", "\u221e": r" \infty ", "\u221a": r" \sqrt ", "\u2264": r" \le ",
     "\u2265": r" \ge ", "\u2260": r" \ne ", "\u222a": r" \cup ", "\u2229": r" \cap ", "\u00b0": r"^\circ ",
     "\u00b1": r" \pm ", "\u2208": r" \in ", "\u2205": r" \emptyset ", "\u066a": "%", "\u2032": "'",
-    "\u00b2": "^2", "\u00b3": "^3", "\u00b9": "^1",
+    "\u00b2": "^2", "\u00b3": "^3", "\u00b9": "^1", "\u2044": "/", "\u2014": "-", "\u2248": r" \approx ",
+    "\u2192": r" \to ", "\u2220": r" \angle ", "\u2261": r" \equiv ", "\u2213": r" \mp ", "\u2217": "*",
+    "\u2a7d": r" \le ", "\u2a7e": r" \ge ",
 }
 _SUPERSCRIPTS = {"\u00b2": "^2", "\u00b3": "^3", "\u00b9": "^1"}  # before NFKC, which makes them plain digits
 _DROPPED_CATEGORIES = frozenset({"Mn", "Me", "Cf", "Cc"})
+
+
+def _greek(char: str) -> str | None:
+    # a Greek letter as its command (θ is \theta, Δ is \Delta), where LaTeX has one
+    name = unicodedata.name(char, "").split()
+    if len(name) == 4 and name[:2] == ["GREEK", "SMALL"] and name[2] == "LETTER":
+        command = name[3].lower()
+    elif len(name) == 4 and name[:2] == ["GREEK", "CAPITAL"] and name[2] == "LETTER":
+        command = name[3].capitalize()
+    else:
+        return None
+    command = {"lamda": "lambda", "Lamda": "Lambda"}.get(command, command)
+    return " \\" + command + " " if command in MATH_COMMANDS else None
 
 
 def _fold_unicode(text: str) -> str:
@@ -83,6 +98,8 @@ def _fold_unicode(text: str) -> str:
             out.append(" " if char in "\t\n\r\f\v" else char)
         elif char in _UNICODE_SIGNS:
             out.append(_UNICODE_SIGNS[char])
+        elif _greek(char):
+            out.append(_greek(char))
         elif char.isspace() or unicodedata.category(char).startswith("Z"):
             out.append(" ")
         elif unicodedata.category(char) not in _DROPPED_CATEGORIES:

@@ -97,6 +97,9 @@ def test_a_unit_out_of_place_is_refused_whatever_the_question(verifier, spelling
     ("How much money is left?", "11", r"11 \text{ dollars}", 1.0),
     ("Solve $2x = 6$.", "3", "x = 3", 1.0),  # a variable named by a relation
     ("What is $e^2$?", "e^{2}", r"\mathrm{e}^{2}", 1.0),
+    ("What is the angle?", r"2\theta", "2\u03b8", 1.0),  # a Greek letter in Unicode is its command, not a stray letter
+    ("What is half of one?", r"\frac{1}{2}", "\u00bd", 1.0),
+    ("How long, in meters, is the rod?", "5", "5 \u03bcm", 0.0),
     ("What is the area, in square feet?", "12", r"12 \text{ft}^2", 1.0),
     ("What is the area, in square feet?", "12", r"12 \mathrm{f}\mathrm{t}^{2}", 1.0),
     ("What is the area, in square feet?", "12", "12 ft\u00b2", 1.0),
