@@ -2,7 +2,8 @@
 
 * :class:`MathVerifier` — answer equivalence with math-verify (extraction rules and gold
   normalisation in :mod:`llmgym.envs.math.answer_extraction`, what a question asks of an answer's form and
-  the units it may carry in :mod:`llmgym.envs.math.answer_forms`), batchable in worker processes with a time
+  the units it may carry in :mod:`llmgym.envs.math.answer_forms`, one spelling for text, fonts, spaces and
+  percent words in :mod:`llmgym.envs.math.answer_text`), batchable in worker processes with a time
   limit;
   :class:`ThinkAnswerFormat` and :func:`math_reward` for ``<think>…</think><answer>…</answer>``.
 * ``llmgym/Arithmetic-v0`` (:func:`arithmetic_env`), ``llmgym/GSM8K-v0`` / ``llmgym/MATH-v0``

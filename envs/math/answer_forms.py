@@ -64,6 +64,9 @@ _PHRASE_END = re.compile(r"[ \t]*(?:[.,;:!?)\]]|\n|$)")
 _PROSE_POWER = re.compile(r"[ \t]*\^[ \t]*\{?([23])\}?")
 
 
+_PROSE_PERCENT = re.compile(r"[ \t]*(?:\\?%|\u066a|\uff05|(?:per[ \t]*cents?|percents?|pct)\b)", re.IGNORECASE)
+
+
 def with_unit(answer: str, after: str) -> str:
     r"""``answer`` with the unit that follows it in prose, if any, as ``\text{}`` (so it is judged like one).
 
@@ -76,6 +79,8 @@ def with_unit(answer: str, after: str) -> str:
         >>> with_unit("5", " cm long"), with_unit("5", " in total"), with_unit("5", " in."), with_unit("12", " apples")
         ('5 \\text{ cm}', '5', '5 \\text{ in}', '12')
     """
+    if _PROSE_PERCENT.match(after):  # "3 percent", "3%": the sign, kept (a dropped sign paid where 3\% is refused)
+        return answer + r" \%"
     match = _PROSE_UNIT.match(after)
     if match is None or (match[1].lower() == "in" and not _PHRASE_END.match(after, match.end())):
         return answer

@@ -43,6 +43,7 @@ from llmgym.envs.math.answer_forms import (
     asks_for_percent,
     required_forms,
 )
+from llmgym.envs.math.answer_text import fold_answer, stray_letters, unread_symbol
 from llmgym.envs.math.scorer_pools import MATH_VERIFY_MAX_NUMBER_BITS, close_workers, math_verify_equal
 from llmgym.env.verifiers import RegexFormat, VerifierUnavailableError, WeightedSum
 from llmgym.runtime.install import install_hint
@@ -211,7 +212,7 @@ def _percents(task: Task, gold: str, predicted: str) -> tuple[str, str]:
 
 # a wrapper's words, and the power after it: \text{ units}^2 is square units, \mathrm{cm}^{3} cubic centimeters
 _UNIT_WRAPPER = re.compile(r"\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}(?:\s*\^\s*\{?\s*([23])\s*\}?)?")
-_WORD = re.compile(r"[A-Za-z]+")
+_WORD = re.compile(r"[^\W\d_]+")  # any script's letters: "см" is a unit the question may not name
 
 
 def _unit_words(text: str, wrapped: bool) -> set[str]:
@@ -252,19 +253,31 @@ _KNOWN_UNITS = frozenset(UNIT_ALIASES) | frozenset(w for name in UNIT_ALIASES.va
 """Every word :data:`UNIT_ALIASES` knows as a unit (an abbreviation or a full name)."""
 
 
+#: Words a unit may be where the question names none, beyond :data:`UNIT_ALIASES`: a generic unit and currencies.
+_GENERIC_UNITS = frozenset({"unit", "dollar", "euro", "cent", "penny", "pennie"})
+#: Words that scale the number before them: never a unit ("3 thousand" is not 3, "3 hundredths" not 3).
+_SCALE_WORDS = frozenset({"hundred", "thousand", "million", "billion", "trillion", "dozen", "tenth", "hundredth",
+                          "thousandth", "millionth", "billionth", "k"})
+
+
 def _unit_mismatch(task: Task, gold: str, predicted: str) -> str | None:
     r"""Why the answer's unit is not the reference's, or ``None``.
 
-    A unit is a word in ``	ext{}`` (``\mathrm{}``, ``\mbox{}``). Units are compared as written, never converted:
-    where the reference has one the answer's must be the same (``5 	ext{ cm}`` does not answer ``5 	ext{ m}``,
-    nor does ``500 	ext{ cm}``); where it has none but the question names units, the answer's must be one of
-    them (``5 	ext{ cm}`` answers "How long, in centimeters, ...?", not "... in meters?"); where neither names a
-    unit, the answer's unit is the answer's own words (``45 minutes`` for "How long did he walk?": a plain
-    number's reference says nothing against it). An answer without a unit is read in the reference's.
+    A unit is a word in ``\text{}`` (every text, font and letter outside the reference's symbols is folded there
+    first: :mod:`llmgym.envs.math.answer_text`). Units are compared as written, never converted: where the
+    reference has one the answer's must be the same (``5 \text{ cm}`` does not answer ``5 \text{ m}``, nor does
+    ``500 \text{ cm}``); where it has none but the question names units, the answer's must be one of them
+    (``5 \text{ cm}`` answers "How long, in centimeters, ...?", not "... in meters?"); where neither names a unit,
+    the answer's words must be units or words of the question (``45 minutes`` for "How long did he walk?", "18
+    rolls" for "How many rolls are left?"), and never a word that scales the number (``3 \text{ thousand}``).
+    An answer without a unit is read in the reference's.
     """
     mine = _unit_words(predicted, wrapped=True)
     if not mine:
         return None
+    scale = sorted(mine & _SCALE_WORDS)
+    if scale:
+        return f"the answer's words ({' '.join(scale)}) scale its number: write the number itself"
     theirs = _unit_words(gold, wrapped=True)
     if theirs:
         return None if mine == theirs else (
@@ -272,7 +285,10 @@ def _unit_mismatch(task: Task, gold: str, predicted: str) -> str | None:
     prompt = _prompt_text(task)
     named = _unit_words(prompt, wrapped=False) | _unit_words(prompt, wrapped=True)
     if not named & _KNOWN_UNITS:
-        return None  # nothing to hold the answer's unit to: a unitless reference and a question naming none
+        # nothing to hold the answer's unit to (a unitless reference, a question naming no unit): a unit or the
+        # question's own words, nothing else (deny by default)
+        unknown = sorted(mine - _KNOWN_UNITS - _GENERIC_UNITS - named)
+        return None if not unknown else f"the answer's words ({' '.join(unknown)}) are neither a unit nor the question's"
     unknown = sorted(mine - named)
     return None if not unknown else f"the answer's unit ({' '.join(unknown)}) is not one the question names"
 
@@ -425,7 +441,11 @@ class MathVerifier(Verifier):
             are read one way (in a percent question both ``3\%`` and ``3`` are 3 percent; elsewhere
             ``3\%`` is ``0.03``) and a unit (in ``\text{}``, or in words right after the answer) must be
             the reference's, or one the question names where the reference has none. A tuple's or
-            matrix's entries are each held to these forms (default on).
+            matrix's entries are each held to these forms (default on). Before any of it, both answers are
+            folded to one spelling (:mod:`llmgym.envs.math.answer_text`: every text, font and spacing command as
+            ``\text{}``, Unicode variants, percent words as ``\%``), letters outside text that are not the
+            reference's symbols are a unit at the end or refused elsewhere, and (always) an answer must be of
+            a type the reference can be read as: the set ``\{-1, 1\}`` does not answer the interval ``(-1, 1)``.
 
     Raises:
         ModuleNotFoundError: math-verify is not installed (at construction: an env fails at ``make``).
@@ -484,6 +504,11 @@ class MathVerifier(Verifier):
         if len(predicted) > MAX_ANSWER_CHARS:
             return Score(0.0, {**info, "extracted": predicted[:100] + "...",
                                "error": f"the answer is {len(predicted)} characters long (over {MAX_ANSWER_CHARS}): not compared"})
+        # one spelling for text, fonts, spaces, Unicode and percent words, on both sides, before anything is judged
+        gold, predicted = fold_answer(gold), fold_answer(predicted)
+        symbol = unread_symbol(predicted)
+        if symbol is not None:
+            return Score(0.0, {**info, "error": f"the answer has a sign the verifier does not read ({symbol!r})"})
         if self.literal_answer and not _is_number_literal(predicted):
             return Score(0.0, {**info, "error": "the answer must be a number written out, not an expression"})
         words = _is_words(_unwrap(predicted)) and _is_words(_unwrap(gold))
@@ -491,6 +516,9 @@ class MathVerifier(Verifier):
             return Score(1.0, info)
         gold, predicted = _percents(task, gold, predicted)
         if not words and self.check_form:
+            predicted, stray = stray_letters(predicted, gold)  # letters at the end are a unit; elsewhere, not the reference's
+            if stray:
+                return Score(0.0, {**info, "error": stray})
             mismatch = _unit_mismatch(task, gold, predicted)
             if mismatch:
                 return Score(0.0, {**info, "error": mismatch})

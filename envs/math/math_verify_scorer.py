@@ -532,6 +532,33 @@ def _form_verdict(gold, predicted, spans, forms):
                 return "the answer is one of the question's own expressions, not evaluated"
     return None
 
+# -- the answer's type: math-verify finds the set {-1, 1} equal to the interval (-1, 1), and the list "1, 2" equal to
+# the interval (1, 2); an answer must be of a type the reference can be read as, by what was parsed (not how it
+# was spelled: no spelling of a set escapes)
+def _kind(parsed):
+    import sympy
+    tree = next((p for p in parsed if not isinstance(p, str)), None)
+    if isinstance(tree, sympy.Union):
+        kinds = {_kind([a]) for a in tree.args}
+        return kinds.pop() if len(kinds) == 1 else "union of kinds"
+    if tree is sympy.S.EmptySet:
+        return "empty set"
+    if isinstance(tree, sympy.FiniteSet):
+        return "set"
+    if isinstance(tree, (sympy.Interval, sympy.Tuple)) or tree is sympy.S.Reals:
+        return "pair or interval"  # (1, 2) is an open interval or a point: one spelling, the same reading
+    if isinstance(tree, sympy.MatrixBase):
+        return "matrix"
+    if isinstance(tree, sympy.Set):
+        return "set expression"
+    return "number or expression"
+
+def _kind_mismatch(gold_parsed, parsed):
+    gold, mine = _kind(gold_parsed), _kind(parsed)
+    if gold == mine or "empty set" in (gold, mine) or (gold, mine) == ("number or expression", "set"):
+        return None  # a number is also the list of one solution: 5 and \{5\}
+    return "the answer is a %s; the reference is a %s" % (mine, gold)
+
 def handle(state, request):  # in the check's child: model text
     gold_parsed, gold, (float_rounding, numeric_precision, strict) = state
     predicted, spans, forms = request
@@ -545,5 +572,8 @@ def handle(state, request):  # in the check's child: model text
                       strict=strict, timeout_seconds=None)
     if not equal:
         return [0.0, None]
+    mismatch = _kind_mismatch(gold_parsed, parsed)
+    if mismatch:
+        return [0.0, mismatch]
     reason = _form_verdict(gold, predicted, spans, forms) if (spans or forms) else None
     return [0.0, reason] if reason else [1.0, None]

@@ -250,20 +250,30 @@ def _spellings(gold: str) -> set[str]:
              re.sub(r"\\frac\{(\d)\}\{(\d)\}", r"\\frac\1\2", gold), re.sub(r"\\frac\{(\d+)\}\{(\d+)\}", r"\1/\2", gold),
              re.sub(r"\\sqrt\{(\d)\}", r"\\sqrt\1", gold), re.sub(r"\^(\d)", r"^{\1}", gold),
              re.sub(r"\\frac\{\\pi\}\{(\d)\}", r"\\pi/\1", gold)}
-    return forms | {rf"\boxed{{{form}}}" for form in forms} | {f"The final answer is ${gold}$."}
+    return (forms | {rf"\boxed{{{form}}}" for form in forms} | {f"The final answer is ${gold}$."}
+            | {rf"$\boxed{{{gold}}}$", rf"\boxed{{ {gold} }}", f"${gold}$"})
 
 
 EXTRA_SPELLINGS = {  # what a model writes for some of the sample's questions beyond LaTeX variants
-    "25": [r"\boxed{25\%}", r"25 \%"],
+    "25": [r"\boxed{25\%}", r"25 \%", r"\boxed{25 \text{ percent}}", "The answer is 25 percent.", "The answer is 25%.",
+           r"\boxed{25\text{%}}", r"\boxed{25 \, \%}"],
     "5": [r"\boxed{5 \text{ cm}}", r"\boxed{5\text{ centimeters}}", "The diagonal is 5 cm.", "The answer is $5$ centimeters.",
-          r"\boxed{5 cm}"],
+          r"\boxed{5 cm}", r"\boxed{5\,\text{cm}}", r"\boxed{5~\mathrm{cm}}", r"\boxed{5 \textrm{ cm}}", r"\boxed{5\;cm}",
+          r"\boxed{5 \mathrm{~cm}}", "The answer is $5\\text{ cm}$.", "\\boxed{5\u00a0cm}"],
     "36": [r"\boxed{36 \text{ units}^2}", r"\boxed{36 \text{ square units}}", r"\boxed{36 \text{ sq units}}",
            "The area is 36 square units."],
     "\\begin{pmatrix} 4 & 6 \\end{pmatrix}": [r"\boxed{\begin{bmatrix} 4 & 6 \end{bmatrix}}",
                                              r"\boxed{\left(\begin{matrix} 4 & 6 \end{matrix}\right)}"],
     "\\left( 3, \\frac{\\pi}{2} \\right)": [r"\boxed{(3, \pi/2)}", r"\boxed{\left(3, \tfrac{\pi}{2}\right)}"],
-    "1, 2": [r"\boxed{2, 1}", r"\boxed{\{1, 2\}}", r"\boxed{x = 1, x = 2}"],
-    "(3, \\infty)": [r"\boxed{(3, +\infty)}", r"\boxed{(3,\infty)}"],
+    "1, 2": [r"\boxed{2, 1}", r"\boxed{\{1, 2\}}", r"\boxed{x = 1, x = 2}", r"\boxed{\left\{ 1, 2 \right\}}",
+             r"\boxed{\lbrace 1, 2 \rbrace}"],
+    "(3, \\infty)": [r"\boxed{(3, +\infty)}", r"\boxed{(3,\infty)}", r"\boxed{\left(3, \infty\right)}", "\\boxed{(3, \u221e)}",
+                     r"\boxed{(3, \infty )}"],
+    "4\\pi": ["\\boxed{4\u03c0}", r"\boxed{4 \pi}", r"\boxed{4\pi \text{ square units}}"],
+    "x^2 - 2x - 3": ["\\boxed{x\u00b2 \u2212 2x \u2212 3}", r"\boxed{x^2-2x-3}"],
+    "2\\sqrt{3}": [r"\boxed{2\,\sqrt{3}}", r"\boxed{2 \sqrt 3}"],
+    "70": ["There are 70 ways.", r"\boxed{\mathbf{70}}", r"\boxed{\textbf{70}}"],
+    "10": [r"\boxed{10.0}", "\\boxed{\uff11\uff10}"],
 }
 
 
