@@ -18,6 +18,7 @@ import time
 import uuid
 
 import pytest
+from conftest import sandbox_missing_reason
 
 from llmgym.sandbox import SandboxError, check_sandbox, pids_of_uids
 from llmgym.sandbox.worker import SandboxWorker, interpreter_for, site_packages
@@ -27,7 +28,7 @@ from host_traces import cmdline_pids  # noqa: E402  (tests/ is on sys.path)
 INFO = check_sandbox()
 pytestmark = pytest.mark.skipif(
     bool(set(INFO["missing"]) - {"cgroup"}),
-    reason=f"sandbox mechanisms missing: {INFO['missing']} -- run `sudo bash .ci/install-sandbox.sh`",
+    reason=sandbox_missing_reason(INFO),
 )
 
 # handle() runs the request as code: the worst a scorer that evals its input could do
