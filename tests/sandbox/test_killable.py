@@ -314,12 +314,17 @@ def test_calls_from_several_threads_at_once_each_end_what_they_started(mode, mon
 CLONE_PARENT = r'''
 import ctypes, fcntl, os, platform
 
-def clone_parent_then_sleep(marker, keep_fds=False, cgroup_procs=None):
-    """clone(CLONE_PARENT | SIGCHLD) from this process: the new process is a child of this one's parent, in a
-    session of its own. It may keep every descriptor (close-on-exec cleared: it then holds whatever answer pipe there is) and move
-    itself into ``cgroup_procs``, then becomes ``sleep <marker>``. 'made', or 'refused' by the kernel."""
-    number = {"x86_64": 56, "aarch64": 220}[platform.machine()]
-    pid = ctypes.CDLL(None, use_errno=True).syscall(number, 0x00008000 | 17, 0, 0, 0, 0)
+def clone_parent_then_sleep(marker, keep_fds=False, cgroup_procs=None, how="clone"):
+    """clone(CLONE_PARENT | SIGCHLD) from this process (``how``: the ``clone`` or the ``clone3`` system call):
+    the new process is a child of this one's parent, in a session of its own. It may keep every descriptor
+    (close-on-exec cleared: it then holds whatever answer pipe there is) and move itself into
+    ``cgroup_procs``, then becomes ``sleep <marker>``. 'made', or 'refused' by the kernel."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if how == "clone3":  # struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal (none with
+        args = (ctypes.c_uint64 * 11)(0x00008000)  # CLONE_PARENT: the parent's own is used), stack, ...
+        pid = libc.syscall(435, ctypes.byref(args), ctypes.sizeof(args))
+    else:
+        pid = libc.syscall({"x86_64": 56, "aarch64": 220}[platform.machine()], 0x00008000 | 17, 0, 0, 0, 0)
     if pid == 0:
         try:
             os.setsid()
@@ -348,15 +353,16 @@ def _caller_cgroup_procs() -> str | None:
     return os.path.join(own, "cgroup.procs") if own and os.geteuid() == 0 else None
 
 
+@pytest.mark.parametrize("how", ["clone", "clone3"])
 @pytest.mark.parametrize("then", ["answers", "hangs"])
-def test_a_clone_parent_process_of_the_call_dies_with_it(mode, then):
+def test_a_clone_parent_process_of_the_call_dies_with_it(mode, then, how):
     """clone(CLONE_PARENT) from the call's own process, holding every descriptor, moved into the caller's
     cgroup: it used to be the caller's child (outside the ancestry sweep and cgroup.kill) and to hold the
     answer pipe open, turning an answer into a timeout."""
     marker = _marker()
 
     def call():
-        made = clone_parent_then_sleep(marker, keep_fds=True, cgroup_procs=_caller_cgroup_procs())
+        made = clone_parent_then_sleep(marker, keep_fds=True, cgroup_procs=_caller_cgroup_procs(), how=how)
         if then == "hangs":
             time.sleep(60)
         return made
@@ -364,8 +370,8 @@ def test_a_clone_parent_process_of_the_call_dies_with_it(mode, then):
     try:
         outcome = killable.call_in_killable_child(call, limit=30 if then == "answers" else 1.0)
         assert outcome.status == ("ok" if then == "answers" else "timeout")
-        if mode in NAMESPACES and then == "answers":
-            assert outcome.value == "refused"  # the init of a PID namespace may not clone(CLONE_PARENT)
+        if then == "answers":  # the init of a PID namespace may not clone(CLONE_PARENT); the others may
+            assert outcome.value == ("refused" if mode in NAMESPACES else "made")
         assert _settled(lambda: _with_marker(marker)) == []
     finally:
         for pid in _with_marker(marker):
