@@ -46,6 +46,7 @@ import pickle
 import select
 import signal
 import struct
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterable, NamedTuple, Optional
@@ -222,8 +223,8 @@ def _fork_into_new_pid_namespace() -> int:
     own = _own_pid_namespace.get(os.getpid())
     if own is None:
         own = _own_pid_namespace[os.getpid()] = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-    if libc.unshare(_CLONE_NEWPID) != 0:
-        raise OSError(_errno(), "unshare(CLONE_NEWPID) failed")
+    if libc.unshare(_CLONE_NEWPID) != 0:  # (it worked when probed: a limit such as user.max_pid_namespaces)
+        raise OSError(_errno(), "cannot make the call's PID namespace: unshare(CLONE_NEWPID) failed")
     pid = -1
     try:
         pid = os.fork()
@@ -243,7 +244,7 @@ def _probe_namespace() -> Any:
     """How a call gets a PID namespace here, tried on a trial call whose first process mounts its own
     ``/proc``: ``"direct"`` (root: forked straight into one), else the ``unshare`` flags of a user + PID +
     mount namespace that a keeper process makes before it forks the call; ``None`` where neither works."""
-    if _load_libc() is None or not hasattr(os, "fork"):
+    if not sys.platform.startswith("linux") or _load_libc() is None:
         return None
 
     def trial() -> None:
