@@ -176,6 +176,21 @@ def vllm_missing_reason() -> str | None:
     return reason
 
 
+# what `.ci/install-sandbox.sh` can install; the other mechanisms need root or a writable cgroup tree
+_INSTALLABLE = {"bwrap", "seccomp", "python"}
+
+
+def sandbox_missing_reason(info: dict) -> str:
+    """Why the sandbox tests skip, from ``check_sandbox()``'s answer: each missing mechanism with the reason
+    the probe found; the install script is named only where it could install what is missing (a cgroup the
+    probe could not join is not fixed by installing packages again)."""
+    parts = [f"{m}: {info['why'].get(m, 'not available')}" for m in info["missing"]]
+    reason = "sandbox mechanisms missing -- " + "; ".join(parts)
+    if _INSTALLABLE & set(info["missing"]):
+        reason += " -- run `sudo bash .ci/install-sandbox.sh`"
+    return reason
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from llmgym.runtime.models import build_tokenizer

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import subprocess
 
@@ -29,6 +30,7 @@ __all__ = ["JOIN_CGROUPS", "CallCgroup", "Cgroups", "call_cgroup_probe", "cgroup
 
 
 _CG_NAME = "llmgym-sandbox"
+_probe_counter = itertools.count()
 # launcher: join the cgroups given before "--", then become the command after it
 JOIN_CGROUPS = (
     'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
@@ -46,43 +48,59 @@ def _own_cgroups() -> dict[str, str]:
     return own
 
 
+def _make_bases(own: dict[str, str]) -> dict[str, str]:
+    """Make (or find) the parent folders llmgym's cgroups live in: ``{"unified": dir}`` on cgroup v2, with the
+    memory and pids controllers enabled for its children, else ``{"memory": dir, "pids": dir}`` (v1)."""
+    root = "/sys/fs/cgroup"
+    if os.path.exists(os.path.join(root, "cgroup.controllers")):  # pure v2
+        base = os.path.join(root, own.get("", "/").lstrip("/"), _CG_NAME)
+        os.makedirs(base, exist_ok=True)
+        with open(os.path.join(base, "cgroup.subtree_control"), "w") as fh:
+            fh.write("+memory +pids")
+        return {"unified": base}
+    dirs = {}
+    for c in ("memory", "pids"):
+        mount = os.path.join(root, c)
+        if c not in own or not os.path.exists(os.path.join(mount, "cgroup.procs")):
+            raise _NoController(f"no cgroup v1 {c} controller mounted")
+        dirs[c] = os.path.join(mount, own[c].lstrip("/"), _CG_NAME)
+        os.makedirs(dirs[c], exist_ok=True)
+    return dirs
+
+
+class _NoController(Exception):
+    pass
+
+
 def cgroup_probe() -> tuple[dict[str, str] | None, str]:
     """Where per-run cgroups can be made: {"memory": dir, "pids": dir} (v1) or
-    {"unified": dir} (v2), each a parent dir owned by llmgym; else (None, reason)."""
+    {"unified": dir} (v2), each a parent dir owned by llmgym; else (None, reason).
+
+    The parent folders are shared by every llmgym process of the machine (two runs, a second test suite, a
+    sandboxed scorer); each process probes in a trial cgroup of its own (``probe-<pid>-<n>``), so one
+    process's clean-up never removes what another is about to join."""
     try:
-        own = _own_cgroups()
-        root = "/sys/fs/cgroup"
-        if os.path.exists(os.path.join(root, "cgroup.controllers")):  # pure v2
-            base = os.path.join(root, own.get("", "/").lstrip("/"), _CG_NAME)
-            os.makedirs(base, exist_ok=True)
-            with open(os.path.join(base, "cgroup.subtree_control"), "w") as fh:
-                fh.write("+memory +pids")
-            dirs = {"unified": base}
-        else:
-            dirs = {}
-            for c in ("memory", "pids"):
-                mount = os.path.join(root, c)
-                if c not in own or not os.path.exists(
-                    os.path.join(mount, "cgroup.procs")
-                ):
-                    return None, f"no cgroup v1 {c} controller mounted"
-                dirs[c] = os.path.join(mount, own[c].lstrip("/"), _CG_NAME)
-                os.makedirs(dirs[c], exist_ok=True)
+        dirs = _make_bases(_own_cgroups())
         # a trial: a child cgroup with limits, and a process that joins it
         cg = Cgroups(dirs)
-        procs = cg.prepare("probe", SandboxLimits())
+        slot = f"probe-{os.getpid()}-{next(_probe_counter)}"
+        procs = cg.prepare(slot, SandboxLimits())
         script = 'for f in "$@"; do echo $$ > "$f" || exit 1; done'
-        out = subprocess.run(
-            ["/bin/sh", "-c", script, "sh", *procs],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        cg.remove("probe")
+        try:
+            out = subprocess.run(
+                ["/bin/sh", "-c", script, "sh", *procs],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        finally:
+            cg.remove(slot)
         if out.returncode != 0:
             return None, f"cannot join a cgroup: {out.stderr.strip()[-200:]}"
         return dirs, ""
+    except _NoController as e:
+        return None, str(e)
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         return None, f"cgroups not writable here: {e}"
 
@@ -108,6 +126,8 @@ class Cgroups:
         mem = int((lim.memory_mb + 2 * lim.tmp_size_mb) * (1 << 20))
         pids = int(lim.max_processes) + 8  # bwrap, the supervisor, launcher slack
         mdir, pdir = self._dir("memory", slot), self._dir("pids", slot)
+        if not all(os.path.isdir(d) for d in self.dirs.values()):  # the shared folders, removed meanwhile
+            self.dirs.update(_make_bases(_own_cgroups()))
         for d in {mdir, pdir}:
             os.makedirs(d, exist_ok=True)
         if "unified" in self.dirs:

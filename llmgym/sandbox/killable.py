@@ -9,36 +9,44 @@ its calls in its own namespace and cgroup.)
 
 How: ``os.fork`` (no re-import of the user's ``__main__``, the callable need not pickle, and a daemonic
 parent such as an ``AsyncVectorEnv`` worker may fork where ``multiprocessing`` would refuse it a child). The
-child asks to die with its parent, runs the call, writes the pickled outcome on a private pipe and leaves
-with ``os._exit`` (no ``atexit`` handlers or flushing of the parent's copied state). The parent reads at most
-``max_result_bytes`` until the deadline.
+call's process (the *worker*) is, wherever one can be made, the **init of a PID namespace** of its own, with
+a private mount namespace and its own ``/proc``: a process it starts cannot leave that namespace -- not by
+``setsid``, a double fork, ``clone(CLONE_PARENT)`` (refused to an init; from its descendants it only makes a
+sibling inside) or a move to another cgroup -- and when the worker ends, the kernel kills every process in
+it before the caller's wait returns.
 
-Everything the call starts dies with it, whether it answers or runs out of time -- a process group is not
-enough (``setsid``, ``setpgid(0, 0)`` and a double fork leave it), so containment is by ancestry and cgroup:
+* As root the caller forks the worker straight into a new PID namespace (``unshare(CLONE_NEWPID)`` applies
+  to the calling thread's next child; ``setns`` then brings the thread back): one fork per call.
+* Otherwise a **keeper** (the caller's child, which runs none of the call's code) makes a user namespace
+  that maps only the caller's uid and gid, and the PID + mount namespaces inside it, then forks the worker
+  and waits for it. Where no namespace can be made at all, the keeper is a child subreaper: whatever the
+  call starts stays its descendant (``clone(CLONE_PARENT)`` from the worker makes a child of the keeper),
+  and it kills and reaps all of them before it exits; where this process may make a cgroup v2 with
+  ``cgroup.kill`` (root, Linux >= 5.14), each call also gets one (``<own cgroup>/llmgym-killable/<pid>-<n>``),
+  joined by the keeper before the worker is forked, frozen at the deadline and ended by ``cgroup.kill``.
 
-* the child is a *child subreaper* (``PR_SET_CHILD_SUBREAPER``): whatever it starts, however it detaches,
-  stays its descendant; before it answers it kills and reaps all of them;
-* where this process may make a cgroup v2 with ``cgroup.kill`` (root, Linux >= 5.14), each call gets one
-  (``<own cgroup>/llmgym-killable/<pid>-<n>``), joined before the call's code runs, and is ended with one
-  write to ``cgroup.kill`` -- also what a crashed child or a child killed by its own descendant left;
-* at the deadline the parent freezes the call's cgroup (the child stays the subreaper of what it started), kills
-  every descendant it finds in ``/proc`` (those that moved to another cgroup too), then writes ``cgroup.kill``;
-  without a cgroup it stops the child (``SIGSTOP``: it can
-  fork no more, and stays the subreaper), kills every descendant it finds in ``/proc``, then the child.
+The answer: the worker writes the pickled outcome into a shared anonymous mapping (``MADV_DONTFORK``: the
+processes the call forks do not have it), the length last; the caller waits for its child's **exit** -- not
+for a pipe's end of file that a descendant could hold open -- and reads the answer only then, when nothing
+the call started runs any more. No answer, or a keeper killed before it finished, is ``"died"``. At the
+deadline the caller kills the worker (its namespace goes with it) or stops the keeper, kills every
+descendant it finds in ``/proc``, then the keeper.
 
-Without a cgroup two things escape: the descendants of a child that died on its own before answering
-(``os._exit``, a crash, ``SIGKILL`` from one of its own processes), which the kernel hands to ``init``.
-Standard library only.
+What escapes without a namespace: a call that kills its own keeper (same uid) hands what it started to
+``init`` (the cgroup still ends it, where there is one); its answer is refused. Standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import mmap
 import os
 import pickle
 import select
 import signal
+import struct
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterable, NamedTuple, Optional
@@ -61,6 +69,14 @@ DEFAULT_MAX_RESULT_BYTES = 64 << 20
 
 _IN_KILLABLE_CHILD = False
 _die_with_parent: Optional[Callable[[], Any]] = None
+_libc: Any = None
+
+_HEADER = struct.Struct("<Q")  # the answer's length, written after the answer itself
+_OVERSIZED = (1 << 64) - 1  # the length that says "the answer passed max_result_bytes"
+
+# unshare(2) and mount(2) flags
+_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 
 
 class ChildOutcome(NamedTuple):
@@ -69,7 +85,7 @@ class ChildOutcome(NamedTuple):
     ``status`` is ``"ok"`` (``value`` is the call's result), ``"raised"`` (``value`` is the exception, or
     its ``"Type: message"`` text where it does not pickle), ``"timeout"`` (killed at the limit),
     ``"died"`` (ended without a readable answer: ``value`` says how), ``"oversized"`` (its answer
-    passed ``max_result_bytes``: killed, not read) or ``"watch_closed"`` (``watch_fd`` became readable first: the caller's caller went away).
+    passed ``max_result_bytes``: not read) or ``"watch_closed"`` (``watch_fd`` became readable first: the caller's caller went away).
     """
 
     status: str
@@ -120,35 +136,170 @@ def start_child_process(process: Any) -> None:
             config["daemon"] = True
 
 
-def _child_setup() -> Callable[[], Any]:
-    """A function that makes the calling process die with its parent (``PR_SET_PDEATHSIG``) and a child
-    subreaper (``PR_SET_CHILD_SUBREAPER``: orphans of its descendants come back to it, not to ``init``).
-    Linux ``prctl``; a no-op elsewhere, where the time limit still holds. Built once: loading libc in every
-    child costs milliseconds."""
-    global _die_with_parent
-    if _die_with_parent is None:
+def _load_libc() -> Any:
+    """The C library through ``ctypes`` (``None`` where there is none); loaded once: it costs milliseconds."""
+    global _libc
+    if _libc is None:
         try:
             import ctypes
 
-            prctl = ctypes.CDLL(None, use_errno=True).prctl
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except Exception:
+            _libc = False
+    return _libc or None
+
+
+def _child_setup() -> Callable[[], Any]:
+    """A function that makes the calling process die with its parent (``PR_SET_PDEATHSIG``) and a child
+    subreaper (``PR_SET_CHILD_SUBREAPER``: orphans of its descendants come back to it, not to ``init``).
+    Linux ``prctl``; a no-op elsewhere, where the time limit still holds."""
+    global _die_with_parent
+    if _die_with_parent is None:
+        libc = _load_libc()
+        if libc is None or not hasattr(libc, "prctl"):
+            _die_with_parent = lambda: None  # noqa: E731
+        else:
+            prctl = libc.prctl
 
             def setup() -> None:
                 prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
                 prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
             _die_with_parent = setup
-        except Exception:
-            _die_with_parent = lambda: None  # noqa: E731
     return _die_with_parent
 
+
+# -- the call's PID namespace ------------------------------------------------------------------------------
+
+
+_NOT_PROBED = object()
+_DIRECT = "direct"  # a mode: this thread forks the call straight into a new PID namespace (root)
+_namespace_modes: dict[int, Any] = {}  # pid -> how calls get their namespace here (see _call_namespace)
+_own_pid_namespace: dict[int, int] = {}  # pid -> an fd of this process's PID namespace (to come back to)
+
+
+def _unshare(flags: int) -> bool:
+    """``unshare(flags)`` in this thread; with a user namespace, map the caller's uid and gid only."""
+    libc = _load_libc()
+    if libc is None:
+        return False
+    uid, gid = os.geteuid(), os.getegid()
+    if libc.unshare(flags) != 0:
+        return False
+    if flags & _CLONE_NEWUSER:
+        try:
+            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+                with open(f"/proc/self/{name}", "w") as fh:
+                    fh.write(text)
+        except OSError:
+            return False
+    return True
+
+
+def _own_proc(new_mount_namespace: bool) -> bool:
+    """In a new PID namespace's first process: (make a mount namespace and) make every mount private, so
+    that nothing propagates back to the host, then mount a ``/proc`` that shows this PID namespace
+    (``/proc/<os.getpid()>`` is this process again, and no process outside it is listed)."""
+    libc = _load_libc()
+    if libc is None or (new_mount_namespace and libc.unshare(_CLONE_NEWNS) != 0):
+        return False
+    if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        return False
+    return libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) == 0
+
+
+def _proc_is_ours() -> bool:
+    """Whether ``/proc`` shows this process's PID namespace (else pids read there name other processes)."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
+def _fork_into_new_pid_namespace() -> int:
+    """``os.fork()`` whose child is the first process (init) of a new PID namespace; this thread's later
+    children are born in this process's own namespace again (``setns`` back). Needs ``CAP_SYS_ADMIN``;
+    the namespace of the children is per thread, so other threads' forks are not affected."""
+    libc = _load_libc()
+    own = _own_pid_namespace.get(os.getpid())
+    if own is None:
+        own = _own_pid_namespace[os.getpid()] = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    if libc.unshare(_CLONE_NEWPID) != 0:  # (it worked when probed: a limit such as user.max_pid_namespaces)
+        raise OSError(_errno(), "cannot make the call's PID namespace: unshare(CLONE_NEWPID) failed")
+    pid = -1
+    try:
+        pid = os.fork()
+    finally:
+        if pid != 0 and libc.setns(own, _CLONE_NEWPID) != 0:  # never seen: the probe did the same
+            raise OSError(_errno(), "setns back to this process's PID namespace failed")
+    return pid
+
+
+def _errno() -> int:
+    import ctypes
+
+    return ctypes.get_errno()
+
+
+def _probe_namespace() -> Any:
+    """How a call gets a PID namespace here, tried on a trial call whose first process mounts its own
+    ``/proc``: ``"direct"`` (root: forked straight into one), else the ``unshare`` flags of a user + PID +
+    mount namespace that a keeper process makes before it forks the call; ``None`` where neither works."""
+    if not sys.platform.startswith("linux") or _load_libc() is None:
+        return None
+
+    def trial() -> None:
+        os._exit(0 if _own_proc(new_mount_namespace=True) and os.getpid() == 1 and _proc_is_ours() else 1)
+
+    if os.geteuid() == 0:
+        try:
+            pid = _fork_into_new_pid_namespace()
+            if pid == 0:
+                trial()
+            if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0:
+                return _DIRECT
+        except OSError:
+            pass
+    flags = _CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWNS
+    try:
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:
+        code = 1
+        try:
+            if _unshare(flags):
+                inner = os.fork()
+                if inner == 0:
+                    os._exit(0 if _own_proc(new_mount_namespace=False) and os.getpid() == 1 and _proc_is_ours() else 1)
+                code = os.waitstatus_to_exitcode(os.waitpid(inner, 0)[1])
+        finally:
+            os._exit(code)
+    return flags if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 else None
+
+
+def _call_namespace() -> Any:
+    """How this process's calls get their PID namespace (probed once per process): ``"direct"``, the flags
+    a keeper unshares, or ``None`` (no namespace: the keeper's subreaper and, where possible, a cgroup)."""
+    pid = os.getpid()
+    mode = _namespace_modes.get(pid, _NOT_PROBED)
+    if mode is _NOT_PROBED:
+        with _probe_lock:
+            mode = _namespace_modes.get(pid, _NOT_PROBED)
+            if mode is _NOT_PROBED:
+                mode = _namespace_modes[pid] = _probe_namespace()
+    return mode
 
 
 # -- finding and killing a call's processes ---------------------------------------------------------------
 
 
 def _descendants(root: int) -> list[tuple[int, bytes]]:
-    """``(pid, state)`` of every descendant of ``root`` now, from ``/proc/*/stat`` (parent pids)."""
+    """``(pid, state)`` of every descendant of ``root`` now, from ``/proc/*/stat`` (parent pids); nothing
+    where ``/proc`` shows another PID namespace than this process's (its pids would name other processes)."""
     children: dict[int, list[tuple[int, bytes]]] = {}
     try:
+        if not _proc_is_ours():
+            return []
         names = os.listdir("/proc")
     except OSError:
         return []
@@ -180,7 +331,7 @@ def _kill(pids: Iterable[int]) -> None:
 
 
 def _end_own_descendants() -> None:
-    """In the child (a subreaper): kill and reap everything the call started, until it has no child left."""
+    """In the keeper (a subreaper): kill and reap every descendant, until it has no child left."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -193,8 +344,8 @@ def _end_own_descendants() -> None:
 
 
 def _stop_and_sweep(pid: int, patience: float = 5.0) -> None:
-    """From the parent, without a cgroup: stop the child (it forks no more and stays the subreaper its
-    descendants' orphans go to), kill every live descendant until none is left, then the child."""
+    """From the caller: stop the keeper (it forks no more and stays the subreaper its descendants' orphans
+    go to), kill every live descendant until none is left, then the keeper."""
     try:
         os.kill(pid, signal.SIGSTOP)
     except (ProcessLookupError, PermissionError):
@@ -337,22 +488,69 @@ def _open_call_cgroup() -> tuple[Optional[str], Optional[int]]:
         return None, None
 
 
-def _child(fn: Callable[..., Any], args: tuple, pipe_w: int, setup: Callable[[], Any],
-           cgroup: Optional[str], cgroup_procs: Optional[int]) -> None:
-    """In the forked child: join the call's cgroup, run, end what the call started, write the pickled
-    ``(status, value)``, exit without cleanup."""
-    global _probe_lock
+def _keeper(fn: Callable[..., Any], args: tuple, answer: mmap.mmap, setup: Callable[[], Any], caller: int,
+            flags: Optional[int], cgroup: Optional[str], cgroup_procs: Optional[int]) -> None:
+    """In the caller's child, which runs none of the call's code (where the caller cannot fork straight into a
+    PID namespace): make the call's user + PID namespace (or join its cgroup), fork the worker, wait for it,
+    end whatever is left, and exit with how the worker ended (0: it exited 0; 128 + n: killed by signal n;
+    else its exit code)."""
+    code = 1
     try:
-        _probe_lock = threading.Lock()  # another thread of the parent may have held it at the fork
         os.setpgid(0, 0)  # its own process group (a terminal's Ctrl-C reaches the caller, not the call)
-        setup()
+        setup()  # dies with the caller; a subreaper (without a namespace, orphans come back here)
+        if os.getppid() != caller:
+            return  # the caller died before the line above
         if cgroup_procs is not None:
             try:
-                os.write(cgroup_procs, b"0")
-                _cgroup_bases[os.getpid()] = os.path.join(cgroup, _CGROUP_DIR)  # its own calls' cgroups go inside
+                os.write(cgroup_procs, b"0")  # the worker is born inside
             except OSError:
-                pass  # the parent sees a failed join and sweeps by hand
+                cgroup = None  # the caller sees a failed join and sweeps by hand
             os.close(cgroup_procs)
+        isolated = flags is not None and _unshare(flags)
+        lifeline_r, lifeline_w = os.pipe()  # only the keeper holds the write end: EOF says it is gone
+        worker = os.fork()
+        if worker == 0:
+            os.close(lifeline_w)
+            _worker(fn, args, answer, lifeline_r, isolated and "mount", cgroup)
+        os.close(lifeline_r)
+        status = os.waitpid(worker, 0)[1]  # with a namespace: its init's end kills and reaps all in it first
+        if not isolated:
+            _end_own_descendants()
+        exit_code = os.waitstatus_to_exitcode(status)
+        code = 128 + min(-exit_code, 127) if exit_code < 0 else min(exit_code, 127)
+    finally:
+        os._exit(code)
+
+
+def _worker(fn: Callable[..., Any], args: tuple, answer: mmap.mmap, gone: Optional[int], isolated: Any,
+            cgroup: Optional[str]) -> None:
+    """The call's process: run the call, write its pickled ``(status, value)`` into ``answer`` (the length
+    last), exit without cleanup. ``gone``: readable once the process above is gone; ``isolated``: the init of
+    a new PID namespace, which mounts its ``/proc`` (``"unshare"``: in a mount namespace of its own making)."""
+    global _probe_lock
+    try:
+        libc = _load_libc()
+        if libc is not None and hasattr(libc, "prctl"):
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: dies with the process above
+        if gone is not None:
+            if select.select([gone], [], [], 0)[0]:
+                os._exit(1)  # the process above died before the line above
+            os.close(gone)
+        if isolated == "unshare":
+            os.setpgid(0, 0)  # (a keeper did it otherwise)
+        with contextlib.suppress(AttributeError, OSError):
+            answer.madvise(mmap.MADV_DONTFORK)  # what the call forks does not get the answer
+        _probe_lock = threading.Lock()  # another thread of the caller may have held it at the fork
+        for pid_fd in _own_pid_namespace.values():
+            with contextlib.suppress(OSError):
+                os.close(pid_fd)
+        _own_pid_namespace.clear()
+        _namespace_modes.clear()
+        _cgroup_bases.clear()
+        if isolated and not _own_proc(new_mount_namespace=isolated == "unshare"):
+            os._exit(2)  # (the probe mounted one: not reached in practice)
+        if cgroup is not None:
+            _cgroup_bases[os.getpid()] = os.path.join(cgroup, _CGROUP_DIR)  # its own calls' cgroups go inside
         _scrub_environ()  # the call is model-driven work: none of the parent's secrets (llmgym/sandbox/child_env.py)
         mark_killable_child()
         try:
@@ -363,10 +561,11 @@ def _child(fn: Callable[..., Any], args: tuple, pipe_w: int, setup: Callable[[],
                 data = pickle.dumps(("raised", exc), protocol=pickle.HIGHEST_PROTOCOL)
             except BaseException:
                 data = pickle.dumps(("raised", f"{type(exc).__name__}: {exc}"), protocol=pickle.HIGHEST_PROTOCOL)
-        _end_own_descendants()  # nothing the call started outlives its answer
-        view = memoryview(data)
-        while view:
-            view = view[os.write(pipe_w, view):]
+        if len(data) > len(answer) - _HEADER.size:
+            _HEADER.pack_into(answer, 0, _OVERSIZED)
+        else:
+            answer[_HEADER.size:_HEADER.size + len(data)] = data
+            _HEADER.pack_into(answer, 0, len(data))
     finally:
         os._exit(0)
 
@@ -381,11 +580,35 @@ def _in_cgroup(pid: int, cgroup: str) -> bool:
     return bool(own) and cgroup.endswith(own)
 
 
+def _wait_for_exit(pid: int, deadline: float, watch_fd: Optional[int]) -> Optional[str]:
+    """Wait until process ``pid`` exits (``None``; it is not reaped), the deadline passes (``"timeout"``) or
+    ``watch_fd`` becomes readable (``"watch_closed"``)."""
+    try:
+        pidfd: Optional[int] = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None  # (Linux < 5.3) poll
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout"
+            fds = [fd for fd in (watch_fd, pidfd) if fd is not None]
+            wait = left if pidfd is not None else min(left, 0.002)
+            ready = select.select(fds, [], [], wait)[0] if fds else time.sleep(wait) or []
+            if watch_fd is not None and watch_fd in ready:
+                return "watch_closed"
+            if pidfd in ready or (pidfd is None and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)):
+                return None
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
 def call_in_killable_child(fn: Callable[..., Any], *args: Any, limit: float,
                            max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
                            watch_fd: Optional[int] = None) -> ChildOutcome:
     """``fn(*args)`` in a forked child, killed with everything it started after ``limit`` seconds; when it
-    answers in time, what it started is killed before it answers.
+    answers in time, what it started is killed before the answer is read.
 
     ``watch_fd``: a file descriptor whose readability ends the wait early (``"watch_closed"``): a helper
     process watches its parent's pipe with it.
@@ -401,74 +624,87 @@ def call_in_killable_child(fn: Callable[..., Any], *args: Any, limit: float,
         ValueError("invalid literal for int() with base 10: 'x'")
     """
     setup = _child_setup()
-    cgroup, cgroup_procs = _open_call_cgroup()
+    mode = _call_namespace()
+    cgroup, cgroup_procs = (None, None) if mode is not None else _open_call_cgroup()
+    answer = mmap.mmap(-1, _HEADER.size + max(int(max_result_bytes), 0) + 1)  # shared, anonymous, zero-filled
+    parent = os.getpid()
+    gone: Optional[int] = None
     try:
-        pipe_r, pipe_w = os.pipe()
-        pid = os.fork()
+        if mode == _DIRECT:
+            with contextlib.suppress(AttributeError, OSError):
+                gone = os.pidfd_open(parent)  # readable once this process is gone
+            pid = _fork_into_new_pid_namespace()
+            if pid == 0:
+                _worker(fn, args, answer, gone, "unshare", None)
+        else:
+            pid = os.fork()
+            if pid == 0:
+                _keeper(fn, args, answer, setup, parent, mode, cgroup, cgroup_procs)
     except BaseException:
+        answer.close()
         if cgroup_procs is not None:
             os.close(cgroup_procs)
             _remove_cgroup(cgroup)
         raise
-    if pid == 0:
-        os.close(pipe_r)
-        _child(fn, args, pipe_w, setup, cgroup, cgroup_procs)
-    os.close(pipe_w)
+    finally:
+        if gone is not None and os.getpid() == parent:
+            os.close(gone)
     if cgroup_procs is not None:
         os.close(cgroup_procs)
-    chunks: list[bytes] = []
-    size = 0
-    deadline = time.monotonic() + limit
-    outcome: Optional[ChildOutcome] = None
-    watched = [pipe_r] if watch_fd is None else [pipe_r, watch_fd]
+    ended: Optional[str] = "timeout"
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                outcome = ChildOutcome("timeout")
-                break
-            ready, _, _ = select.select(watched, [], [], left)
-            if watch_fd is not None and watch_fd in ready:
-                outcome = ChildOutcome("watch_closed")
-                break
-            if pipe_r in ready:
-                chunk = os.read(pipe_r, 1 << 16)
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > max_result_bytes:
-                    outcome = ChildOutcome("oversized", max_result_bytes)
-                    break
-                chunks.append(chunk)
+        ended = _wait_for_exit(pid, time.monotonic() + limit, watch_fd)
     finally:
-        os.close(pipe_r)
-        if outcome is not None:  # the child may still run: end it and all it started
+        if ended is not None:  # the call may still run: end it and all it started
             if cgroup is not None:
-                # frozen, nothing in the cgroup forks again and the child stays the subreaper of what it started:
-                # the sweep by ancestry then kills its descendants that moved to another cgroup (a process may
-                # write its pid into any cgroup.procs it can write), cgroup.kill the rest
+                # frozen, nothing in the cgroup forks again and the keeper stays the subreaper of what the call
+                # started: the sweep by ancestry then kills its descendants that moved to another cgroup (a
+                # process may write its pid into any cgroup.procs it can write), cgroup.kill the rest
                 with contextlib.suppress(OSError):
                     with open(os.path.join(cgroup, "cgroup.freeze"), "w") as fh:
                         fh.write("1")
+            if mode == _DIRECT:
+                _kill([pid])  # the init of the call's namespace: the kernel kills everything in it
+            else:
                 _stop_and_sweep(pid)
+            if cgroup is not None:
                 with contextlib.suppress(OSError):
                     with open(os.path.join(cgroup, "cgroup.kill"), "w") as fh:
                         fh.write("1")
-            else:
-                _stop_and_sweep(pid)
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        _, wait_status = os.waitpid(pid, 0)
-        if cgroup is not None:  # also whatever left the child's ancestry (it crashed, or was killed)
+        wait_status = os.waitpid(pid, 0)[1]
+        if cgroup is not None:  # also whatever left the keeper's ancestry
             _remove_cgroup(cgroup)
-    if outcome is not None:
-        return outcome
+        if ended is not None:
+            answer.close()
+    if ended is not None:
+        return ChildOutcome(ended)
     try:
-        status, value = pickle.loads(b"".join(chunks))
-    except Exception:
-        code = os.waitstatus_to_exitcode(wait_status)
-        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return _read_answer(answer, os.waitstatus_to_exitcode(wait_status), max_result_bytes, mode == _DIRECT)
+    finally:
+        answer.close()
+
+
+def _read_answer(answer: mmap.mmap, code: int, max_result_bytes: int, direct: bool) -> ChildOutcome:
+    """The outcome the worker wrote, once the caller's child (the worker itself when ``direct``, else its
+    keeper) has exited with ``code``."""
+    if direct and code < 0:
+        code = 128 - code  # as a keeper reports its worker's
+    keeper_code = code
+    if keeper_code < 0:  # the keeper did not finish its sweep: whatever the worker wrote does not count
+        return ChildOutcome("died", f"the call's keeper process was killed (signal {-keeper_code}) before it "
+                                    "ended what the call started")
+    (size,) = _HEADER.unpack_from(answer, 0)
+    if size == _OVERSIZED:
+        return ChildOutcome("oversized", max_result_bytes)
+    how = f"killed by signal {keeper_code - 128}" if keeper_code > 128 else f"exit code {keeper_code}"
+    if size == 0 or size > max_result_bytes:
         return ChildOutcome("died", f"the process ended without an answer ({how})")
+    try:
+        status, value = pickle.loads(answer[_HEADER.size:_HEADER.size + size])
+    except Exception:
+        return ChildOutcome("died", f"the process ended without a readable answer ({how})")
     return ChildOutcome(status, value)

@@ -247,13 +247,30 @@ def _call(cfg, handle, state, request, limit, started):
     if err:
         return SETUP_ERROR, err, _end_call(cfg, pid)
     started()  # the host's clock for this call starts now (prepare() and the set-up are not the check's)
-    buf, status = bytearray(), None
+    buf, status, wait_status = bytearray(), None, None
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             status = TIMEOUT
             break
-        if not select.select([result_r], [], [], left)[0]:
+        if not select.select([result_r], [], [], min(left, 0.01))[0]:
+            # the answer ends when the call's process has exited, not when the pipe's last writer closes it:
+            # a process the call left (a clone(CLONE_PARENT) sibling, a daemon) may hold it open
+            got, st = os.waitpid(pid, os.WNOHANG)
+            if got == pid:
+                wait_status = st
+                os.set_blocking(result_r, False)
+                try:
+                    while len(buf) <= cfg["max_result"]:
+                        chunk = os.read(result_r, 65536)
+                        if not chunk:
+                            break
+                        buf += chunk
+                except BlockingIOError:
+                    pass
+                if len(buf) > cfg["max_result"]:
+                    status = TOO_LARGE
+                break
             continue
         chunk = os.read(result_r, 65536)
         if not chunk:
@@ -263,8 +280,7 @@ def _call(cfg, handle, state, request, limit, started):
             status = TOO_LARGE
             break
     os.close(result_r)
-    wait_status = None
-    while status is None:  # it answered: give it until the deadline to exit
+    while status is None and wait_status is None:  # it answered: give it until the deadline to exit
         got, st = os.waitpid(pid, os.WNOHANG)
         if got == pid:
             wait_status = st

@@ -19,6 +19,7 @@ import textwrap
 import time
 
 import pytest
+from conftest import sandbox_missing_reason
 
 from host_traces import host_is_clean  # noqa: E402  (tests/ is on sys.path)
 from llmgym.interop import from_textarena, from_verifiers
@@ -31,7 +32,7 @@ sympy = pytest.importorskip("sympy")
 INFO = check_sandbox()
 pytestmark = pytest.mark.skipif(
     bool(set(INFO["missing"]) - {"cgroup"}),
-    reason=f"sandbox mechanisms missing: {INFO['missing']} -- run `sudo bash .ci/install-sandbox.sh`",
+    reason=sandbox_missing_reason(INFO),
 )
 
 

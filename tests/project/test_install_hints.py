@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 EXTRAS = set(PYPROJECT["project"]["optional-dependencies"])
 # the bare name with an extra: "llmgym" + "[math]" (spelled in two parts so this file does not match itself)
-BARE = re.compile(r"(?<![\w.-])" + "llmgym" + r"\\?\[[a-z][a-z0-9,-]*\\?\]")  # also written as a regex (a backslash before each bracket)
+# not a path's last folder: a checkout cloned as ".../llmgym" is installed as "pip install -e '/home/me/llmgym[math]'"
+BARE = re.compile(r"(?<![\w.\-/\\])" + "llmgym" + r"\\?\[[a-z][a-z0-9,-]*\\?\]")  # also written as a regex (a backslash before each bracket)
 SCANNED = ["llmgym", "agents", "envs", "scripts", "benchmarks", "tests", "docs", "examples"]
 
 
@@ -50,6 +51,14 @@ def _hint_calls():
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "install_hint":
                     yield path, node
+
+
+def test_the_bare_name_is_found_but_not_a_checkout_folder_named_llmgym():
+    name = "llmgym"  # (in two parts above: this file must not match itself)
+    assert BARE.search(f"pip install '{name}[math]'") and BARE.search(f"pip install {name}[math,code]")
+    assert BARE.search(f"install {name}\\[math\\] first")
+    for path in (f"/home/me/{name}", f"C:\\src\\{name}", f"./{name}", f"~/{name}"):
+        assert not BARE.search(f"pip install -e '{path}[math]'"), path
 
 
 def test_every_hint_names_an_extra_that_exists():

@@ -1,5 +1,10 @@
-"""The killable child: nothing a call starts outlives it -- detached (``setsid``, ``setpgid``, double forks),
-on a normal answer and at the time limit, with a cgroup per call and with the subreaper alone."""
+"""The killable child: nothing a call starts outlives it -- detached (``setsid``, ``setpgid``, double forks,
+``clone(CLONE_PARENT)``), on a normal answer and at the time limit, in a PID namespace per call, with a cgroup
+per call and with the keeper's subreaper alone; and the answer is read when the call's processes are gone,
+from where they cannot hold or forge it.
+
+Processes are found by a marker in their command line (a unique sleep duration), never by a pid the call
+reports: inside the call's PID namespace, pids are the namespace's."""
 
 from __future__ import annotations
 
@@ -51,9 +56,25 @@ def _marker() -> str:
     return f"{400 + random.random():.9f}"  # a unique sleep duration
 
 
-@pytest.fixture(params=["cgroup", "subreaper"])
+NAMESPACES = ("namespace", "user namespace")
+USER_NAMESPACE = killable._CLONE_NEWUSER | killable._CLONE_NEWPID | killable._CLONE_NEWNS
+
+
+@pytest.fixture(params=["namespace", "user namespace", "cgroup", "subreaper"])
 def mode(request, monkeypatch):
-    """Both containments: a cgroup per call (where this process can make one) and the subreaper alone."""
+    """Each containment: a PID namespace per call (as root, forked straight into it), a user + PID namespace
+    made by the keeper (the way without root), a cgroup per call (where this process can make one; no
+    namespace) and the keeper's subreaper alone."""
+    if request.param == "namespace":
+        if killable._call_namespace() is None:
+            pytest.skip("no PID namespace here (unshare refused: neither root nor user namespaces)")
+        return "namespace"
+    if request.param == "user namespace":
+        monkeypatch.setitem(killable._namespace_modes, os.getpid(), USER_NAMESPACE)
+        if killable.call_in_killable_child(os.getpid, limit=60) != ("ok", 1):
+            pytest.skip("no user namespaces here")
+        return request.param
+    monkeypatch.setitem(killable._namespace_modes, os.getpid(), None)
     if request.param == "cgroup":
         if killable._call_cgroup_base() is None:
             pytest.skip("no writable cgroup v2 with cgroup.kill here (needs root, Linux >= 5.14)")
@@ -62,18 +83,18 @@ def mode(request, monkeypatch):
     return request.param
 
 
-def _double_fork_then_answer() -> int:
-    """Fork, ``setsid``, fork again: the grandchild sleeps on, detached; the call answers its pid."""
+def _double_fork_then_answer(marker: str) -> bool:
+    """Fork, ``setsid``, fork again: the grandchild sleeps on, detached; the call answers once it runs."""
     read, write = os.pipe()
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
-            os.write(write, b"%d" % os.getpid())
-            time.sleep(60)
-            os._exit(0)
+            os.close(read)
+            os.dup2(write, 1)  # says it runs on its standard output
+            os.execv("/bin/sh", ["sh", "-c", f"echo; exec sleep {marker}"])
         os._exit(0)
     os.close(write)
-    return int(os.read(read, 32))
+    return os.read(read, 1) == b"\n"
 
 
 def _detached_child_then_hang(pid_file: str, how: str, marker: str) -> None:
@@ -86,13 +107,13 @@ def _detached_child_then_hang(pid_file: str, how: str, marker: str) -> None:
 
 
 def test_a_double_forked_setsid_grandchild_dies_with_a_call_that_answers(mode):
-    outcome = killable.call_in_killable_child(_double_fork_then_answer, limit=30)
-    assert outcome.status == "ok"
+    marker = _marker()
     try:
-        assert not _running(outcome.value)  # gone before the answer came back: no settling needed
+        assert killable.call_in_killable_child(_double_fork_then_answer, marker, limit=30) == ("ok", True)
+        assert _with_marker(marker) == []  # gone before the answer came back: no settling needed
     finally:
-        if _running(outcome.value):
-            os.kill(outcome.value, signal.SIGKILL)
+        for pid in _with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("how", ["setpgid", "setsid"])
@@ -124,19 +145,23 @@ def test_processes_started_while_the_kill_runs_die_too(mode):
             os.kill(pid, signal.SIGKILL)
 
 
-def _killed_by_its_own_descendant(marker: str) -> None:
-    """A detached descendant SIGKILLs the call's process (its subreaper), then sleeps on."""
-    subprocess.Popen(["setsid", "/bin/sh", "-c", f"kill -9 {os.getpid()}; exec sleep {marker}"])
-    time.sleep(60)
+def _killed_by_its_own_descendant(marker: str) -> str:
+    """A detached descendant SIGKILLs the call's process, then sleeps on. (Inside a PID namespace the call's
+    process is its init, which a SIGKILL from inside does not reach: the call then answers.)"""
+    read, write = os.pipe()
+    subprocess.Popen(["setsid", "/bin/sh", "-c", f"kill -9 {os.getpid()}; echo; exec sleep {marker}"], stdout=write)
+    os.close(write)
+    os.read(read, 1)
+    return "survived"
 
 
-def test_with_a_cgroup_a_call_killed_by_its_own_descendant_takes_it_down(mode):
-    if mode != "cgroup":
-        pytest.skip("without a cgroup the kernel hands the orphans of a killed child to init (docs/sandbox.md)")
+def test_a_call_killed_by_its_own_descendant_takes_it_down(mode):
+    """Its orphan goes to the keeper (a subreaper that runs none of the call's code), which ends it."""
     marker = _marker()
     try:
-        assert killable.call_in_killable_child(_killed_by_its_own_descendant, marker, limit=10).status == "died"
-        assert _settled(lambda: _with_marker(marker)) == []
+        outcome = killable.call_in_killable_child(_killed_by_its_own_descendant, marker, limit=30)
+        assert outcome == ("ok", "survived") if mode in NAMESPACES else outcome.status == "died"
+        assert _with_marker(marker) == []
     finally:
         for pid in _with_marker(marker):
             os.kill(pid, signal.SIGKILL)
@@ -151,7 +176,7 @@ def _leaves_its_cgroup_then_hang(procs: str, marker: str) -> None:
 
 def test_with_a_cgroup_a_descendant_that_left_the_call_s_cgroup_dies_at_the_time_limit(mode):
     """cgroup.kill alone missed it, and the child it ran under then died: it was handed to init and slept on."""
-    if mode != "cgroup":
+    if mode == "subreaper" or killable._own_v2_cgroup() is None:
         pytest.skip("the subreaper alone: the detached-child tests above")
     marker = _marker()
     procs = os.path.join(killable._own_v2_cgroup(), "cgroup.procs")
@@ -164,8 +189,8 @@ def test_with_a_cgroup_a_descendant_that_left_the_call_s_cgroup_dies_at_the_time
             os.kill(pid, signal.SIGKILL)
 
 
-def _nested() -> int:
-    return killable.call_in_killable_child(_double_fork_then_answer, limit=30).value
+def _nested(marker: str) -> tuple:
+    return killable.call_in_killable_child(_double_fork_then_answer, marker, limit=30)
 
 
 def _own_call_cgroups() -> list[str]:
@@ -175,10 +200,15 @@ def _own_call_cgroups() -> list[str]:
 
 
 def test_a_call_inside_a_call_is_contained_and_its_cgroups_are_removed(mode):
-    outcome = killable.call_in_killable_child(_nested, limit=30)
-    assert outcome.status == "ok" and not _running(outcome.value)
-    if mode == "cgroup":  # the call cgroups (the nested one inside the outer one) are gone
-        assert _own_call_cgroups() == []
+    marker = _marker()
+    try:
+        assert killable.call_in_killable_child(_nested, marker, limit=30) == ("ok", ("ok", True))
+        assert _with_marker(marker) == []
+        if mode == "cgroup":  # the call cgroups (the nested one inside the outer one) are gone
+            assert _own_call_cgroups() == []
+    finally:
+        for pid in _with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("then", ["answers", "hangs"])
@@ -208,6 +238,11 @@ import os, subprocess, sys, time
 sys.path.insert(0, os.environ["ROOT"])
 from llmgym.sandbox import killable
 
+if os.environ["MODE"] == "user namespace":
+    killable._namespace_modes[os.getpid()] = killable._CLONE_NEWUSER | killable._CLONE_NEWPID | killable._CLONE_NEWNS
+elif os.environ["MODE"] != "namespace":
+    killable._namespace_modes[os.getpid()] = None
+
 MARKER = os.environ["MARKER"]  # read here: the call's child sees only an allow-list of the environment
 
 def detach_and_hang():
@@ -219,18 +254,23 @@ killable.call_in_killable_child(detach_and_hang, limit=60)
 
 
 def test_what_a_killed_caller_left_in_its_call_cgroup_is_ended_by_the_next_process_that_makes_calls(mode):
-    """The caller itself SIGKILLed mid-call: its child dies with it (``PR_SET_PDEATHSIG``), what the child started
-    stays in the call's cgroup, and the next llmgym process to probe there kills it and removes the cgroup."""
-    if mode != "cgroup":
+    """The caller itself SIGKILLed mid-call: its keeper and the call's process die with it (``PR_SET_PDEATHSIG``);
+    in a PID namespace everything the call started goes with them; with a cgroup what it started stays in the
+    call's cgroup, and the next llmgym process to probe there kills it and removes the cgroup."""
+    if mode == "subreaper":
         pytest.skip("without a cgroup, what a killed caller's call started is handed to init (docs/sandbox.md)")
-    base = killable._call_cgroup_base()
     marker = _marker()
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(killable.__file__))))
-    caller = subprocess.Popen([sys.executable, "-c", CALLER], env={**os.environ, "ROOT": root, "MARKER": marker})
+    caller = subprocess.Popen([sys.executable, "-c", CALLER],
+                              env={**os.environ, "ROOT": root, "MARKER": marker, "MODE": mode})
     try:
         assert _settled(lambda: not _with_marker(marker), 60) is False  # the detached sleep runs
         caller.kill()
         caller.wait()
+        if mode in NAMESPACES:
+            assert _settled(lambda: _with_marker(marker)) == []
+            return
+        base = killable._call_cgroup_base()
         left = [name for name in os.listdir(base) if name.startswith(f"{caller.pid}-")]
         assert left and _with_marker(marker)  # it outlived its caller, in the caller's call cgroup
         killable._cgroup_bases.pop(os.getpid())  # as a new process would: probe (and sweep) again
@@ -251,15 +291,167 @@ def test_calls_from_several_threads_at_once_each_end_what_they_started(mode, mon
 
     if mode == "cgroup":
         monkeypatch.delitem(killable._cgroup_bases, os.getpid())  # probed anew, by the threads at once
-    with ThreadPoolExecutor(4) as pool:
-        outcomes = list(pool.map(lambda _: killable.call_in_killable_child(_double_fork_then_answer, limit=60),
-                                 range(12)))
+    if mode == "namespace":
+        monkeypatch.delitem(killable._namespace_modes, os.getpid())
+    marker = _marker()
     try:
-        assert [o.status for o in outcomes] == ["ok"] * 12
-        assert [o.value for o in outcomes if _running(o.value)] == []
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = list(pool.map(lambda _: killable.call_in_killable_child(_double_fork_then_answer, marker,
+                                                                               limit=60), range(12)))
+        assert outcomes == [("ok", True)] * 12
+        assert _with_marker(marker) == []
         if mode == "cgroup":
             assert killable._call_cgroup_base() is not None
+        if mode in NAMESPACES:
+            assert killable._call_namespace() is not None
     finally:
-        for o in outcomes:
-            if o.status == "ok" and _running(o.value):
-                os.kill(o.value, signal.SIGKILL)
+        for pid in _with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- clone(CLONE_PARENT): a process made the caller's child, not the call's ------------------------------------
+
+CLONE_PARENT = r'''
+import ctypes, fcntl, os, platform
+
+def clone_parent_then_sleep(marker, keep_fds=False, cgroup_procs=None, how="clone"):
+    """clone(CLONE_PARENT | SIGCHLD) from this process (``how``: the ``clone`` or the ``clone3`` system call):
+    the new process is a child of this one's parent, in a session of its own. It may keep every descriptor
+    (close-on-exec cleared: it then holds whatever answer pipe there is) and move itself into
+    ``cgroup_procs``, then becomes ``sleep <marker>``. 'made', or 'refused' by the kernel."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if how == "clone3":  # struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal (none with
+        args = (ctypes.c_uint64 * 11)(0x00008000)  # CLONE_PARENT: the parent's own is used), stack, ...
+        pid = libc.syscall(435, ctypes.byref(args), ctypes.sizeof(args))
+    else:
+        pid = libc.syscall({"x86_64": 56, "aarch64": 220}[platform.machine()], 0x00008000 | 17, 0, 0, 0, 0)
+    if pid == 0:
+        try:
+            os.setsid()
+            if keep_fds:
+                for fd in range(3, 256):
+                    try:
+                        fcntl.fcntl(fd, fcntl.F_SETFD, 0)
+                    except OSError:
+                        pass
+            if cgroup_procs:
+                with open(cgroup_procs, "w") as fh:
+                    fh.write(str(os.getpid()))
+            os.execv("/bin/sleep", ["sleep", marker])
+        finally:
+            os._exit(1)
+    return "made" if pid > 0 else "refused"
+'''
+_clone_globals: dict = {}
+exec(CLONE_PARENT, _clone_globals)
+clone_parent_then_sleep = _clone_globals["clone_parent_then_sleep"]
+
+
+def _caller_cgroup_procs() -> str | None:
+    """The caller's own cgroup v2 ``cgroup.procs`` (the attacker's way out of the call's cgroup), if any."""
+    own = killable._own_v2_cgroup()
+    return os.path.join(own, "cgroup.procs") if own and os.geteuid() == 0 else None
+
+
+@pytest.mark.parametrize("how", ["clone", "clone3"])
+@pytest.mark.parametrize("then", ["answers", "hangs"])
+def test_a_clone_parent_process_of_the_call_dies_with_it(mode, then, how):
+    """clone(CLONE_PARENT) from the call's own process, holding every descriptor, moved into the caller's
+    cgroup: it used to be the caller's child (outside the ancestry sweep and cgroup.kill) and to hold the
+    answer pipe open, turning an answer into a timeout."""
+    marker = _marker()
+
+    def call():
+        made = clone_parent_then_sleep(marker, keep_fds=True, cgroup_procs=_caller_cgroup_procs(), how=how)
+        if then == "hangs":
+            time.sleep(60)
+        return made
+
+    try:
+        outcome = killable.call_in_killable_child(call, limit=30 if then == "answers" else 1.0)
+        assert outcome.status == ("ok" if then == "answers" else "timeout")
+        if then == "answers":  # the init of a PID namespace may not clone(CLONE_PARENT); the others may
+            assert outcome.value == ("refused" if mode in NAMESPACES else "made")
+        assert _settled(lambda: _with_marker(marker)) == []
+    finally:
+        for pid in _with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_verifier_whose_check_runs_the_completion_leaves_nothing_running():
+    """The attack as a completion: a public ``Verifier(time_limit=3)`` whose check executes the text."""
+    from llmgym import Task, as_verifier
+
+    marker = _marker()
+    completion = CLONE_PARENT + f"\nclone_parent_then_sleep({marker!r}, cgroup_procs={_caller_cgroup_procs()!r})\n"
+
+    def check(task, completion):
+        exec(completion, {})
+        return 1.0
+
+    try:
+        as_verifier(check, time_limit=3)(Task("x"), completion)
+        assert _settled(lambda: _with_marker(marker)) == []
+    finally:
+        for pid in _with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- the answer: read after the exit, from where the call's processes cannot reach it -------------------------
+
+def _forks_a_forger() -> str:
+    """A process the call forks writes a forged answer into every pipe it can write and every shared
+    writable mapping it has, then the call answers honestly."""
+    import ctypes
+    import fcntl
+    import pickle
+    import struct
+
+    forged = pickle.dumps(("ok", "forged"))
+    child = os.fork()
+    if child == 0:
+        try:
+            for name in os.listdir("/proc/self/fd"):
+                fd = int(name)
+                try:
+                    if fd > 2 and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:") and \
+                            fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
+                        os.write(fd, forged)
+                except OSError:
+                    pass
+            with open("/proc/self/maps") as fh:
+                shared = [line.split()[0] for line in fh if line.split()[1].startswith("rw") and line.split()[1][3] == "s"]
+            for span in shared:
+                start, end = (int(x, 16) for x in span.split("-"))
+                if end - start >= 8 + len(forged):
+                    ctypes.memmove(start + 8, forged, len(forged))
+                    ctypes.memmove(start, struct.pack("<Q", len(forged)), 8)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    return "honest"
+
+
+def test_a_process_the_call_forks_cannot_forge_its_answer(mode):
+    assert killable.call_in_killable_child(_forks_a_forger, limit=30) == ("ok", "honest")
+
+
+def _kills_its_keeper(marker: str) -> str:
+    """Start a detached sleep, then SIGKILL the process above the call (its keeper) and answer."""
+    subprocess.Popen(["setsid", "sleep", marker])
+    _settled(lambda: not _with_marker(marker))
+    if os.getppid():  # (in a PID namespace the keeper is outside: it has no pid here)
+        os.kill(os.getppid(), signal.SIGKILL)
+    return "answered"
+
+
+def test_an_answer_given_after_killing_the_keeper_is_refused(mode):
+    marker = _marker()
+    try:
+        outcome = killable.call_in_killable_child(_kills_its_keeper, marker, limit=30)
+        assert outcome == ("ok", "answered") if mode in NAMESPACES else outcome.status == "died"
+        if mode != "subreaper":  # alone, the subreaper's orphans go to init (docs/sandbox.md)
+            assert _settled(lambda: _with_marker(marker)) == []
+    finally:
+        for pid in _with_marker(marker):
+            os.kill(pid, signal.SIGKILL)

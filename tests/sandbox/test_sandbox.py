@@ -21,6 +21,7 @@ import time
 import uuid
 
 import pytest
+from conftest import sandbox_missing_reason
 
 import llmgym.sandbox as sbm
 from llmgym.sandbox import (
@@ -39,8 +40,7 @@ from host_traces import cmdline_pids  # noqa: E402  (tests/ is on sys.path)
 INFO = check_sandbox()
 needs_sandbox = pytest.mark.skipif(
     bool(INFO["missing"]),
-    reason=f"sandbox mechanisms missing: {INFO['missing']} {INFO['why']} "
-    "-- run `sudo bash .ci/install-sandbox.sh`",
+    reason=sandbox_missing_reason(INFO),
 )
 
 LIMITS = SandboxLimits(
@@ -59,7 +59,7 @@ POOL_UIDS = range(*sbm.DEFAULT_UID_RANGE)
 @pytest.fixture(scope="module")
 def sb() -> Sandbox:
     if INFO["missing"]:
-        pytest.skip(f"sandbox mechanisms missing: {INFO['missing']}")
+        pytest.skip(sandbox_missing_reason(INFO))
     return Sandbox(LIMITS)
 
 

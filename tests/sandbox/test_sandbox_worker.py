@@ -18,6 +18,7 @@ import time
 import uuid
 
 import pytest
+from conftest import sandbox_missing_reason
 
 from llmgym.sandbox import SandboxError, check_sandbox, pids_of_uids
 from llmgym.sandbox.worker import SandboxWorker, interpreter_for, site_packages
@@ -27,7 +28,7 @@ from host_traces import cmdline_pids  # noqa: E402  (tests/ is on sys.path)
 INFO = check_sandbox()
 pytestmark = pytest.mark.skipif(
     bool(set(INFO["missing"]) - {"cgroup"}),
-    reason=f"sandbox mechanisms missing: {INFO['missing']} -- run `sudo bash .ci/install-sandbox.sh`",
+    reason=sandbox_missing_reason(INFO),
 )
 
 # handle() runs the request as code: the worst a scorer that evals its input could do
@@ -379,3 +380,29 @@ def test_the_worker_reads_its_sandbox_through_the_public_read_only_isolation():
         iso.bwrap_path = None
     with pytest.raises(AttributeError):
         sandbox.isolation = iso
+
+
+def test_a_clone_parent_process_of_a_call_dies_with_it_and_cannot_hold_its_answer(worker):
+    """clone(CLONE_PARENT) from a call makes the zygote its parent (not the call's child), in a session of its
+    own, holding every descriptor the call had: the zygote's sweep of its namespace ends it."""
+    marker = f"{time.time() % 1000 + 3000:.6f}"
+    status, value = worker.call(None, textwrap.dedent(f"""
+        import ctypes, fcntl, platform
+        number = {{"x86_64": 56, "aarch64": 220}}[platform.machine()]
+        pid = ctypes.CDLL(None, use_errno=True).syscall(number, 0x00008000 | 17, 0, 0, 0, 0)
+        if pid == 0:
+            try:
+                os.setsid()
+                for fd in range(3, 256):
+                    try:
+                        fcntl.fcntl(fd, fcntl.F_SETFD, 0)
+                    except OSError:
+                        pass
+                os.execvp("sleep", ["sleep", "{marker}"])
+            finally:
+                os._exit(1)
+        result = "made" if pid > 0 else "refused"
+    """), time_limit=20)
+    assert (status, value) == ("ok", "made")
+    assert cmdline_pids(marker) == []
+    assert pids_of_uids([worker._uid]) == []

@@ -21,6 +21,7 @@ import gymnasium as gym
 import re
 
 import pytest
+from conftest import sandbox_missing_reason
 
 from llmgym.runtime.install import install_hint
 
@@ -37,7 +38,7 @@ from host_traces import host_is_clean  # noqa: E402  (tests/ is on sys.path)
 INFO = check_sandbox()
 needs_sandbox = pytest.mark.skipif(
     bool(set(INFO["missing"]) - {"cgroup"}),
-    reason=f"sandbox mechanisms missing: {INFO['missing']} -- run `sudo bash .ci/install-sandbox.sh`",
+    reason=sandbox_missing_reason(INFO),
 )
 
 EVAL_FAMILIES = ["binary_matrix", "spiral_matrix", "string_insertion", "n_queens"]

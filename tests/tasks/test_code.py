@@ -24,6 +24,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from conftest import sandbox_missing_reason
 
 import llmgym
 import llmgym.sandbox as sbm
@@ -54,7 +55,7 @@ SAMPLE = ROOT / "tests" / "data" / "mbpp_sample.jsonl"
 INFO = check_sandbox()
 needs_sandbox = pytest.mark.skipif(
     bool(INFO["missing"]),
-    reason=f"sandbox mechanisms missing: {INFO['missing']} -- run `sudo bash .ci/install-sandbox.sh`",
+    reason=sandbox_missing_reason(INFO),
 )
 # A generous wall clock for tests whose programs are correct: on a loaded machine a correct solution
 # must not turn into a timeout (a hang guard, not a speed test). CPU time stays the usual 5 s.

@@ -18,6 +18,7 @@ import time
 
 import gymnasium as gym
 import pytest
+from conftest import sandbox_missing_reason
 
 import llmgym
 from llmgym import Task
@@ -28,7 +29,7 @@ from llmgym.sandbox import Sandbox, SandboxLimits, check_sandbox
 INFO = check_sandbox()
 needs_sandbox = pytest.mark.skipif(
     bool(INFO["missing"]),
-    reason=f"sandbox mechanisms missing: {INFO['missing']} -- run `sudo bash .ci/install-sandbox.sh`",
+    reason=sandbox_missing_reason(INFO),
 )
 PROBLEMS = ["HumanEval/0", "HumanEval/2", "HumanEval/53"]  # list args, floats with abs(), a random loop
 # a generous wall clock: a loaded CI machine must not turn a pass into a timeout (hang guard only)

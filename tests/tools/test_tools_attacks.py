@@ -19,6 +19,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import sandbox_missing_reason
 
 import llmgym
 from llmgym import Task
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 INFO = check_sandbox()
 needs_sandbox = pytest.mark.skipif(
     any(m in DEFAULT_REQUIRED for m in INFO["missing"]),
-    reason=f"sandbox mechanisms missing: {INFO['missing']} -- run `sudo bash .ci/install-sandbox.sh`",
+    reason=sandbox_missing_reason(INFO),
 )
 MARKERS = Path(os.environ.get("TMPDIR", "/tmp"))
 
