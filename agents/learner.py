@@ -430,6 +430,9 @@ class Learner:
         self.scheduler = None
         self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
         self._check_logprobs = None  # the engine's check of its reported log-probs (a fleet's), per update
+        self.behaviour_weights: dict[int, dict[str, torch.Tensor]] = {}
+        """Kept weights of the versions that sampled stale tokens (the pipelined learner fills it for an engine
+        with ``screen_batch``): those tokens are scored under them (:mod:`llmgym.agents.screening`)."""
         self.correct_staleness = True
         """Reweight stale tokens (see :meth:`importance_corrected`); off only to measure what the correction does."""
         self.share_prefixes = True
@@ -540,7 +543,8 @@ class Learner:
         # an engine that cannot be taken at its word (a fleet of rollout servers) checks the log-probs it
         # reported against the learner's, which the update computes anyway (before any optimiser step)
         engine = getattr(agent, "engine", None)  # None: an agent that samples nothing (DPO's pairs)
-        self._check_logprobs = None if engine is None else optional_member(engine, "check_logprobs")
+        screened = engine is not None and optional_member(engine, "screen_batch") is not None  # checked already
+        self._check_logprobs = None if engine is None or screened else optional_member(engine, "check_logprobs")
         if not on_policy and (c.tis is not None or c.precision != "fp32" or weight_stats is not None
                               or self._check_logprobs is not None):
             # π_old (the proximal policy) from the learner itself, once, before the first optimiser step:

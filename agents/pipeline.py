@@ -77,7 +77,7 @@ import torch
 from llmgym.errors import LLMGymError
 from llmgym.runtime import distributed
 from llmgym.engines import HFEngine
-from llmgym.engines.base import sync_engine_weights
+from llmgym.engines.base import optional_member, sync_engine_weights
 
 __all__ = ["DEFAULT_VERIFY_WORKERS", "STAGES", "Pipeline", "PipelineState", "StageMeter", "WeightChannel",
            "behaviour_version"]
@@ -505,6 +505,12 @@ class Pipeline:
         if sampled:
             channel.acquire(sampled[0])
         self.state = None
+        # an engine that cannot be taken at its word: the weights of each version that samples a batch trained on
+        # after a newer one are kept until that update, which scores the batch under them (agents/screening.py)
+        stale_at = ({i: schedule[i] for i in range(steps) if i not in ready and schedule[i] < start + i}
+                    if optional_member(self.engine, "screen_batch") is not None else {})
+        kept = agent.learner.behaviour_weights
+        kept.clear()
         stages = _Stages()
         stop = threading.Event()
         turns = [threading.Event() for _ in range(steps + 1)]  # turns[i]: rollout i may use the engine
@@ -535,9 +541,13 @@ class Pipeline:
                 for i in range(steps):
                     batch = _result(futures[i])
                     staleness = self._staleness(batch, schedule[i])
+                    for version in {agent.step_count} & set(stale_at.values()) - set(kept):
+                        kept[version] = _snapshot(agent.model).state_dict()
                     channel.freeze()
                     with stages.busy("learn"):
                         metrics = agent.update(batch)
+                    for version in [v for v in kept if v not in {stale_at[j] for j in stale_at if j > i}]:
+                        del kept[version]
                     channel.publish(agent.step_count, agent.model)
                     now, busy = time.perf_counter(), stages.seconds()
                     row = agent.step_row(batch, metrics, now - step_started)
@@ -559,6 +569,7 @@ class Pipeline:
             if checks is not None:
                 checks.shutdown(wait=True)
             agent.engine = engine_before
+            kept.clear()
             channel.close()
         if not self.owns_engine:  # the agent's engine samples the trained policy afterwards, as after learn()
             sync_engine_weights(self.engine, agent.model, agent.step_count)
