@@ -36,7 +36,11 @@ rollout needs it, nothing is copied. Generation waits only for the copy of the v
 **The correction.** Each sampled token is tagged with its version (``Batch.policy_versions``); the
 learner reweights stale tokens by ``min(π_prox / π_behav, tis_cap)`` and clips PPO's ratio around
 ``π_prox`` (AReaL's decoupled objective; :mod:`llmgym.agents.corrections`). With ``K = 0`` no token
-is stale and the weights are exactly 1.
+is stale and the weights are exactly 1. With an engine that cannot be taken at its word (a fleet of
+servers: it has ``screen_batch``) a server's reported log-prob never sets a weight: the pipeline keeps
+the weights of each version that samples a stale batch until that batch's update
+(``Learner.behaviour_weights``, at most ``K`` copies of the trained parameters), and ``π_behav`` is the
+learner's score under them (:mod:`llmgym.agents.screening`).
 
 **Checkpoints.** A segment boundary drains the pipeline (batch ``s`` is sampled by version ``s``):
 a checkpoint written after step ``s`` (every ``drain_every`` steps; the command line passes its

@@ -43,7 +43,7 @@ class SamplingServer:
         from llmgym.fleet.weight_transfer import open_group, receive_named_tensors
 
         self.model, self.tokenizer, self.lie = model.eval(), tokenizer, lie
-        self.version, self.group, self.rows = "default", None, 0
+        self.version, self.group, self.rows, self.served = "default", None, 0, set()
         self.lock = threading.Lock()
         outer = self
 
@@ -137,6 +137,7 @@ class SamplingServer:
             logprobs = [0.0] * len(tokens)
         if self.lie == "scores":
             logprobs = [min(0.0, v + 1.0) for v in logprobs]
+        self.served.add(tuple(tokens))
         return tokens, logprobs, "stop" if tokens and tokens[-1] in stops else "length"
 
     def close(self):
@@ -200,11 +201,9 @@ def test_a_lying_server_is_distrusted_and_its_rows_are_absent_from_the_step_that
         with pytest.warns(UntrustedServerWarning, match=reason):
             rows = agent.learn(_env(tok), steps=1)
         assert fleet.live == [honest.url] and liar.rows > 0
-        served = {tuple(c) for c in _completions(trained[0])}
-        assert rows[0]["rows_dropped"] > 0 and len(trained[0]) == 16 - rows[0]["rows_dropped"]
-        assert len(trained[0]) % 4 == 0  # whole groups leave (their baseline held a distrusted reward)
-        if lie == "fixed":
-            assert tuple(int(t) for t in tok.encode("x = 7 + 7")[:12]) not in served
+        trained_on = {tuple(c) for c in _completions(trained[0])}
+        assert trained_on and not trained_on & liar.served and trained_on <= honest.served
+        assert len(trained[0]) % 4 == 0 and rows[0]["rows_dropped"] == 16 - len(trained[0])  # whole groups left
 
 
 def _completions(batch):
@@ -224,7 +223,7 @@ def test_a_lone_server_that_samples_one_fixed_completion_stops_the_run_before_an
 
 
 def test_honest_servers_raise_no_alarm_over_many_batches(tok, learner):
-    """Two honest servers, 12 batches of 16 completions (fixed seeds): every row stays, no server is dropped,
+    """Two honest servers, 8 batches of 16 completions (fixed seeds): every row stays, no server is dropped,
     and no server's likelihood statistic comes near its bound (the measured false-alarm rate over thousands of
     batches is in benchmarks/results/notes_sample_check.md)."""
     from llmgym.agents.screening import screen
@@ -235,7 +234,7 @@ def test_honest_servers_raise_no_alarm_over_many_batches(tok, learner):
         worst = 0.0
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            for step in range(12):
+            for step in range(8):
                 episodes, _ = collect_episodes(_env(tok), fleet, num_tasks=4, group_size=4, sampling=agent.sampling(),
                                                seed=1_000 + step)
                 batch = Batch.from_episodes(episodes, fleet.pad_id)
