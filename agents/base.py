@@ -169,6 +169,9 @@ class Agent(abc.ABC):
     """Whether the loss reads a value head (PPO): the learner then asks :meth:`forward` for values."""
     pipeline_state: Any = None
     """What continues a pipelined :meth:`learn` that its callback stopped (see there); ``None`` otherwise."""
+    screens_batches = True
+    """Whether :meth:`update` has an untrusted engine's batch checked first (:mod:`llmgym.agents.screening`):
+    ``False`` where the batch is not the engine's samples (offline DPO's pairs)."""
     batch_observer: Callable[[Batch], Any] | None = None
     """Called by :meth:`update` with the batch it trained on (advantages filled in), before the step's row is
     reported: how a run records sampled episodes (:mod:`llmgym.train.rollouts`) without keeping the batch."""

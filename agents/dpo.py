@@ -167,6 +167,7 @@ class DPO(Agent):
         source = preferences if preferences is not None else self.config.pairs
         self.preferences = load_preferences(source) if source is not None else None
         self.mode = "offline" if self.preferences is not None else "online"
+        self.screens_batches = self.mode == "online"  # offline pairs are data, not an engine's samples
 
     # -- data ------------------------------------------------------------------------------------
     def next_pairs(self) -> list[PreferencePair]:

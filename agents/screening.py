@@ -143,7 +143,7 @@ def screen(agent: Agent, batch: Batch) -> tuple[Batch | None, dict[str, float]]:
     A no-op (``batch`` itself, no metrics) for an engine without ``screen_batch`` (the learner's own engine,
     in this process, is trusted). See the module doc for the rules."""
     check = optional_member(getattr(agent, "engine", None), "screen_batch")
-    if check is None or not batch.episodes:
+    if check is None or not batch.episodes or not getattr(agent, "screens_batches", True):
         return batch, {}
     learner, version = agent.learner, agent.step_count
     mask = batch.action_mask.bool()

@@ -292,9 +292,9 @@ class FleetEngine:
         self.logprob_tolerance = float(logprob_tolerance)
         self.probe_gaps: dict[str, float] = {}  # the last sync's probe: mean |server - learner| per server
         self.batch_gaps: dict[str, float] = {}  # the last check_logprobs: the same over a batch's tokens
-        # per generate call (the last 64: a pipelined batch, or a multi-turn episode's turns), the hash of each
+        # per generate call (the last 1024: the batches in flight, each multi-turn episode's turns), the hash of each
         # returned completion's (tokens, log-probs) -> (index of the server that sampled it, top-p, temperature)
-        self._sampled_by: collections.deque[dict[int, tuple]] = collections.deque(maxlen=64)
+        self._sampled_by: collections.deque[dict[int, tuple]] = collections.deque(maxlen=1024)
         self.sample_scores: dict[str, float] = {}  # the last screen_batch: Σ(log π + H) / its bound, per server
         self.tokenizer = tokenizer
         self.max_concurrency, self.sync_timeout_s, self.bucket_bytes = max_concurrency, sync_timeout_s, bucket_bytes
