@@ -419,10 +419,10 @@ def test_the_pipelined_learner_loads_each_version_into_the_fleet_and_the_tags_ag
         # checked against the schedule), and the trained weights pushed at the end
         assert [r["behaviour_version"] for r in rows] == [0, 0, 1]
         assert [r["staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
-        # the stale batches were scored under the kept weights of version 0 and 1: honest servers pass, nothing
-        # is dropped, and the weights are the learner's own ratio (near 1 at one update apart)
+        # the stale batches were scored under the kept weights of versions 0 and 1: honest servers pass, nothing
+        # is dropped, and no stale token went unchecked
         assert all(r["rows_dropped"] == 0 and r["stale_tokens_unchecked"] == 0 for r in rows), rows
-        assert fleet.live == servers.urls() and all(0.5 < r["is_weight_min"] <= r["is_weight_max"] < 2 for r in rows)
+        assert fleet.live == servers.urls()
         assert fleet.policy_version == 3 and set(fleet.server_versions().values()) == {"3"}
         synced, versions = gap_and_versions(fleet, model, tokenizer)
         assert synced < SYNC_TOL and versions == {3}
