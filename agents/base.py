@@ -376,7 +376,8 @@ class Agent(abc.ABC):
         """
         # an engine that cannot be taken at its word (a fleet) has its rows checked first: a distrusted server's
         # rows leave the batch before anything is computed from it (llmgym.agents.screening)
-        batch, screened = screen(self, batch.to(self.device))  # a batch built elsewhere comes over
+        sampled = getattr(batch, "sampled_from", None)  # every row sampled, where collect kept some by reward
+        batch, screened = screen(self, batch.to(self.device), sampled)  # a batch built elsewhere comes over
         if batch is None:  # no trusted row left: no optimiser step
             metrics = {"loss": math.nan, "lr": float(self.optimizer.param_groups[0]["lr"]), **screened}
         else:

@@ -137,27 +137,32 @@ def token_scores(agent: Agent, batch: Batch, select: torch.Tensor) -> tuple[torc
     return tuple(out)
 
 
-def screen(agent: Agent, batch: Batch) -> tuple[Batch | None, dict[str, float]]:
+def screen(agent: Agent, batch: Batch, sampled: Batch | None = None) -> tuple[Batch | None, dict[str, float]]:
     """``batch`` as the step may use it, and the screen's metrics; ``None`` when no row is left.
 
-    A no-op (``batch`` itself, no metrics) for an engine without ``screen_batch`` (the learner's own engine,
-    in this process, is trusted). See the module doc for the rules."""
+    ``sampled``: every row the engine sampled for ``batch`` when the agent kept only some of them by their
+    rewards (rejection sampling's winners, online DPO's pairs, DAPO's informative groups: the
+    ``sampled_from`` its ``collect`` leaves on the batch). The samples are tested there, where they are still
+    samples of the policy (a choice by reward is not); the kept rows are judged by their servers. A no-op
+    (``batch`` itself, no metrics) for an engine without ``screen_batch`` (the learner's own engine, in this
+    process, is trusted). See the module doc for the rules."""
     check = optional_member(getattr(agent, "engine", None), "screen_batch")
     if check is None or not batch.episodes or not getattr(agent, "screens_batches", True):
         return batch, {}
+    full = sampled if sampled is not None and sampled.episodes else batch
     learner, version = agent.learner, agent.step_count
-    mask = batch.action_mask.bool()
-    versions = batch.policy_versions
+    mask = full.action_mask.bool()
+    versions = full.policy_versions
     stale = (mask & (versions >= 0) & (versions < version) if versions is not None else torch.zeros_like(mask))
     kept = getattr(learner, "behaviour_weights", None) or {}
     unkept = stale & ~torch.isin(versions, torch.tensor(sorted(kept), dtype=torch.long, device=versions.device)) \
         if bool(stale.any()) else stale
-    logprobs, entropy, second = token_scores(agent, batch, (mask & ~stale) | unkept)
+    logprobs, entropy, second = token_scores(agent, full, (mask & ~stale) | unkept)
     checked = mask & ~stale
     for v in sorted({int(x) for x in versions[stale & ~unkept].tolist()}) if bool(stale.any()) else []:
         select = stale & (versions == v)
         with kept_weights(learner.model, kept[v]):
-            scored = token_scores(agent, batch, select)
+            scored = token_scores(agent, full, select)
         for mine, theirs in zip((logprobs, entropy, second), scored):
             mine.copy_(torch.where(select, theirs, mine))
         checked |= select
@@ -166,9 +171,15 @@ def screen(agent: Agent, batch: Batch) -> tuple[Batch | None, dict[str, float]]:
     core = _core_model(learner.model)
     head = core.get_output_embeddings()
     vocab = int(head.weight.shape[0]) if head is not None else int(core.config.get_text_config().vocab_size)
-    keep = check(batch, TokenScores(logprobs, entropy, second, checked, vocab))
+    trusted = check(full, TokenScores(logprobs, entropy, second, checked, vocab))
+    # the rows of `batch` in `full` (the same episode objects; a row of `batch` that is not there is not trusted)
+    where = {id(e): i for i, e in enumerate(full.episodes)}
+    index = [where.get(id(e)) for e in batch.episodes]
+    keep = [i is not None and bool(trusted[i]) for i in index]
     if bool(stale.any()):  # the learner's scores, never the server's report, are the stale tokens' π_behav
-        batch = dataclasses.replace(batch, old_logprobs=torch.where(stale, logprobs, batch.old_logprobs))
+        rows, width = torch.tensor([i or 0 for i in index], device=mask.device), batch.action_mask.shape[1]
+        ours = torch.where(stale, logprobs, full.old_logprobs)[rows][:, :width]
+        batch = dataclasses.replace(batch, old_logprobs=ours)
     distrusted = {int(g) for g, ok in zip(batch.groups.tolist(), keep) if not ok}
     rows = [i for i, g in enumerate(batch.groups.tolist()) if int(g) not in distrusted]
     metrics = {"rows_dropped": float(len(batch) - len(rows)), "stale_tokens_unchecked": float(unkept.sum())}

@@ -80,3 +80,33 @@ def test_without_screen_batch_the_batch_is_untouched():
     agent = GRPO(model, tok, tasks_per_step=2, group_size=2, max_new_tokens=4, kl_coef=0.0)
     batch = agent.collect(gym.make("llmgym/Copy-v0", tokenizer=tok))
     assert screen(agent, batch) == (batch, {})
+
+
+@pytest.mark.parametrize("name", ["rejection", "dapo"])
+def test_an_agent_that_keeps_rows_by_reward_has_every_sampled_row_tested(name):
+    """Rejection sampling keeps each group's winner, DAPO its informative groups: a choice by reward is not a
+    sample of the policy, so the sample tests run on every row the engine sampled, before the choice."""
+    from llmgym.agents import DAPO
+    from llmgym.agents.rejection_sampling import RejectionSampling
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
+    engine = Screening(copy.deepcopy(model), tok)
+    cls = RejectionSampling if name == "rejection" else DAPO
+    agent = cls(model, tok, engine=engine, tasks_per_step=4, group_size=4, max_new_tokens=4, kl_coef=0.0)
+    from llmgym import SequenceEnv, Task
+
+    env = SequenceEnv([Task(f"coin {i}:", id=f"coin-{i}") for i in range(8)], _coin, tok)  # rewards that differ
+    for _ in range(5):  # until the agent keeps some rows, not all
+        batch = agent.collect(env)
+        if 0 < len(batch) < len(batch.sampled_from):
+            break
+        agent.step_count += 1
+    assert 0 < len(batch) < len(batch.sampled_from)
+    agent.update(batch)
+    assert engine.scores.logprobs.shape[0] == len(batch.sampled_from)  # every sampled row was scored
+
+
+def _coin(task, completion):
+    return float(len(completion.encode("utf-8", "replace")) % 2 == 0)
