@@ -58,7 +58,8 @@ def main() -> None:
 
     agent_base.screen = timed
     try:
-        with FleetEngine(servers.urls(), tok, model, secret=servers.secret) as fleet, warnings.catch_warnings(record=True) as caught:
+        with FleetEngine(servers.urls(), tok, model, secret=servers.secret) as fleet, \
+                warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             agent = GRPO(model, tok, engine=fleet, max_new_tokens=recipe.MAX_NEW_TOKENS, seed=0,
                          **{**recipe.BATCH, "lr": 1e-3, "kl_coef": 0.0})

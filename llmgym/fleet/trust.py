@@ -215,7 +215,8 @@ def _judge_gaps(fleet: FleetEngine, tallies: dict[int, SampleTally]) -> dict[str
         if server.lost is None and not gap <= fleet.logprob_tolerance:
             fleet._lose(server, f"the log-probs it reported for {tally.gap_count} tokens of a batch differ from the "
                                 f"learner's recomputation by {gap:.3g} nats per token (tolerance "
-                                f"{fleet.logprob_tolerance:g}): it does not sample the learner's policy", untrusted=True)
+                                f"{fleet.logprob_tolerance:g}): it does not sample the learner's policy",
+                        untrusted=True)
         elif server.lost is None and not tally.gap_worst <= fleet.token_tolerance:
             fleet._lose(server, f"the log-prob it reported for a token of a batch differs from the learner's "
                                 f"recomputation by {tally.gap_worst:.3g} nats (token tolerance "
@@ -223,7 +224,8 @@ def _judge_gaps(fleet: FleetEngine, tallies: dict[int, SampleTally]) -> dict[str
     return result
 
 
-def check_logprobs(fleet: FleetEngine, batch: Any, learner_logprobs: Any, version: int | None = None) -> dict[str, float]:
+def check_logprobs(fleet: FleetEngine, batch: Any, learner_logprobs: Any,
+                   version: int | None = None) -> dict[str, float]:
     """:meth:`FleetEngine.check_logprobs`: the servers' reported log-probs against ``learner_logprobs`` on the
     tokens ``version`` sampled (default: every token); returns ``{url: mean gap}`` and drops a server over the
     tolerances."""
