@@ -75,6 +75,7 @@ __all__ = [
     "default_chunk_size",
     "CHUNK_ELEMENTS",
     "micro_batches",
+    "head_inputs",
 ]
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
@@ -317,6 +318,36 @@ def token_logprobs_and_entropy(
     logprobs = torch.zeros(targets.shape, dtype=torch.float32, device=input_ids.device).index_put((select,), lp)
     entropy = torch.zeros(targets.shape, dtype=torch.float32, device=input_ids.device).index_put((select,), ent)
     return logprobs, entropy, (hidden if with_hidden else None)
+
+
+@torch.no_grad()
+def head_inputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                select: torch.Tensor) -> tuple[torch.Tensor, torch.nn.Module | None, float, float | None]:
+    """``(inputs, head, scale, softcap)`` for a no-grad scoring pass over the positions ``select`` (``[N, L-1]``):
+    the LM head's inputs there ``[K, H]`` (the decoder stack's last hidden state) with the head module and the
+    model's logit transform (``logits = softcap·tanh(scale·head(inputs) / softcap)``), or — for a model the
+    chunked head cannot reproduce — the model's own logits ``[K, V]`` with ``head=None``, ``scale=1``.
+
+    Example:
+        >>> import torch
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> model = build_tiny_model(build_tokenizer(), TinyModelConfig(hidden_size=32, num_layers=1))
+        >>> ids = torch.tensor([[1, 5, 6, 7]])
+        >>> inputs, head, scale, softcap = head_inputs(model, ids, torch.ones_like(ids), torch.tensor([[0, 1, 1]]))
+        >>> tuple(inputs.shape), head is model.lm_head, scale, softcap
+        ((2, 32), True, 1.0, None)
+    """
+    positions = _position_ids(attention_mask)
+    backbone = _backbone(model) if _accepts_logits_to_keep(model) else None
+    core = _core_model(model)
+    transform = logit_transform(core) if backbone is not None else None
+    if transform is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                       use_cache=False).logits[:, :-1]
+        return logits[select.bool()], None, 1.0, None
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                      use_cache=False).last_hidden_state[:, :-1]
+    return hidden[select.bool()], core.get_output_embeddings(), transform[0], transform[1]
 
 
 def _module_head_logprobs(head, hidden, targets, temperature, scale, softcap, chunk_size):

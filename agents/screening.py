@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from llmgym.agents.learner import CHUNK_ELEMENTS, head_inputs, micro_batches
 from llmgym.engines.base import optional_member
 from llmgym.fleet.trust import TokenScores
 from llmgym.rollout.episodes import Batch
@@ -82,18 +83,11 @@ def token_scores(agent: Agent, batch: Batch, select: torch.Tensor) -> tuple[torc
     """``(log π, H, E[(log π)²])`` of ``batch``'s tokens at ``select`` (``[N, L-1]`` each, 0 elsewhere) under the
     model's current weights at the sampling temperature: the decoder stack once, then the LM head over the
     selected positions in tiles of at most :data:`~llmgym.agents.learner.CHUNK_ELEMENTS` logits."""
-    from llmgym.agents.learner import (CHUNK_ELEMENTS, _accepts_logits_to_keep, _backbone, _core_model,
-                                       _position_ids, logit_transform, micro_batches)
-
     learner = agent.learner
     model, c = learner.model, learner.config
     t = c.temperature if c.temperature > 0 else 1.0
-    shape = batch.action_mask.shape
-    out = [torch.zeros(shape, dtype=torch.float32, device=batch.action_mask.device) for _ in range(3)]
-    core = _core_model(model)
-    backbone = _backbone(model) if _accepts_logits_to_keep(model) else None
-    transform = logit_transform(core) if backbone is not None else None
-    head = core.get_output_embeddings()
+    out = [torch.zeros(batch.action_mask.shape, dtype=torch.float32, device=batch.action_mask.device)
+           for _ in range(3)]
     was_training = model.training
     model.eval()
     try:
@@ -105,21 +99,13 @@ def token_scores(agent: Agent, batch: Batch, select: torch.Tensor) -> tuple[torc
             if not bool(chosen.any()):
                 continue
             targets = part.input_ids[:, 1:][chosen]
-            positions = _position_ids(part.attention_mask)
             with learner.autocast():
-                if transform is None:  # the model's own logits (an exotic head)
-                    inputs = model(input_ids=part.input_ids, attention_mask=part.attention_mask,
-                                   position_ids=positions, use_cache=False).logits[:, :-1][chosen]
-                    scale, softcap, apply = 1.0, None, None
-                else:
-                    inputs = backbone(input_ids=part.input_ids, attention_mask=part.attention_mask,
-                                      position_ids=positions, use_cache=False).last_hidden_state[:, :-1][chosen]
-                    (scale, softcap), apply = transform, head
+                inputs, head, scale, softcap = head_inputs(model, part.input_ids, part.attention_mask, chosen)
                 vocab = int(head.weight.shape[0]) if head is not None else inputs.shape[-1]
                 step = max(1, CHUNK_ELEMENTS // max(1, vocab))
                 parts = []
                 for s in range(0, inputs.shape[0], step):
-                    logits = (apply(inputs[s:s + step]) if apply is not None else inputs[s:s + step]).float()
+                    logits = (head(inputs[s:s + step]) if head is not None else inputs[s:s + step]).float()
                     if scale != 1.0:
                         logits = logits * scale
                     if softcap:
@@ -166,11 +152,8 @@ def screen(agent: Agent, batch: Batch, sampled: Batch | None = None) -> tuple[Ba
         for mine, theirs in zip((logprobs, entropy, second), scored):
             mine.copy_(torch.where(select, theirs, mine))
         checked |= select
-    from llmgym.agents.learner import _core_model
-
-    core = _core_model(learner.model)
-    head = core.get_output_embeddings()
-    vocab = int(head.weight.shape[0]) if head is not None else int(core.config.get_text_config().vocab_size)
+    head = learner.model.get_output_embeddings()
+    vocab = int(head.weight.shape[0]) if head is not None else int(learner.model.config.get_text_config().vocab_size)
     trusted = check(full, TokenScores(logprobs, entropy, second, checked, vocab))
     # the rows of `batch` in `full` (the same episode objects; a row of `batch` that is not there is not trusted)
     where = {id(e): i for i, e in enumerate(full.episodes)}

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from llmgym.runtime import distributed
 
 if TYPE_CHECKING:  # pragma: no cover
-    from llmgym.fleet.fleet_engine import FleetEngine, _Server
+    from llmgym.fleet.fleet_engine import FleetEngine
 
 __all__ = ["DUPLICATE_ALPHA", "SAMPLE_ALPHA", "TokenScores", "check_logprobs", "duplicate_threshold",
            "freedman_threshold", "judge_samples", "SampleTally", "screen_batch", "verify_probe"]
@@ -295,6 +295,10 @@ def judge_samples(tally: SampleTally, vocab_size: int) -> tuple[float, str | Non
     return ratio, None
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
 # -- after a sync: does the server hold the learner's weights? -------------------------------------------
 def _probe_ids(fleet: FleetEngine, model: Any, length: int) -> list[int]:
     vocab = len(fleet.tokenizer) if fleet.tokenizer is not None else None
@@ -307,7 +311,7 @@ def _probe_ids(fleet: FleetEngine, model: Any, length: int) -> list[int]:
     return [rng.randrange(min(sizes)) for _ in range(length)]
 
 
-def verify_probe(fleet: FleetEngine, live: list[_Server], model: Any, version: int, length: int) -> None:
+def verify_probe(fleet: FleetEngine, live: list, model: Any, version: int, length: int) -> None:
     """Ask every server for the log-probs of a fresh random sequence of ``length`` tokens and compare them with
     ``model``'s own: a server whose mean gap is over ``fleet.logprob_tolerance`` (or one token's over
     ``fleet.token_tolerance``) does not hold the weights just pushed (it discarded them, or samples another
@@ -315,14 +319,14 @@ def verify_probe(fleet: FleetEngine, live: list[_Server], model: Any, version: i
     import torch
 
     from llmgym.engines.hf import sequence_logprobs
-    from llmgym.fleet.fleet_engine import FleetError, _one_line
+    from llmgym.fleet.fleet_engine import FleetError
 
     if distributed.is_fsdp_module(model):
         return  # its forward is a collective of every rank, and only this one pushes: no probe (docs/scale.md)
     module = getattr(model, "module", model)
     ids = _probe_ids(fleet, module, length)
 
-    def ask(server: _Server) -> list[float] | str:
+    def ask(server: Any) -> list[float] | str:
         try:
             reply = server.call("POST", "/v1/completions", timeout=fleet.sync_timeout_s,
                                 json={"model": server.client.model, "prompt": ids, "max_tokens": 1,
