@@ -338,7 +338,9 @@ def head_inputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
         ((2, 32), True, 1.0, None)
     """
     positions = _position_ids(attention_mask)
-    backbone = _backbone(model) if _accepts_logits_to_keep(model) else None
+    # FSDP reshards the head after the forward (as in Learner.forward): the model's own logits there
+    whole = distributed.is_fsdp_module(model) or not _accepts_logits_to_keep(model)
+    backbone = None if whole else _backbone(model)
     core = _core_model(model)
     transform = logit_transform(core) if backbone is not None else None
     if transform is None:
