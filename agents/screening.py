@@ -154,7 +154,8 @@ def screen(agent: Agent, batch: Batch, sampled: Batch | None = None) -> tuple[Ba
         checked |= select
     head = learner.model.get_output_embeddings()
     vocab = int(head.weight.shape[0]) if head is not None else int(learner.model.config.get_text_config().vocab_size)
-    trusted = check(full, TokenScores(logprobs, entropy, second, checked, vocab))
+    temperature = learner.config.temperature if learner.config.temperature > 0 else 1.0
+    trusted = check(full, TokenScores(logprobs, entropy, second, checked, vocab, temperature))
     # the rows of `batch` in `full` (the same episode objects; a row of `batch` that is not there is not trusted)
     where = {id(e): i for i, e in enumerate(full.episodes)}
     index = [where.get(id(e)) for e in batch.episodes]

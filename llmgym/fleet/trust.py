@@ -113,6 +113,7 @@ class TokenScores:
         checked: the tokens scored under the weights that sampled them (a stale token whose weights the
             learner no longer holds is not; its reported log-prob is then not used either).
         vocab_size: the size of the distribution's support (bounds ``log π + H`` by ``log V``).
+        temperature: the temperature of the scores; a completion sampled at another one is not tested.
     """
 
     logprobs: Any
@@ -120,6 +121,7 @@ class TokenScores:
     second_moment: Any
     checked: Any
     vocab_size: int
+    temperature: float = 1.0
 
 
 def _runs(mask) -> list[tuple[int, int]]:
@@ -256,8 +258,8 @@ def screen_batch(fleet: FleetEngine, batch: Any, scores: TokenScores) -> list[bo
                 continue
             index, top_p, temperature = found
             cols = slice(start - 1, end - 1)
-            if not bool(checked[row, cols].all()) or temperature <= 0:
-                continue  # not scored under its sampling weights, or greedy (not a sample)
+            if not bool(checked[row, cols].all()) or temperature <= 0 or abs(temperature - scores.temperature) > 1e-6:
+                continue  # not scored under its sampling weights or temperature, or greedy (not a sample)
             tallies.setdefault(index, SampleTally()).add(episode.token_ids[start:end], logprobs[row, cols],
                                                          entropy[row, cols], second[row, cols], top_p)
     fleet.sample_scores = {}
