@@ -75,7 +75,6 @@ from typing import Any
 from llmgym.errors import LLMGymError, LLMGymWarning
 from llmgym.runtime import distributed
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
-from llmgym.fleet import trust
 from llmgym.fleet.weight_transfer import DEFAULT_BUCKET_BYTES, GlooSender, TransferError, local_address_towards
 
 __all__ = ["FleetEngine", "FleetError", "NotARolloutServerError", "PROBE_TOKENS", "ServerLostWarning",
@@ -614,6 +613,8 @@ class FleetEngine:
 
     # -- trust: nothing a server supplies is used unchecked (llmgym.fleet.trust) ----------------------
     def _verify(self, live: list[_Server], model: Any, version: int) -> None:
+        from llmgym.fleet import trust
+
         trust.verify_probe(self, live, model, version, PROBE_TOKENS)
 
     def check_logprobs(self, batch: Any, learner_logprobs: Any, version: int | None = None) -> dict[str, float]:
@@ -623,12 +624,17 @@ class FleetEngine:
         the learner's by up to ``-log(top_p)`` (vLLM reports the nucleus-renormalised one). A server whose mean
         gap is over :attr:`logprob_tolerance` (or one token's over :attr:`token_tolerance`) is dropped
         (:class:`UntrustedServerWarning`); with none left, :class:`FleetError`. Returns ``{url: mean gap}``."""
+        from llmgym.fleet import trust
+
         return trust.check_logprobs(self, batch, learner_logprobs, version)
 
-    def screen_batch(self, batch: Any, scores: trust.TokenScores) -> list[bool]:
+    def screen_batch(self, batch: Any, scores: Any) -> list[bool]:
         """Check every server's log-probs *and samples* in ``batch`` against the learner's ``scores`` before the
         batch is used (:func:`llmgym.fleet.trust.screen_batch`); drop the servers that fail; return per row
-        whether it stays (its servers are all trusted). With none left, :class:`FleetError`."""
+        whether it stays (its servers are all trusted); ``scores``: :class:`llmgym.fleet.trust.TokenScores`. With
+        none left, :class:`FleetError`."""
+        from llmgym.fleet import trust
+
         return trust.screen_batch(self, batch, scores)
 
     # -- sampling -----------------------------------------------------------------------------------
