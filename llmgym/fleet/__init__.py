@@ -7,8 +7,7 @@
 * :class:`FleetEngine` (:mod:`llmgym.fleet.fleet_engine`) is the learner's engine over N such
   servers: rows spread over them, the weights pushed to all after every update
   (:mod:`llmgym.fleet.weight_transfer`), every completion tagged with the policy version that sampled
-  it, and no server's word taken (a probe after each sync; each batch's log-probs and samples checked
-  before it is used: :mod:`llmgym.fleet.trust`).
+  it, and no server's word taken (a probe after each sync, each batch's log-probs checked).
 
 Imported on first use: the fleet needs vLLM (``llmgym serve``) or an HTTP client (the learner's side).
 

@@ -17,13 +17,12 @@
   a ``torch.distributed`` group (gloo: :mod:`llmgym.fleet.weight_transfer`; one group per server),
   ``/finish_weight_update`` with the **policy version** (vLLM records it as the server's weight
   version), ``/resume``.
-* **No server's word is taken** (:mod:`llmgym.fleet.trust`): the control routes carry the servers' secret
-  (``LLMGYM_SERVE_SECRET``; :mod:`llmgym.fleet.guard`); after each sync every server is asked the log-probs of
-  a fresh random token sequence (``prompt_logprobs``) and compared with the learner's own forward pass; and
-  before the learner uses a batch it hands its own scores of the batch's tokens to :meth:`FleetEngine.screen_batch`,
-  which compares them with what each server reported *and* tests that each server's completions are samples of
-  the policy (their likelihood against its entropy, and repeats). A server that fails is dropped
-  (:class:`UntrustedServerWarning`) and its rows leave the batch before the step; with none left,
+* **No server's word is taken**: the control routes carry the servers' secret (``LLMGYM_SERVE_SECRET``;
+  :mod:`llmgym.fleet.guard`); after each sync every server is asked the log-probs of a fresh
+  random token sequence (``prompt_logprobs``) and compared with the learner's own forward pass; and the
+  learner's update hands its recomputed log-probs of each batch to :meth:`FleetEngine.check_logprobs`,
+  which compares them with what each server reported for the tokens it sampled. A server off by more
+  than ``logprob_tolerance`` is dropped (:class:`UntrustedServerWarning`); with none left,
   :class:`FleetError`. A server that answers ``/update_weights`` with an error fails the sync at once,
   quoting its answer.
 * **Versions**: every :class:`~llmgym.engines.Completion` carries ``policy_version``, the version the
@@ -31,6 +30,12 @@
   (``/weight_info``), and a server holding another one (another learner pushed to it) stops the run.
   :func:`~llmgym.engines.base.sync_engine_weights` passes the learner's version (its update count);
   the pipelined learner passes the version of each batch's behaviour policy and checks the tags.
+* **Samples are checked before the batch is used** (:mod:`llmgym.fleet.trust`): the learner hands its own
+  scores of a batch's tokens, under the weights that sampled them, to :meth:`FleetEngine.screen_batch` before it
+  computes anything from the batch (in place of the update's :meth:`FleetEngine.check_logprobs`): the reported
+  log-probs are compared as above, and each server's completions are tested as samples of the policy (their
+  likelihood against its entropy, and repeats). A server that fails is dropped and its rows leave the batch
+  before the step.
 * **Under torchrun** every learner rank samples its share from the whole fleet; rank 0 alone holds
   the weight-transfer groups and pushes (the ranks' weights are identical after each update; an
   FSDP model is gathered on every rank, a collective), and every rank waits at a barrier until the
