@@ -74,8 +74,10 @@ class SamplingServer:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 if path == "/init_weight_transfer_engine":
                     info = body["init_info"]
+                    # the rendezvous nonce where the learner sends one (an authenticated rendezvous)
+                    nonce = {"nonce": info["nonce"]} if "nonce" in info else {}
                     outer.group, outer._store = open_group(info["master_address"], info["master_port"], 1, 2,
-                                                           timeout_s=info["timeout_s"])
+                                                           timeout_s=info["timeout_s"], **nonce)
                     outer.bucket_bytes = info["bucket_bytes"]
                     self._send(200, {})
                 elif path == "/update_weights":
