@@ -49,10 +49,10 @@ def main() -> None:
     screen_s: list[float] = []
     real_screen = agent_base.screen
 
-    def timed(agent, batch):
+    def timed(agent, batch, sampled=None):
         started = time.perf_counter()
         try:
-            return real_screen(agent, batch)
+            return real_screen(agent, batch, sampled)
         finally:
             screen_s.append(time.perf_counter() - started)
 
