@@ -21,6 +21,7 @@ import torch
 from llmgym.agents import functional as F
 from llmgym.agents.corrections import TIS_LEVELS
 from llmgym.agents.learner import ForwardOutput, Learner, check_learner_config, micro_batches
+from llmgym.agents.screening import screen
 from llmgym.runtime import distributed
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.engines.base import sync_engine_weights
@@ -168,6 +169,9 @@ class Agent(abc.ABC):
     """Whether the loss reads a value head (PPO): the learner then asks :meth:`forward` for values."""
     pipeline_state: Any = None
     """What continues a pipelined :meth:`learn` that its callback stopped (see there); ``None`` otherwise."""
+    screens_batches = True
+    """Whether :meth:`update` has an untrusted engine's batch checked first (:mod:`llmgym.agents.screening`):
+    ``False`` where the batch is not the engine's samples (offline DPO's pairs)."""
     batch_observer: Callable[[Batch], Any] | None = None
     """Called by :meth:`update` with the batch it trained on (advantages filled in), before the step's row is
     reported: how a run records sampled episodes (:mod:`llmgym.train.rollouts`) without keeping the batch."""
@@ -370,10 +374,17 @@ class Agent(abc.ABC):
         Micro-batches (``micro_batch_size``) accumulate gradients with the same scaling. The loop
         is :meth:`llmgym.agents.learner.Learner.update`.
         """
-        batch = self.prepare(batch.to(self.device))  # a batch built elsewhere (DPO's pairs, a user's) comes over
-        metrics = self.learner.update(self, batch)
-        if self.batch_observer is not None:
-            self.batch_observer(batch)
+        # an engine that cannot be taken at its word (a fleet) has its rows checked first: a distrusted server's
+        # rows leave the batch before anything is computed from it (llmgym.agents.screening)
+        sampled = getattr(batch, "sampled_from", None)  # every row sampled, where collect kept some by reward
+        batch, screened = screen(self, batch.to(self.device), sampled)  # a batch built elsewhere comes over
+        if batch is None:  # no trusted row left: no optimiser step
+            metrics = {"loss": math.nan, "lr": float(self.optimizer.param_groups[0]["lr"]), **screened}
+        else:
+            batch = self.prepare(batch)
+            metrics = {**self.learner.update(self, batch), **screened}
+            if self.batch_observer is not None:
+                self.batch_observer(batch)
         self.step_count += 1
         # a no-op for an HFEngine over this very model; a fleet of servers records the version
         sync_engine_weights(self.engine, self.model, self.step_count)

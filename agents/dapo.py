@@ -72,12 +72,13 @@ class DAPO(GRPO):
         want = num_tasks or c.tasks_per_step
         # under data parallel each draw hands this rank its share of `want` tasks; it keeps that many
         target = len(distributed.shard_range(want)) if distributed.is_distributed() else want
-        kept, draws, all_rewards = [], 0, []
+        kept, draws, all_rewards, drawn_episodes = [], 0, [], []
         last = None
         while True:
             batch = super().collect(env, want, draw=draws, **rollout)  # each extra draw gets a fresh seed
             last = batch
             all_rewards.append(batch.rewards)
+            drawn_episodes += batch.episodes
             groups = [batch.episodes[i:i + c.group_size] for i in range(0, len(batch.episodes), c.group_size)]
             informative = [g for g in groups if len({e.total_reward for e in g}) > 1] if c.dynamic_sampling else groups
             kept += informative
@@ -92,7 +93,10 @@ class DAPO(GRPO):
             for e in group:
                 e.group = g
                 episodes.append(e)
-        out = Batch.from_episodes(episodes, (rollout.get("engine") or self.engine).pad_id).to(self.device)
+        pad = (rollout.get("engine") or self.engine).pad_id
+        out = Batch.from_episodes(episodes, pad).to(self.device)
+        if c.dynamic_sampling:  # an untrusted engine's samples are tested before the choice (agents/screening.py)
+            out.sampled_from = Batch.from_episodes(drawn_episodes, pad).to(self.device)
         drawn = torch.cat(all_rewards)
         out.stats = {**last.stats, "extra_draws": float(draws), "kept_groups": float(len(kept)),
                      "reward_mean": float(drawn.mean()), "reward_std": float(drawn.std()) if len(drawn) > 1 else 0.0}

@@ -167,6 +167,7 @@ class DPO(Agent):
         source = preferences if preferences is not None else self.config.pairs
         self.preferences = load_preferences(source) if source is not None else None
         self.mode = "offline" if self.preferences is not None else "online"
+        self.screens_batches = self.mode == "online"  # offline pairs are data, not an engine's samples
 
     # -- data ------------------------------------------------------------------------------------
     def next_pairs(self) -> list[PreferencePair]:
@@ -195,6 +196,7 @@ class DPO(Agent):
         for g in torch.nonzero(gap > self.config.min_reward_gap).flatten().tolist():
             rows += [g * self.config.group_size + int(best[g]), g * self.config.group_size + int(worst[g])]
         batch = sampled.select(rows)
+        batch.sampled_from = sampled  # an untrusted engine's samples are tested before the choice (agents/screening.py)
         batch.stats = {**sampled.stats, "reward_mean": float(sampled.rewards.mean()),
                        "reward_std": float(sampled.rewards.std()) if len(sampled) > 1 else 0.0,
                        "pairs": float(len(rows) // 2), "pair_reward_gap": float(gap.mean()),

@@ -75,6 +75,7 @@ __all__ = [
     "default_chunk_size",
     "CHUNK_ELEMENTS",
     "micro_batches",
+    "head_inputs",
 ]
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
@@ -319,6 +320,38 @@ def token_logprobs_and_entropy(
     return logprobs, entropy, (hidden if with_hidden else None)
 
 
+@torch.no_grad()
+def head_inputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                select: torch.Tensor) -> tuple[torch.Tensor, torch.nn.Module | None, float, float | None]:
+    """``(inputs, head, scale, softcap)`` for a no-grad scoring pass over the positions ``select`` (``[N, L-1]``):
+    the LM head's inputs there ``[K, H]`` (the decoder stack's last hidden state) with the head module and the
+    model's logit transform (``logits = softcap·tanh(scale·head(inputs) / softcap)``), or — for a model the
+    chunked head cannot reproduce — the model's own logits ``[K, V]`` with ``head=None``, ``scale=1``.
+
+    Example:
+        >>> import torch
+        >>> from llmgym.runtime.models import build_tiny_model, build_tokenizer, TinyModelConfig
+        >>> model = build_tiny_model(build_tokenizer(), TinyModelConfig(hidden_size=32, num_layers=1))
+        >>> ids = torch.tensor([[1, 5, 6, 7]])
+        >>> inputs, head, scale, softcap = head_inputs(model, ids, torch.ones_like(ids), torch.tensor([[0, 1, 1]]))
+        >>> tuple(inputs.shape), head is model.lm_head, scale, softcap
+        ((2, 32), True, 1.0, None)
+    """
+    positions = _position_ids(attention_mask)
+    # FSDP reshards the head after the forward (as in Learner.forward): the model's own logits there
+    whole = distributed.is_fsdp_module(model) or not _accepts_logits_to_keep(model)
+    backbone = None if whole else _backbone(model)
+    core = _core_model(model)
+    transform = logit_transform(core) if backbone is not None else None
+    if transform is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                       use_cache=False).logits[:, :-1]
+        return logits[select.bool()], None, 1.0, None
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                      use_cache=False).last_hidden_state[:, :-1]
+    return hidden[select.bool()], core.get_output_embeddings(), transform[0], transform[1]
+
+
 def _module_head_logprobs(head, hidden, targets, temperature, scale, softcap, chunk_size):
     """log π and H through ``head``'s own forward, ``chunk_size`` tokens at a time, each chunk
     recomputed in backward (unless one chunk holds everything: recomputing would save nothing)."""
@@ -430,6 +463,9 @@ class Learner:
         self.scheduler = None
         self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
         self._check_logprobs = None  # the engine's check of its reported log-probs (a fleet's), per update
+        self.behaviour_weights: dict[int, dict[str, torch.Tensor]] = {}
+        """Kept weights of the versions that sampled stale tokens (the pipelined learner fills it for an engine
+        with ``screen_batch``): those tokens are scored under them (:mod:`llmgym.agents.screening`)."""
         self.correct_staleness = True
         """Reweight stale tokens (see :meth:`importance_corrected`); off only to measure what the correction does."""
         self.share_prefixes = True
@@ -540,7 +576,8 @@ class Learner:
         # an engine that cannot be taken at its word (a fleet of rollout servers) checks the log-probs it
         # reported against the learner's, which the update computes anyway (before any optimiser step)
         engine = getattr(agent, "engine", None)  # None: an agent that samples nothing (DPO's pairs)
-        self._check_logprobs = None if engine is None else optional_member(engine, "check_logprobs")
+        screened = engine is not None and optional_member(engine, "screen_batch") is not None  # checked already
+        self._check_logprobs = None if engine is None or screened else optional_member(engine, "check_logprobs")
         if not on_policy and (c.tis is not None or c.precision != "fp32" or weight_stats is not None
                               or self._check_logprobs is not None):
             # π_old (the proximal policy) from the learner itself, once, before the first optimiser step:

@@ -36,7 +36,11 @@ rollout needs it, nothing is copied. Generation waits only for the copy of the v
 **The correction.** Each sampled token is tagged with its version (``Batch.policy_versions``); the
 learner reweights stale tokens by ``min(π_prox / π_behav, tis_cap)`` and clips PPO's ratio around
 ``π_prox`` (AReaL's decoupled objective; :mod:`llmgym.agents.corrections`). With ``K = 0`` no token
-is stale and the weights are exactly 1.
+is stale and the weights are exactly 1. With an engine that cannot be taken at its word (a fleet of
+servers: it has ``screen_batch``) a server's reported log-prob never sets a weight: the pipeline keeps
+the weights of each version that samples a stale batch until that batch's update
+(``Learner.behaviour_weights``, at most ``K`` copies of the trained parameters), and ``π_behav`` is the
+learner's score under them (:mod:`llmgym.agents.screening`).
 
 **Checkpoints.** A segment boundary drains the pipeline (batch ``s`` is sampled by version ``s``):
 a checkpoint written after step ``s`` (every ``drain_every`` steps; the command line passes its
@@ -77,7 +81,7 @@ import torch
 from llmgym.errors import LLMGymError
 from llmgym.runtime import distributed
 from llmgym.engines import HFEngine
-from llmgym.engines.base import sync_engine_weights
+from llmgym.engines.base import optional_member, sync_engine_weights
 
 __all__ = ["DEFAULT_VERIFY_WORKERS", "STAGES", "Pipeline", "PipelineState", "StageMeter", "WeightChannel",
            "behaviour_version"]
@@ -505,6 +509,12 @@ class Pipeline:
         if sampled:
             channel.acquire(sampled[0])
         self.state = None
+        # an engine that cannot be taken at its word: the weights of each version that samples a batch trained on
+        # after a newer one are kept until that update, which scores the batch under them (agents/screening.py)
+        stale_at = ({i: schedule[i] for i in range(steps) if i not in ready and schedule[i] < start + i}
+                    if optional_member(self.engine, "screen_batch") is not None else {})
+        kept = agent.learner.behaviour_weights
+        kept.clear()
         stages = _Stages()
         stop = threading.Event()
         turns = [threading.Event() for _ in range(steps + 1)]  # turns[i]: rollout i may use the engine
@@ -535,9 +545,13 @@ class Pipeline:
                 for i in range(steps):
                     batch = _result(futures[i])
                     staleness = self._staleness(batch, schedule[i])
+                    for version in {agent.step_count} & set(stale_at.values()) - set(kept):
+                        kept[version] = _snapshot(agent.model).state_dict()
                     channel.freeze()
                     with stages.busy("learn"):
                         metrics = agent.update(batch)
+                    for version in [v for v in kept if v not in {stale_at[j] for j in stale_at if j > i}]:
+                        del kept[version]
                     channel.publish(agent.step_count, agent.model)
                     now, busy = time.perf_counter(), stages.seconds()
                     row = agent.step_row(batch, metrics, now - step_started)
@@ -559,6 +573,7 @@ class Pipeline:
             if checks is not None:
                 checks.shutdown(wait=True)
             agent.engine = engine_before
+            kept.clear()
             channel.close()
         if not self.owns_engine:  # the agent's engine samples the trained policy afterwards, as after learn()
             sync_engine_weights(self.engine, agent.model, agent.step_count)

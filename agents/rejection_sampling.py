@@ -77,6 +77,7 @@ class RejectionSampling(Agent):
             keep = best_reward > rewards.min(dim=1).values
         rows = [i * g + int(best[i]) for i in torch.nonzero(keep).flatten().tolist()]
         batch = sampled.select(rows)
+        batch.sampled_from = sampled  # an untrusted engine's samples are tested before the choice (agents/screening.py)
         batch.stats = {**sampled.stats, "reward_mean": float(sampled.rewards.mean()),
                        "reward_std": float(sampled.rewards.std()) if len(sampled) > 1 else 0.0,
                        "kept": float(len(rows)), "kept_frac": len(rows) / rewards.shape[0],

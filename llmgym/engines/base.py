@@ -122,6 +122,10 @@ OPTIONAL_MEMBERS: dict[str, tuple[Any, str]] = {
     "check_logprobs": (None, "``check_logprobs(batch, learner_logprobs, version)``: an engine that cannot be taken "
                              "at its word (a fleet of servers) checks the log-probs it reported against the "
                              "learner's recomputation, which the update calls before any optimiser step"),
+    "screen_batch": (None, "``screen_batch(batch, scores) -> [bool]``: an engine that cannot be taken at its word "
+                           "checks its reported log-probs and its samples against the learner's scores "
+                           "(:class:`llmgym.fleet.trust.TokenScores`) before the batch is used, and says which "
+                           "rows stay"),
     "score_tokens": (None, "``score_tokens(sequences) -> [[float]]``: each sequence's teacher-forced log-probs at "
                            "temperature 1, one per token after the first (a teacher grading a student's tokens)"),
 }

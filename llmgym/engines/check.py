@@ -34,7 +34,8 @@ from llmgym.errors import LLMGymError
 
 __all__ = ["EngineContractError", "check_engine"]
 
-_CALLABLE = ("generation_done", "open_session", "next_token_logits", "close", "check_logprobs", "score_tokens")
+_CALLABLE = ("generation_done", "open_session", "next_token_logits", "close", "check_logprobs", "screen_batch",
+             "score_tokens")
 _TYPES = {"max_batch_size": int, "versioned_weights": bool, "top_p_renormalised_logprobs": bool}
 
 

@@ -7,8 +7,9 @@
 * **Sampling** reuses :class:`~llmgym.engines.openai_api.OpenAIEngine` — one per server, through its
   one-row seam :meth:`~llmgym.engines.openai_api.OpenAIEngine.sample_row` (token-id prompts, per-token
   log-probs, seeds, stop strings, retries and the validation of each reply are that engine's). The
-  rows of a call go to a shared queue; each server takes rows with ``max_concurrency`` workers, so at
-  most that many requests are in flight per server and a faster server takes more rows. A row keeps
+  rows of a call go to a shared queue, the rows of one prompt (a group) together; each server takes
+  whole groups and samples their rows with ``max_concurrency`` workers, so at most that many requests
+  are in flight per server and a faster server takes more groups. A row keeps
   its key (its seed) whichever server samples it.
 * **Weight sync** (:meth:`FleetEngine.sync_weights`) pushes the learner's state dict to every server
   at once through vLLM's weight-transfer protocol: ``/pause?mode=wait`` (nothing is sampled
@@ -29,6 +30,12 @@
   (``/weight_info``), and a server holding another one (another learner pushed to it) stops the run.
   :func:`~llmgym.engines.base.sync_engine_weights` passes the learner's version (its update count);
   the pipelined learner passes the version of each batch's behaviour policy and checks the tags.
+* **Samples are checked before the batch is used** (:mod:`llmgym.fleet.trust`): the learner hands its own
+  scores of a batch's tokens, under the weights that sampled them, to :meth:`FleetEngine.screen_batch` before it
+  computes anything from the batch (in place of the update's :meth:`FleetEngine.check_logprobs`): the reported
+  log-probs are compared as above, and each server's completions are tested as samples of the policy (their
+  likelihood against its entropy, and repeats). A server that fails is dropped and its rows leave the batch
+  before the step.
 * **Under torchrun** every learner rank samples its share from the whole fleet; rank 0 alone holds
   the weight-transfer groups and pushes (the ranks' weights are identical after each update; an
   FSDP model is gathered on every rank, a collective), and every rank waits at a barrier until the
@@ -164,6 +171,7 @@ class _Server:
         self.link: GlooSender | None = None
         self.world_size = 1
         self.lost: str | None = None
+        self.untrusted = False  # dropped for what it answered (not for dying): its rows leave every batch
         self.rows_served = 0
 
     def call(self, method: str, path: str, *, timeout: float | None = None, **kwargs) -> Any:
@@ -290,9 +298,10 @@ class FleetEngine:
         self.logprob_tolerance = float(logprob_tolerance)
         self.probe_gaps: dict[str, float] = {}  # the last sync's probe: mean |server - learner| per server
         self.batch_gaps: dict[str, float] = {}  # the last check_logprobs: the same over a batch's tokens
-        # per generate call (the last 64: a pipelined batch, or a multi-turn episode's turns), the hash of each
-        # returned completion's (tokens, log-probs) -> the index of the server that sampled it
-        self._sampled_by: collections.deque[dict[int, tuple[int, float]]] = collections.deque(maxlen=64)
+        # per generate call (the last 1024: the batches in flight, each multi-turn episode's turns), the hash of each
+        # returned completion's (tokens, log-probs) -> (index of the server that sampled it, top-p, temperature)
+        self._sampled_by: collections.deque[dict[int, tuple]] = collections.deque(maxlen=1024)
+        self.sample_scores: dict[str, float] = {}  # the last screen_batch: Σ(log π + H) / its bound, per server
         self.tokenizer = tokenizer
         self.max_concurrency, self.sync_timeout_s, self.bucket_bytes = max_concurrency, sync_timeout_s, bucket_bytes
         self.sync_address = sync_address
@@ -390,7 +399,7 @@ class FleetEngine:
         with self._state:
             if server.lost is not None:
                 return
-            server.lost = why
+            server.lost, server.untrusted = why, untrusted
             left = sum(s.lost is None for s in self.servers)
             what = "is not trusted" if untrusted else "is lost"
             self._unreported.append((f"rollout server {server.root} {what} ({why}); continuing on {left} of "
@@ -609,145 +618,31 @@ class FleetEngine:
         finally:
             pool.shutdown(wait=False)
 
-    # -- trust: the servers' log-probs against the learner's -----------------------------------------
-    def _probe_ids(self, model: Any) -> list[int]:
-        import random
-
-        vocab = len(self.tokenizer) if self.tokenizer is not None else None
-        config_vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-        sizes = [v for v in (vocab, config_vocab) if isinstance(v, int) and v > 1]
-        if not sizes:
-            raise ValueError("FleetEngine cannot verify the servers: neither the tokenizer nor the model says its "
-                             "vocabulary size")
-        rng = random.Random(int.from_bytes(os.urandom(8), "little"))  # unknown to a server until it is asked
-        return [rng.randrange(min(sizes)) for _ in range(PROBE_TOKENS)]
-
+    # -- trust: nothing a server supplies is used unchecked (llmgym.fleet.trust) ----------------------
     def _verify(self, live: list[_Server], model: Any, version: int) -> None:
-        """Ask every server for the log-probs of a fresh random sequence and compare them with ``model``'s own:
-        a server whose mean gap is over :attr:`logprob_tolerance` does not hold the weights just pushed (it
-        discarded them, or samples another model) and is dropped."""
-        import torch
+        from llmgym.fleet import trust
 
-        from llmgym.engines.hf import sequence_logprobs
-
-        if distributed.is_fsdp_module(model):
-            return  # its forward is a collective of every rank, and only this one pushes: no probe (docs/scale.md)
-        module = getattr(model, "module", model)
-        ids = self._probe_ids(module)
-
-        def ask(server: _Server) -> list[float] | str:
-            try:
-                reply = server.call("POST", "/v1/completions", timeout=self.sync_timeout_s,
-                                    json={"model": server.client.model, "prompt": ids, "max_tokens": 1,
-                                          "temperature": 1.0, "prompt_logprobs": 0})
-                rows = reply["choices"][0]["prompt_logprobs"]
-                if not isinstance(rows, list) or len(rows) != len(ids):
-                    raise ValueError(f"{len(rows) if isinstance(rows, list) else 'no'} prompt log-probs for "
-                                     f"{len(ids)} tokens")
-                out = []
-                for token, entry in zip(ids[1:], rows[1:]):
-                    value = float(entry[str(token)]["logprob"])
-                    if value != value or value > 0:  # NaN, or not a log-probability
-                        raise ValueError(f"log-prob {value!r}")
-                    out.append(value)
-                return out
-            except FleetError as exc:
-                return _one_line(exc)
-            except (KeyError, IndexError, TypeError, ValueError) as exc:
-                return f"{server.root}/v1/completions answered no usable prompt log-probs ({_one_line(exc)})"
-
-        with ThreadPoolExecutor(len(live)) as pool:  # the servers compute theirs while the learner computes its own
-            asked = [pool.submit(ask, server) for server in live]
-            device = next(iter(module.parameters())).device
-            was_training = module.training
-            module.eval()
-            try:
-                with torch.no_grad():
-                    tensor = torch.tensor([ids], device=device)
-                    learner = sequence_logprobs(module, tensor, torch.ones_like(tensor))[0].float().cpu().tolist()
-            finally:
-                module.train(was_training)
-            answers = [future.result() for future in asked]
-        self.probe_gaps = {}
-        for server, answer in zip(live, answers):
-            if isinstance(answer, str):  # up but no usable answer to the probe: not to be trusted either
-                alive = server.alive()
-                self._lose(server, f"it could not be checked after the sync of version {version}: {answer}"
-                           if alive else answer, untrusted=alive)
-                continue
-            gaps = [abs(a - b) for a, b in zip(answer, learner)]
-            gap, worst = sum(gaps) / len(learner), max(gaps, default=0.0)
-            self.probe_gaps[server.root] = gap
-            if not gap <= self.logprob_tolerance:
-                self._lose(server, f"after the sync of version {version} its log-probs differ from the learner's by "
-                                   f"{gap:.3g} nats per token (tolerance {self.logprob_tolerance:g}): it does not "
-                                   f"hold the learner's weights", untrusted=True)
-            elif not worst <= self.token_tolerance:
-                self._lose(server, f"after the sync of version {version} one of its probe log-probs differs from the "
-                                   f"learner's by {worst:.3g} nats (token tolerance {self.token_tolerance:g}): it does "
-                                   f"not hold the learner's weights", untrusted=True)
+        trust.verify_probe(self, live, model, version, PROBE_TOKENS)
 
     def check_logprobs(self, batch: Any, learner_logprobs: Any, version: int | None = None) -> dict[str, float]:
         """Compare the log-probs the servers reported for ``batch``'s tokens (``batch.old_logprobs``) with the
         learner's recomputation (``learner_logprobs``, ``[N, L-1]`` as the batch's per-token tensors), on the
-        tokens sampled by ``version`` (the weights the learner still holds; default: every token). With
-        ``top_p < 1`` a server's log-prob may exceed the learner's by up to ``-log(top_p)`` (vLLM reports the
-        nucleus-renormalised one); only the part outside that range counts. A server
-        whose mean gap over its tokens is over :attr:`logprob_tolerance` is dropped
-        (:class:`UntrustedServerWarning`); with none left, :class:`FleetError`. The learner calls it with the
-        log-probs its update computes anyway. Returns ``{url: mean gap}`` of the servers checked.
-        """
-        import torch
+        tokens sampled by ``version`` (default: every token). With ``top_p < 1`` a server's log-prob may exceed
+        the learner's by up to ``-log(top_p)`` (vLLM reports the nucleus-renormalised one). A server whose mean
+        gap is over :attr:`logprob_tolerance` (or one token's over :attr:`token_tolerance`) is dropped
+        (:class:`UntrustedServerWarning`); with none left, :class:`FleetError`. Returns ``{url: mean gap}``."""
+        from llmgym.fleet import trust
 
-        import math
+        return trust.check_logprobs(self, batch, learner_logprobs, version)
 
-        sums: dict[int, list[float]] = {}
-        # server - learner: with top-p < 1 vLLM reports the nucleus-renormalised log-prob, higher than the
-        # learner's full-softmax one by -log(nucleus mass) <= -log(top_p); only what lies outside that is a gap
-        signed = batch.old_logprobs.detach().float().cpu() - learner_logprobs.detach().float().cpu()
-        versions = getattr(batch, "policy_versions", None)
-        for row, episode in enumerate(getattr(batch, "episodes", None) or []):
-            mask = episode.action_mask
-            start = None
-            for p in range(len(mask) + 1):  # each run of sampled tokens is one completion
-                inside = p < len(mask) and mask[p] == 1
-                if inside and start is None:
-                    start = p
-                elif not inside and start is not None:
-                    key = hash((tuple(episode.token_ids[start:p]), tuple(episode.logprobs[start:p])))
-                    found = next((d[key] for d in reversed(self._sampled_by) if key in d), None)
-                    if found is not None and start >= 1:
-                        index, top_p = found
-                        slack = -math.log(top_p) if 0 < top_p < 1 else 0.0
-                        columns = torch.arange(start - 1, p - 1)
-                        d = signed[row, columns]
-                        chosen = (-d).clamp(min=0) + (d - slack).clamp(min=0)
-                        if versions is not None and version is not None:
-                            chosen = chosen[versions[row, columns] == int(version)]
-                        total = sums.setdefault(index, [0.0, 0.0, 0.0])
-                        total[0] += float(chosen.sum())
-                        total[1] += int(chosen.numel())
-                        total[2] = max(total[2], float(chosen.max()) if chosen.numel() else 0.0)
-                    start = None
-        result = {}
-        for index, (gap_sum, count, worst) in sums.items():
-            if count == 0:
-                continue
-            server = self.servers[index]
-            gap = gap_sum / count
-            result[server.root] = gap
-            if server.lost is None and not gap <= self.logprob_tolerance:
-                self._lose(server, f"the log-probs it reported for {int(count)} tokens of a batch differ from the "
-                                   f"learner's recomputation by {gap:.3g} nats per token (tolerance "
-                                   f"{self.logprob_tolerance:g}): it does not sample the learner's policy",
-                           untrusted=True)
-            elif server.lost is None and not worst <= self.token_tolerance:
-                self._lose(server, f"the log-prob it reported for a token of a batch differs from the learner's "
-                                   f"recomputation by {worst:.3g} nats (token tolerance {self.token_tolerance:g}): it "
-                                   f"does not sample the learner's policy", untrusted=True)
-        self.batch_gaps = result
-        self._live_servers()  # report; none left: FleetError
-        return result
+    def screen_batch(self, batch: Any, scores: Any) -> list[bool]:
+        """Check every server's log-probs *and samples* in ``batch`` against the learner's ``scores`` before the
+        batch is used (:func:`llmgym.fleet.trust.screen_batch`); drop the servers that fail; return per row
+        whether it stays (its servers are all trusted); ``scores``: :class:`llmgym.fleet.trust.TokenScores`. With
+        none left, :class:`FleetError`."""
+        from llmgym.fleet import trust
+
+        return trust.screen_batch(self, batch, scores)
 
     # -- sampling -----------------------------------------------------------------------------------
     def generate(
@@ -787,7 +682,8 @@ class FleetEngine:
         sampled_by = {}  # which server sampled which completion (and its top-p), for check_logprobs
         for c, server in zip(flat, origin):
             c.policy_version = version
-            sampled_by[hash((tuple(c.token_ids), tuple(c.logprobs)))] = (server, float(sampling.top_p))
+            sampled_by[hash((tuple(c.token_ids), tuple(c.logprobs)))] = (server, float(sampling.top_p),
+                                                                          float(sampling.temperature))
         self._sampled_by.append(sampled_by)
         return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
 
@@ -798,19 +694,28 @@ class FleetEngine:
 
         from llmgym.engines.openai_api import ServerError
 
-        todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        # the rows of one prompt (a group) go to one server: a server found untrusted takes its whole groups out
+        # of the batch (llmgym.agents.screening), not a share of every group
+        todo: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+        groups: dict[tuple[int, ...], list[int]] = {}
         for i in pending:
-            todo.put(i)
+            groups.setdefault(tuple(rows[i]), []).append(i)
+        for group in groups.values():
+            todo.put(group)
+        taken = {id(s): collections.deque() for s in live}  # the rows of the groups each server took
         undone: list[int] = []
         guard = threading.Lock()
 
         def work(server: _Server) -> None:
-            index = self.servers.index(server)
+            index, own = self.servers.index(server), taken[id(server)]
             while server.lost is None:
-                try:
-                    i = todo.get_nowait()
-                except queue.Empty:
-                    return
+                with guard:
+                    if not own:
+                        try:
+                            own.extend(todo.get_nowait())
+                        except queue.Empty:
+                            return
+                    i = own.popleft()
                 try:
                     flat[i] = server.client.sample_row(rows[i], sampling, keys[i])
                 except (ServerError, openai.InternalServerError) as exc:
@@ -834,10 +739,10 @@ class FleetEngine:
                 future.result()
         while True:  # rows still queued when their server's workers stopped
             try:
-                undone.append(todo.get_nowait())
+                undone.extend(todo.get_nowait())
             except queue.Empty:
                 break
-        return sorted(undone)
+        return sorted(undone + [i for own in taken.values() for i in own])
 
     def close(self) -> None:
         """Release the weight-transfer groups (the servers keep running) and the HTTP connections."""

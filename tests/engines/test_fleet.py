@@ -356,6 +356,8 @@ def test_grpo_learns_through_two_servers(servers, tokenizer):
         history = agent.learn(gym.make("llmgym/Copy-v0", tokenizer=tokenizer), steps=FLEET_STEPS)
         assert fleet.weight_syncs == 1 + FLEET_STEPS and fleet.policy_version == FLEET_STEPS
         assert all(n > 0 for n in fleet.rows_served().values()), fleet.rows_served()  # both servers sampled
+        # every batch was screened (scores and samples, llmgym.fleet.trust): honest servers raise no alarm
+        assert fleet.live == servers.urls() and not any(r["rows_dropped"] for r in history)
     after = recipe.held_out_reward(model, tokenizer)
     assert len(history) == FLEET_STEPS
     assert after > before + FLEET_MARGIN, f"GRPO through two servers: held-out reward {before:.3f} -> {after:.3f}"
@@ -418,6 +420,10 @@ def test_the_pipelined_learner_loads_each_version_into_the_fleet_and_the_tags_ag
         # checked against the schedule), and the trained weights pushed at the end
         assert [r["behaviour_version"] for r in rows] == [0, 0, 1]
         assert [r["staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
+        # the stale batches were scored under the kept weights of versions 0 and 1: honest servers pass, nothing
+        # is dropped, and no stale token went unchecked
+        assert all(r["rows_dropped"] == 0 and r["stale_tokens_unchecked"] == 0 for r in rows), rows
+        assert fleet.live == servers.urls()
         assert fleet.policy_version == 3 and set(fleet.server_versions().values()) == {"3"}
         synced, versions = gap_and_versions(fleet, model, tokenizer)
         assert synced < SYNC_TOL and versions == {3}
