@@ -19,11 +19,9 @@
   version), ``/resume``.
 * **No server's word is taken**: every control request is signed afresh with the servers' secret (no
   replay: :mod:`llmgym.fleet.guard`); after each sync every server is asked the log-probs of a fresh
-  random token sequence (``prompt_logprobs``) and compared with the learner's own forward pass; and the
-  learner's update hands its recomputed log-probs of each batch to :meth:`FleetEngine.check_logprobs`,
-  which compares them with what each server reported for the tokens it sampled. A server off by more
-  than ``logprob_tolerance`` is dropped (:class:`UntrustedServerWarning`); with none left,
-  :class:`FleetError`. A server that answers ``/update_weights`` with an error fails the sync at once,
+  random token sequence (``prompt_logprobs``) and compared with the learner's own forward pass; and
+  each batch is screened before it is used (next point). A server off by more than ``logprob_tolerance``
+  is dropped (:class:`UntrustedServerWarning`); with none left, :class:`FleetError`. A server that answers ``/update_weights`` with an error fails the sync at once,
   quoting its answer.
 * **Versions**: every :class:`~llmgym.engines.Completion` carries ``policy_version``, the version the
   fleet synced; after each batch every server that sampled it is asked its weight version
