@@ -61,7 +61,7 @@ def test_hf_engine_weights_are_one(tiny_model, tokenizer, collected):
     plain, _ = _run(tiny_model, tokenizer, collected)
     for level in ("token", "sequence"):
         corrected, metrics = _run(tiny_model, tokenizer, collected, tis=level)
-        assert abs(metrics["tis_weight_mean"] - 1.0) < 1e-3 and metrics["tis_truncated_frac"] == 0.0
+        assert abs(metrics["correction_weight_mean"] - 1.0) < 1e-3 and metrics["correction_truncated_share"] == 0.0
         for k in plain:
             assert torch.allclose(corrected[k], plain[k], atol=1e-6, rtol=1e-3)
 
@@ -71,7 +71,7 @@ def test_truncated_weight_scales_the_policy_gradient(tiny_model, tokenizer, coll
     (SGD, on-policy, no KL/entropy/clipping) is exactly twice the uncorrected one."""
     plain, _ = _run(tiny_model, tokenizer, collected)
     corrected, metrics = _run(tiny_model, tokenizer, collected, shift=1.0, tis="token", tis_cap=2.0)
-    assert metrics["tis_truncated_frac"] == 1.0 and abs(metrics["tis_weight_mean"] - 2.0) < 1e-4
+    assert metrics["correction_truncated_share"] == 1.0 and abs(metrics["correction_weight_mean"] - 2.0) < 1e-4
     for k in plain:
         assert torch.allclose(corrected[k], 2 * plain[k], atol=1e-6, rtol=1e-3)
     off, _ = _run(tiny_model, tokenizer, collected, shift=1.0)  # without TIS the engine's numbers are unused
@@ -83,5 +83,5 @@ def test_off_policy_updates_use_the_learner_as_pi_old(tiny_model, tokenizer, col
     """With several epochs π_old is the learner's recomputed log-probs (not the engine's): an engine
     offset then only enters through the truncated weight."""
     metrics = _run(tiny_model, tokenizer, collected, shift=0.3, tis="sequence", tis_cap=1.5, update_epochs=2)[1]
-    assert metrics["tis_truncated_frac"] == 1.0  # every sequence: exp(0.3 · n) > 1.5
+    assert metrics["correction_truncated_share"] == 1.0  # every sequence: exp(0.3 · n) > 1.5
     assert metrics["approx_kl_old_k1"] < 0.05  # measured against the learner's π_old, not the shifted one
