@@ -570,7 +570,8 @@ class Learner:
         tis_stats: dict[str, float] = {}
         # tokens tagged with the policy version that sampled them (the pipelined learner): the
         # staleness correction applies to those older than the weights about to be updated
-        weight_stats = ImportanceWeightStats(c.tis_cap) if batch.policy_versions is not None else None
+        # (is_weight_clip_frac counts weights at the cap: tis_cap, or the chosen correction's upper bound)
+        weight_stats = ImportanceWeightStats(resolve_correction(c)[2]) if batch.policy_versions is not None else None
         version = agent.step_count
         stale = batch.policy_versions is not None and bool(
             stale_token_mask(batch.policy_versions, version, batch.action_mask).any())
