@@ -37,8 +37,10 @@ truncated as TIS truncates:
   bounded, as in Yao et al.).
 
 Only stale tokens are reweighted (weight 1 on fresh ones), so ``max_staleness=0`` changes nothing: the
-weights are exactly 1 and the update is the synchronous one. With ``AgentConfig.tis`` set every token
-is reweighted (the engine gap and the staleness are one ratio). :class:`ImportanceWeightStats` is what
+weights are exactly 1 and the update is the synchronous one. With a correction chosen
+(``AgentConfig.correction``: the presets of :data:`llmgym.agents.functional.CORRECTIONS`; ``tis`` is
+its older spelling, see :func:`resolve_correction`) every token is weighted by that preset instead
+(the engine gap and the staleness are one ratio). :class:`ImportanceWeightStats` is what
 the learner reports: the weights' mean, min, max and truncated share, and the mean
 ``|log π_prox − log π_behav|`` over policy tokens (the drift the weights correct).
 """
@@ -121,12 +123,15 @@ def resolve_correction(config) -> tuple[str | None, float, float]:
     ``mis`` is ``tis_cap`` (the one cap ``C``, shared with the stale-token correction).
 
     Example:
-        >>> from types import SimpleNamespace as NS
-        >>> resolve_correction(NS(correction="icepop", correction_low=None, correction_high=3.0, tis=None, tis_cap=2.0))
+        >>> from types import SimpleNamespace
+        >>> def config(**kw):
+        ...     fields = dict(correction=None, correction_low=None, correction_high=None, tis=None, tis_cap=2.0)
+        ...     return SimpleNamespace(**{**fields, **kw})
+        >>> resolve_correction(config(correction="icepop", correction_high=3.0))
         ('icepop', 0.5, 3.0)
-        >>> resolve_correction(NS(correction=None, correction_low=None, correction_high=None, tis="sequence", tis_cap=1.5))
+        >>> resolve_correction(config(tis="sequence", tis_cap=1.5))
         ('tis-seq', 0.0, 1.5)
-        >>> resolve_correction(NS(correction="geo-rs", correction_low=None, correction_high=None, tis=None, tis_cap=2.0))
+        >>> resolve_correction(config(correction="geo-rs"))
         Traceback (most recent call last):
         ...
         ValueError: correction must be None or one of tis-token, tis-seq, mis, geo, icepop, got 'geo-rs'

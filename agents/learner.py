@@ -23,8 +23,9 @@ module owns everything else about a step:
 * **LoRA** through ``peft``: the adapters are injected into the model in place; the KL reference is
   the same model with its adapters disabled — no second copy of the weights.
 * **Learning-rate schedule** with warm-up (``transformers.get_scheduler``), stepped once per update.
-* **Data-parallel loss scaling** and the **importance-weight corrections**: truncated importance
-  sampling (TIS) against the engine, and the decoupled correction of stale samples (tokens sampled by
+* **Data-parallel loss scaling** and the **importance-weight corrections**: the named off-policy
+  corrections against the engine (``AgentConfig.correction``: TIS, MIS, GEO, IcePop; formulas in
+  :mod:`llmgym.agents.functional`), and the decoupled correction of stale samples (tokens sampled by
   an older policy version, under :mod:`llmgym.agents.pipeline`; see :mod:`llmgym.agents.corrections`).
 
 Example:

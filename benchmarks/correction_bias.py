@@ -73,9 +73,10 @@ def measure(kind: str, length: int, vocab: int, seed: int, functions: int) -> di
         elif name == "is":
             w = torch.exp(log_ratio.sum(-1, keepdim=True)).expand_as(log_ratio)
         else:
-            w, stats = F.correction_weights(name, log_ratio, ones)
+            w, _ = F.correction_weights(name, log_ratio, ones)
             qs = q / q.sum()
-            trunc = {"tis-token": log_ratio > math.log(2), "tis-seq": (log_ratio.sum(-1, keepdim=True) > math.log(2)).expand_as(log_ratio)}
+            row_log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
+            trunc = {"tis-token": log_ratio > math.log(2), "tis-seq": row_log_ratio > math.log(2)}
             if name in trunc:
                 shares["truncated"] = float((qs[:, None] * trunc[name].double()).sum() / length)
             else:

@@ -199,7 +199,8 @@ def test_top_p_ratio_on_the_support_is_the_kept_mass():
     p, q, log_ratio, f, support = _case("top_p", 1)
     kept_mass = float(p[support].sum())
     assert 0.8 <= kept_mass < 1
-    assert torch.allclose(log_ratio[support, 0], torch.full((int(support.sum()),), math.log(kept_mass), dtype=torch.float64))
+    expected = torch.full((int(support.sum()),), math.log(kept_mass), dtype=torch.float64)
+    assert torch.allclose(log_ratio[support, 0], expected)
 
 
 def test_token_level_weights_correct_the_last_token_only():
