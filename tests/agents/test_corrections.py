@@ -132,3 +132,23 @@ def test_masks_remove_the_policy_gradient_and_log_the_masked_share(tiny_model, t
     assert metrics["correction_masked_share"] == 0.0 and abs(metrics["correction_weight_mean"] - 1.0) < 1e-9
     for k in plain:
         assert torch.allclose(delta[k], plain[k], atol=1e-6, rtol=1e-3)
+
+
+def test_a_correction_weights_every_token_fresh_or_stale(tiny_model, tokenizer):
+    """Under the pipelined learner a chosen correction replaces the stale-only TIS weight: the engine gap
+    and the staleness are one ratio, so fresh tokens (version 5) are weighted too. IcePop's band [0.5, 2]:
+    ratios e^0.5, e^-0.5, e^0.1 kept at their value, e^-0.9 ≈ 0.41 masked."""
+    from llmgym import Task
+    from llmgym.rollout.episodes import Batch, Episode
+
+    agent = GRPO(tiny_model, tokenizer, kl_coef=0.0, correction="icepop", tasks_per_step=2, group_size=4,
+                 max_new_tokens=5)
+    ep = Episode(Task("p"), 0, [1, 5, 6, 7, 2], [0, 1, 1, 1, 1], [0, -1.0, -2.0, -0.5, -0.1], [0, 0, 0, 0, 1.0], 1,
+                 policy_versions=[-1, 4, 4, 5, 5])
+    batch = Batch.from_episodes([ep])
+    batch.advantages = torch.ones_like(batch.action_mask)
+    proximal = torch.tensor([[-0.5, -2.5, -0.4, -1.0]])
+    new, stats = agent.learner.importance_corrected(batch, proximal.clone(), version=5)
+    expected = torch.tensor([[math.exp(0.5), math.exp(-0.5), math.exp(0.1), 0.0]])
+    assert torch.allclose(new.advantages, expected) and torch.equal(new.old_logprobs, proximal)
+    assert stats["correction_masked_share"] == 0.25 and stats["correction_rows_masked_share"] == 0.0
