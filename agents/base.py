@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from llmgym.agents import functional as F
-from llmgym.agents.corrections import TIS_LEVELS
+from llmgym.agents.corrections import resolve_correction
 from llmgym.agents.learner import ForwardOutput, Learner, check_learner_config, micro_batches
 from llmgym.agents.screening import screen
 from llmgym.runtime import distributed
@@ -56,11 +56,19 @@ class AgentConfig:
         loss_agg: how per-token losses become a scalar (see ``llmgym.agents.functional.aggregate_loss``).
         clip_low, clip_high: PPO ratio clipping ε (clip-higher when ``clip_high > clip_low``).
         dual_clip: dual-clip bound c > 1 for negative advantages (``None`` = off).
-        tis: truncated importance sampling against the engine/learner log-prob gap: ``None`` (off),
-            ``"token"`` or ``"sequence"``; see ``llmgym.agents.corrections.truncated_importance_weights``.
-            The engine's generation-time log-probs are compared with the learner's log-probs of the
-            same tokens before the update; the weight multiplies the per-token policy-gradient loss.
-        tis_cap: the truncation C of the TIS weight ``min(ratio, C)``.
+        correction: the off-policy correction of the sampler/learner gap (engine kernels and precision,
+            stale weights): ``None`` (off; stale tokens of the pipelined learner still get the
+            token-level TIS weight), ``"tis-token"``, ``"tis-seq"``, ``"mis"``, ``"geo"`` or ``"icepop"``
+            (formulas in ``llmgym.agents.functional``, ``correction_weights``; docs/scale.md, "Off-policy
+            corrections"). The engine's generation-time log-probs are compared with the learner's
+            log-probs of the same tokens before the update; the weight multiplies the per-token
+            policy-gradient loss of every token.
+        correction_low, correction_high: the preset's band, replacing its default
+            (``functional.CORRECTION_BOUNDS``): the cap ``C = correction_high`` of ``tis-*``/``mis``
+            (default ``tis_cap``), the kept band of ``mis``, ``geo`` and ``icepop``.
+        tis_cap: the truncation C of the TIS weight ``min(ratio, C)`` of stale tokens, and the default
+            cap of the ``tis-*`` and ``mis`` corrections.
+        tis: the older spelling of ``correction``: ``"token"`` = ``"tis-token"``, ``"sequence"`` = ``"tis-seq"``.
 
     Learner settings (see :mod:`llmgym.agents.learner`; none changes what is optimised):
         micro_batch_size: examples per forward/backward — completions, or preference pairs for DPO
@@ -103,6 +111,9 @@ class AgentConfig:
     dual_clip: float | None = None
     tis: str | None = None
     tis_cap: float = 2.0
+    correction: str | None = None
+    correction_low: float | None = None
+    correction_high: float | None = None
     micro_batch_size: int | None = None
     logits_chunk_size: int | None = None
     precision: str = "fp32"
@@ -118,10 +129,7 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         check_learner_config(self)
-        if self.tis is not None and self.tis not in TIS_LEVELS:
-            raise ValueError(f"tis must be None, 'token' or 'sequence', got {self.tis!r}")
-        if not self.tis_cap > 0:
-            raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
+        resolve_correction(self)  # the name and its band, checked once
         if self.kl_placement not in ("loss", "reward"):
             raise ValueError(f"kl_placement must be 'loss' or 'reward', got {self.kl_placement!r}")
         if self.kl_estimator not in F.KL_ESTIMATORS:

@@ -37,8 +37,10 @@ truncated as TIS truncates:
   bounded, as in Yao et al.).
 
 Only stale tokens are reweighted (weight 1 on fresh ones), so ``max_staleness=0`` changes nothing: the
-weights are exactly 1 and the update is the synchronous one. With ``AgentConfig.tis`` set every token
-is reweighted (the engine gap and the staleness are one ratio). :class:`ImportanceWeightStats` is what
+weights are exactly 1 and the update is the synchronous one. With a correction chosen
+(``AgentConfig.correction``: the presets of :data:`llmgym.agents.functional.CORRECTIONS`; ``tis`` is
+its older spelling, see :func:`resolve_correction`) every token is weighted by that preset instead
+(the engine gap and the staleness are one ratio). :class:`ImportanceWeightStats` is what
 the learner reports: the weights' mean, min, max and truncated share, and the mean
 ``|log π_prox − log π_behav|`` over policy tokens (the drift the weights correct).
 """
@@ -50,12 +52,16 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["TIS_LEVELS", "truncated_importance_weights", "stale_token_mask", "ImportanceWeightStats"]
+from llmgym.agents import functional as F
+
+__all__ = ["TIS_LEVELS", "truncated_importance_weights", "stale_token_mask", "ImportanceWeightStats",
+           "resolve_correction"]
 
 TIS_LEVELS = ("token", "sequence")
+"""The levels of the older ``AgentConfig.tis`` option: ``tis="token"`` is ``correction="tis-token"``,
+``tis="sequence"`` is ``correction="tis-seq"``."""
 
-# exp() of a log-ratio beyond this overflows float16/bfloat16 ranges; the cap truncates it anyway
-_MAX_LOG_RATIO = 20.0
+_TIS_PRESETS = {"token": "tis-token", "sequence": "tis-seq"}
 
 
 def truncated_importance_weights(
@@ -101,16 +107,64 @@ def truncated_importance_weights(
     """
     if level not in TIS_LEVELS:
         raise ValueError(f"TIS level must be one of {TIS_LEVELS}, got {level!r}")
-    if not cap > 0:
-        raise ValueError(f"TIS cap must be > 0, got {cap}")
-    valid = mask if mask.dtype == torch.bool else mask != 0
-    log_ratio = (learner_logprobs.detach().float() - engine_logprobs.detach().float())
-    log_ratio = torch.where(valid, log_ratio, torch.zeros_like(log_ratio))
-    if level == "sequence":
-        log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(log_ratio)
-    log_ratio = log_ratio.clamp(max=min(_MAX_LOG_RATIO, torch.log(torch.tensor(float(cap))).item()))
-    weights = torch.exp(log_ratio)
-    return torch.where(valid, weights, torch.zeros_like(weights))
+    log_ratio = F.importance_log_ratio(learner_logprobs, engine_logprobs, mask)
+    weigh = F.tis_token_weights if level == "token" else F.tis_sequence_weights
+    return weigh(log_ratio, mask, cap).float()
+
+
+def resolve_correction(config) -> tuple[str | None, float, float]:
+    """``(name, low, high)`` of the correction an ``AgentConfig`` asks for, validated (``ValueError``
+    naming the field otherwise); ``(None, 0, tis_cap)`` when none is.
+
+    ``correction`` names a preset of :data:`llmgym.agents.functional.CORRECTIONS`; the older
+    ``tis="token"``/``"sequence"`` is the same as ``correction="tis-token"``/``"tis-seq"`` (both may be
+    given only when they agree). ``correction_low``/``correction_high`` replace the preset's default
+    band (:data:`~llmgym.agents.functional.CORRECTION_BOUNDS`); the default ``high`` of ``tis-*`` and
+    ``mis`` is ``tis_cap`` (the one cap ``C``, shared with the stale-token correction).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> def config(**kw):
+        ...     fields = dict(correction=None, correction_low=None, correction_high=None, tis=None, tis_cap=2.0)
+        ...     return SimpleNamespace(**{**fields, **kw})
+        >>> resolve_correction(config(correction="icepop", correction_high=3.0))
+        ('icepop', 0.5, 3.0)
+        >>> resolve_correction(config(tis="sequence", tis_cap=1.5))
+        ('tis-seq', 0.0, 1.5)
+        >>> resolve_correction(config(correction="geo-rs"))
+        Traceback (most recent call last):
+        ...
+        ValueError: correction must be None or one of tis-token, tis-seq, mis, geo, icepop, got 'geo-rs'
+    """
+    name, tis = config.correction, config.tis
+    if tis is not None:
+        if tis not in TIS_LEVELS:
+            raise ValueError(f"tis must be None, 'token' or 'sequence', got {tis!r} (or use correction=NAME)")
+        if name is not None and name != _TIS_PRESETS[tis]:
+            raise ValueError(f"tis={tis!r} (the same as correction={_TIS_PRESETS[tis]!r}) contradicts "
+                             f"correction={name!r}: give only correction")
+        name = _TIS_PRESETS[tis]
+    if not config.tis_cap > 0:
+        raise ValueError(f"tis_cap must be > 0, got {config.tis_cap}")
+    low, high = config.correction_low, config.correction_high
+    if name is None:
+        if low is not None or high is not None:
+            raise ValueError("correction_low/correction_high are the band of a correction: set correction too "
+                             f"(one of {', '.join(F.CORRECTIONS)})")
+        return None, 0.0, float(config.tis_cap)
+    if name not in F.CORRECTIONS:
+        raise ValueError(f"correction must be None or one of {', '.join(F.CORRECTIONS)}, got {name!r}")
+    d_low, d_high = F.CORRECTION_BOUNDS[name]
+    if name in ("tis-token", "tis-seq", "mis"):
+        d_high = float(config.tis_cap)
+    low = d_low if low is None else float(low)
+    high = d_high if high is None else float(high)
+    if not (high > 0 and 0 <= low <= high):
+        raise ValueError(f"correction {name}: its band must satisfy 0 <= low <= high, high > 0; got "
+                         f"low={low}, high={high}")
+    if name.startswith("tis-") and low != 0:
+        raise ValueError(f"correction {name} truncates from above only: leave correction_low unset (got {low})")
+    return name, low, high
 
 
 def stale_token_mask(policy_versions: Tensor, current_version: int, mask: Tensor) -> Tensor:

@@ -87,9 +87,10 @@ class DPOConfig(AgentConfig):
             raise ValueError(f"DPO's loss is a mean over pairs of a function of each completion's summed "
                              f"log-ratio, not a per-token loss: loss_agg={self.loss_agg!r} does not apply; "
                              f"leave the default 'seq-mean-token-sum'")
-        if self.tis is not None:
+        if self.tis is not None or self.correction is not None:
             raise ValueError("DPO does not weight sampled tokens by how likely the engine was to sample them "
-                             "(its loss reads no π_old): tis does not apply; leave tis=None")
+                             "(its loss reads no π_old): a correction does not apply; leave correction (and tis) "
+                             "None")
         if self.entropy_coef:
             raise ValueError(f"DPO's loss has no entropy term (it compares whole completions' log-ratios): "
                              f"entropy_coef={self.entropy_coef} would be ignored; leave it 0")

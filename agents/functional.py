@@ -26,6 +26,7 @@ KL estimators k1/k2/k3 (Schulman 2020, "Approximating KL divergence"), on-policy
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import torch
@@ -1489,3 +1490,235 @@ def preference_loss(
 
 
 __all__ += ["preference_loss", "PREFERENCE_LOSSES", "policy_objective"]
+
+
+# --------------------------------------------------------------------------------------------
+# off-policy corrections: the sampler's distribution is not the learner's
+# --------------------------------------------------------------------------------------------
+#
+# The samples come from a sampler q (an inference engine's kernels and precision, stale weights,
+# a truncated sampler) while the policy gradient is an expectation under the learner's policy p.
+# Each correction below turns the per-token importance ratio ρ_t = p(y_t) / q(y_t) into a detached
+# weight that multiplies the per-token policy-gradient loss. Plain importance sampling (w = Π_t ρ_t)
+# is unbiased but its variance explodes with the length; each preset trades a bounded bias for
+# bounded weights:
+#
+# * ``tis-token`` / ``tis-seq``: truncated importance sampling (Yao et al. 2025, "Your efficient RL
+#   framework secretly brings you off-policy RL training"): ``min(ρ, C)``;
+# * ``mis``: sequence-level masked importance sampling (Liu et al. 2025, "When speed kills
+#   stability"; verl's ``seq-mis`` preset, TRL's ``sequence_mask``): ``ρ_seq · 1[lo ≤ ρ_seq ≤ C]``;
+# * ``geo``: geometric sequence mask (SkyRL, verl's ``geo-rs``): keep a row, at weight 1, when its
+#   per-token geometric-mean ratio is within ``[lo, hi]``;
+# * ``icepop``: two-sided token mask (IcePop, Ling team 2025, the Ring-1T report): ``ρ_t · 1[α ≤ ρ_t ≤ β]``.
+#
+# The bias of each, against the exact expectation, is tested on small vocabularies by enumeration
+# (``tests/agents/test_correction_bias.py``).
+
+CORRECTIONS = ("tis-token", "tis-seq", "mis", "geo", "icepop")
+"""The correction presets by name (``AgentConfig.correction``, ``llmgym train --correction``)."""
+
+CORRECTION_BOUNDS = {"tis-token": (0.0, 2.0), "tis-seq": (0.0, 2.0), "mis": (0.0, 2.0),
+                     "geo": (0.99, 1.01), "icepop": (0.5, 2.0)}
+"""Each preset's default ``(low, high)``: for ``tis-*`` the cap ``C = high`` (``low`` must be 0:
+truncation is from above only); for ``mis`` the kept band of the sequence ratio (``low = 0``: only
+the upper side masks, as verl's and TRL's sequence masks); for ``geo`` the band of the geometric-mean
+ratio (SkyRL's ``[0.99, 1.01]``: a 1 % average per-token disagreement); for ``icepop`` the band
+``[α, β]`` of the token ratio (``[0.5, 2]``, symmetric in log space)."""
+
+
+def _check_band(low: float, high: float, what: str) -> None:
+    if not (high > 0 and 0 <= low <= high):
+        raise ValueError(f"{what} bounds must satisfy 0 <= low <= high and high > 0, got ({low}, {high})")
+
+
+def _log_ratio_rows(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``(valid, log_ratio)``: the log-ratio detached, in at least float32, 0 at masked positions."""
+    valid = _valid(mask)
+    lr = log_ratio.detach()
+    lr = lr.to(torch.promote_types(lr.dtype, torch.float32))
+    return valid, torch.where(valid, lr, torch.zeros_like(lr))
+
+
+def importance_log_ratio(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """``log ρ_t = log π_learner(y_t) − log π_sampler(y_t)``, detached, 0 at masked positions.
+
+    Example:
+        >>> importance_log_ratio(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, 9.0]]), torch.tensor([[1, 0]]))
+        tensor([[0.5000, 0.0000]])
+    """
+    _, lr = _log_ratio_rows(learner_logprobs.detach() - sampler_logprobs.detach(), mask)
+    return lr
+
+
+def tis_token_weights(log_ratio: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
+    """Token-level truncated importance weights: ``w_t = min(ρ_t, C)``, ``ρ_t = exp(log_ratio_t)``.
+
+    Only the upper side is truncated; ratios below 1 are kept. 0 at masked positions; detached.
+    Bias (sequence length 1): ``E_q[w f] − E_p[f] = −E_q[(ρ − C)_+ f]``, at most ``|f|_max`` times the
+    truncated mass ``E_q[(ρ − C)_+]``. At longer lengths the token weight does not correct the prefix's
+    distribution (the prefix was drawn from ``q``): the token-level trade of variance for bias.
+
+    Example:
+        >>> tis_token_weights(torch.tensor([[0.5, -1.0, 3.0]]), torch.tensor([[1, 1, 0]]), cap=1.5)
+        tensor([[1.5000, 0.3679, 0.0000]])
+    """
+    _check_band(0.0, cap, "tis-token")
+    valid, lr = _log_ratio_rows(log_ratio, mask)
+    w = torch.exp(lr.clamp(max=min(_MAX_LOG_RATIO, math.log(cap))))
+    return torch.where(valid, w, torch.zeros_like(w))
+
+
+def tis_sequence_weights(log_ratio: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
+    """Sequence-level truncated importance weights: ``w = min(Π_t ρ_t, C) = min(exp(Σ_t m_t log ρ_t), C)``,
+    one weight per row on each of its valid tokens (computed in log space; 0 at masked positions).
+
+    Bias: ``E_q[w f] − E_p[f] = −E_q[(ρ_seq − C)_+ f]``, at most ``|f|_max`` times the truncated mass.
+
+    Example:
+        >>> w = tis_sequence_weights(torch.tensor([[0.5, -1.0, 3.0]]), torch.tensor([[1, 1, 0]]), cap=2.0)
+        >>> torch.allclose(w, torch.tensor([[math.exp(-0.5), math.exp(-0.5), 0.0]]))
+        True
+    """
+    _check_band(0.0, cap, "tis-seq")
+    valid, lr = _log_ratio_rows(log_ratio, mask)
+    seq = lr.sum(dim=-1, keepdim=True).clamp(max=min(_MAX_LOG_RATIO, math.log(cap)))
+    w = torch.exp(seq).expand_as(lr)
+    return torch.where(valid, w, torch.zeros_like(w))
+
+
+def mis_sequence_weights(log_ratio: Tensor, mask: Tensor, cap: float = 2.0, low: float = 0.0) -> Tensor:
+    """Sequence-level masked importance sampling: ``w = ρ_seq · 1[low ≤ ρ_seq ≤ C]``, ``ρ_seq = Π_t ρ_t``
+    (compared in log space). A row outside the band leaves the loss entirely (weight 0 on every token);
+    a kept row keeps its full, untruncated importance weight.
+
+    Bias: ``E_q[w f] − E_p[f] = −E_p[1[ρ_seq ∉ [low, C]] f]``, at most ``|f|_max`` times the target's
+    mass on the masked rows. Unlike TIS the masked rows contribute nothing (no bounded gradient from
+    a sample the sampler and the learner disagree on); the kept weights are at most ``C``.
+
+    Example:
+        >>> lr = torch.tensor([[0.5, 0.4], [0.1, -0.3]])
+        >>> w = mis_sequence_weights(lr, torch.ones(2, 2), cap=2.0)  # row 0: e^0.9 ≈ 2.46 > 2, masked
+        >>> w[0].tolist(), torch.allclose(w[1], torch.full((2,), math.exp(-0.2)))
+        ([0.0, 0.0], True)
+    """
+    _check_band(low, cap, "mis")
+    valid, lr = _log_ratio_rows(log_ratio, mask)
+    seq = lr.sum(dim=-1, keepdim=True)
+    keep = seq <= math.log(cap)
+    if low > 0:
+        keep = keep & (seq >= math.log(low))
+    w = torch.where(keep, torch.exp(seq.clamp(max=math.log(cap))), torch.zeros_like(seq)).expand_as(lr)
+    return torch.where(valid, w, torch.zeros_like(w))
+
+
+def geo_sequence_mask(log_ratio: Tensor, mask: Tensor, low: float = 0.99, high: float = 1.01) -> Tensor:
+    """Geometric sequence mask: ``r_geo = exp(Σ_t m_t log ρ_t / Σ_t m_t)``, the per-token geometric mean
+    of the row's ratios; ``w = 1[low ≤ r_geo ≤ high]`` on each valid token. No importance weight on the
+    kept rows: a pure rejection of the rows whose average disagreement exceeds the band, whatever
+    their length (the product ``Π_t ρ_t`` grows with the length; the geometric mean does not).
+
+    Bias: on a kept row of ``L`` tokens ``ρ_seq = r_geo^L ∈ [low^L, high^L]``, so
+    ``|E_q[w f] − E_p[f]| ≤ |f|_max (ε · P_q(kept) + P_p(masked))`` with ``ε = max(high^L − 1, 1 − low^L)``.
+
+    Example:
+        >>> lr = torch.tensor([[0.001, -0.003, 0.0], [0.05, 0.0, 0.0]])
+        >>> geo_sequence_mask(lr, torch.tensor([[1, 1, 0], [1, 1, 1]]))  # means -0.001 and 0.0167
+        tensor([[1., 1., 0.],
+                [0., 0., 0.]])
+    """
+    _check_band(low, high, "geo")
+    valid, lr = _log_ratio_rows(log_ratio, mask)
+    count = valid.sum(dim=-1, keepdim=True).clamp(min=1)
+    mean = lr.sum(dim=-1, keepdim=True) / count
+    keep = mean <= math.log(high)
+    if low > 0:
+        keep = keep & (mean >= math.log(low))
+    w = keep.to(lr.dtype).expand_as(lr)
+    return torch.where(valid, w, torch.zeros_like(w))
+
+
+def icepop_token_weights(log_ratio: Tensor, mask: Tensor, low: float = 0.5, high: float = 2.0) -> Tensor:
+    """IcePop's two-sided token mask: ``w_t = ρ_t · 1[α ≤ ρ_t ≤ β]`` with ``α = low``, ``β = high``: a
+    token whose ratio leaves the band loses its gradient (weight 0) instead of being truncated.
+
+    Bias (sequence length 1): ``E_q[w f] − E_p[f] = −E_p[1[ρ ∉ [α, β]] f]``, at most ``|f|_max`` times
+    the target's mass on the masked tokens.
+
+    Example:
+        >>> lr = torch.log(torch.tensor([[0.4, 1.5, 2.5, 1.0]]))
+        >>> icepop_token_weights(lr, torch.tensor([[1, 1, 1, 0]]))
+        tensor([[0.0000, 1.5000, 0.0000, 0.0000]])
+    """
+    _check_band(low, high, "icepop")
+    valid, lr = _log_ratio_rows(log_ratio, mask)
+    keep = lr <= math.log(high)
+    if low > 0:
+        keep = keep & (lr >= math.log(low))
+    w = torch.where(keep, torch.exp(lr.clamp(max=math.log(high))), torch.zeros_like(lr))
+    return torch.where(valid, w, torch.zeros_like(w))
+
+
+def correction_weights(name: str, log_ratio: Tensor, mask: Tensor, low: Optional[float] = None,
+                       high: Optional[float] = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """The weights ``[B, T]`` of the correction ``name`` (one of :data:`CORRECTIONS`) and their statistics.
+
+    ``low``/``high`` default to :data:`CORRECTION_BOUNDS`. Statistics, over valid tokens (rows: those
+    with a valid token):
+
+    * ``correction_weight_mean``: the mean weight;
+    * ``correction_truncated_share``: share of tokens whose weight was truncated at ``C`` (``tis-*``;
+      for ``tis-seq`` every token of a row whose ``ρ_seq > C``);
+    * ``correction_masked_share``: share of tokens given weight 0 by a mask (``mis``, ``geo``, ``icepop``);
+    * ``correction_rows_masked_share``: share of rows every valid token of which was masked.
+
+    Example:
+        >>> lr = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+        >>> w, s = correction_weights("tis-token", lr, torch.ones(2, 2))
+        >>> w.tolist(), float(s["correction_truncated_share"]), float(s["correction_masked_share"])
+        ([[2.0, 1.0], [1.0, 1.0]], 0.25, 0.0)
+        >>> w, s = correction_weights("mis", lr, torch.ones(2, 2))
+        >>> w.tolist(), float(s["correction_masked_share"]), float(s["correction_rows_masked_share"])
+        ([[0.0, 0.0], [1.0, 1.0]], 0.5, 0.5)
+        >>> correction_weights("seq-tis", lr, torch.ones(2, 2))
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown correction 'seq-tis': choose one of tis-token, tis-seq, mis, geo, icepop
+    """
+    if name not in CORRECTIONS:
+        raise ValueError(f"unknown correction {name!r}: choose one of {', '.join(CORRECTIONS)}")
+    d_low, d_high = CORRECTION_BOUNDS[name]
+    low = d_low if low is None else float(low)
+    high = d_high if high is None else float(high)
+    valid, lr = _log_ratio_rows(log_ratio, mask)
+    zero = torch.zeros_like(lr, dtype=torch.bool)
+    truncated = masked = zero
+    if name in ("tis-token", "tis-seq"):
+        if low != 0:
+            raise ValueError(f"{name} truncates from above only: its low bound must be 0, got {low}")
+        if name == "tis-token":
+            weights = tis_token_weights(lr, valid, high)
+            truncated = valid & (lr > math.log(high))
+        else:
+            weights = tis_sequence_weights(lr, valid, high)
+            truncated = valid & (lr.sum(dim=-1, keepdim=True) > math.log(high))
+    elif name == "mis":
+        weights = mis_sequence_weights(lr, valid, high, low)
+        seq = lr.sum(dim=-1, keepdim=True)
+        masked = valid & ((seq > math.log(high)) | ((seq < math.log(low)) if low > 0 else zero))
+    elif name == "geo":
+        weights = geo_sequence_mask(lr, valid, low, high)
+        masked = valid & (weights == 0)
+    else:
+        weights = icepop_token_weights(lr, valid, low, high)
+        masked = valid & ((lr > math.log(high)) | ((lr < math.log(low)) if low > 0 else zero))
+    rows = valid.any(dim=-1)
+    rows_masked = rows & ~(valid & ~masked).any(dim=-1)
+    stats = {"correction_weight_mean": masked_mean(weights, valid),
+             "correction_truncated_share": masked_mean(truncated.to(lr.dtype), valid),
+             "correction_masked_share": masked_mean(masked.to(lr.dtype), valid),
+             "correction_rows_masked_share": rows_masked.sum().to(lr.dtype) / rows.sum().clamp(min=1).to(lr.dtype)}
+    return weights, stats
+
+
+__all__ += ["CORRECTIONS", "CORRECTION_BOUNDS", "importance_log_ratio", "tis_token_weights", "tis_sequence_weights",
+            "mis_sequence_weights", "geo_sequence_mask", "icepop_token_weights", "correction_weights"]

@@ -23,8 +23,9 @@ module owns everything else about a step:
 * **LoRA** through ``peft``: the adapters are injected into the model in place; the KL reference is
   the same model with its adapters disabled — no second copy of the weights.
 * **Learning-rate schedule** with warm-up (``transformers.get_scheduler``), stepped once per update.
-* **Data-parallel loss scaling** and the **importance-weight corrections**: truncated importance
-  sampling (TIS) against the engine, and the decoupled correction of stale samples (tokens sampled by
+* **Data-parallel loss scaling** and the **importance-weight corrections**: the named off-policy
+  corrections against the engine (``AgentConfig.correction``: TIS, MIS, GEO, IcePop; formulas in
+  :mod:`llmgym.agents.functional`), and the decoupled correction of stale samples (tokens sampled by
   an older policy version, under :mod:`llmgym.agents.pipeline`; see :mod:`llmgym.agents.corrections`).
 
 Example:
@@ -55,7 +56,8 @@ from torch.utils.checkpoint import checkpoint
 
 from llmgym.runtime import distributed
 from llmgym.agents import functional as F
-from llmgym.agents.corrections import ImportanceWeightStats, stale_token_mask, truncated_importance_weights
+from llmgym.agents.corrections import (ImportanceWeightStats, resolve_correction, stale_token_mask,
+                                       truncated_importance_weights)
 from llmgym.agents.fused_head import TILE_ELEMENTS, head_logprobs_and_entropy, logit_transform
 from llmgym.agents.shared_prefix import shared_prefix_hidden, shared_prefixes, supports_shared_prefixes
 from llmgym.engines.base import optional_member
@@ -569,7 +571,8 @@ class Learner:
         tis_stats: dict[str, float] = {}
         # tokens tagged with the policy version that sampled them (the pipelined learner): the
         # staleness correction applies to those older than the weights about to be updated
-        weight_stats = ImportanceWeightStats(c.tis_cap) if batch.policy_versions is not None else None
+        # (is_weight_clip_frac counts weights at the cap: tis_cap, or the chosen correction's upper bound)
+        weight_stats = ImportanceWeightStats(resolve_correction(c)[2]) if batch.policy_versions is not None else None
         version = agent.step_count
         stale = batch.policy_versions is not None and bool(
             stale_token_mask(batch.policy_versions, version, batch.action_mask).any())
@@ -578,7 +581,8 @@ class Learner:
         engine = getattr(agent, "engine", None)  # None: an agent that samples nothing (DPO's pairs)
         screened = engine is not None and optional_member(engine, "screen_batch") is not None  # checked already
         self._check_logprobs = None if engine is None or screened else optional_member(engine, "check_logprobs")
-        if not on_policy and (c.tis is not None or c.precision != "fp32" or weight_stats is not None
+        corrected = resolve_correction(c)[0] is not None
+        if not on_policy and (corrected or c.precision != "fp32" or weight_stats is not None
                               or self._check_logprobs is not None):
             # π_old (the proximal policy) from the learner itself, once, before the first optimiser step:
             # the engine's log-probs carry its own kernels and precision, and stale weights
@@ -607,7 +611,7 @@ class Learner:
         metrics["lr"] = lr
         if weight_stats is not None:
             metrics.update(weight_stats.result())
-            metrics["is_corrected"] = float(c.tis is not None or (stale and self.correct_staleness))
+            metrics["is_corrected"] = float(corrected or (stale and self.correct_staleness))
         return distributed.all_reduce_mean(metrics) if parallel else metrics
 
     def loss_count(self, agent: "Agent", mb: Batch) -> float:
@@ -647,7 +651,7 @@ class Learner:
             if on_policy:
                 if self._check_logprobs is not None and not padding:
                     self._check_logprobs(micro, out.logprobs.detach(), version)
-                if (c.tis is not None or weight_stats is not None) and not padding:
+                if (resolve_correction(c)[0] is not None or weight_stats is not None) and not padding:
                     micro, tis_stats = self.importance_corrected(micro, out.logprobs.detach(), version, weight_stats)
                 micro = dataclasses.replace(micro, old_logprobs=out.logprobs.detach())
             with self.autocast():
@@ -708,36 +712,40 @@ class Learner:
         π_old (a new :class:`Batch`; ``batch`` itself is left as it was), and the correction's stats.
 
         ``batch.old_logprobs`` holds the engine's generation-time log-probs (π_behav) on entry;
-        ``learner_logprobs`` are the learner's of the same tokens before the update (π_prox). The
-        weight ``min(π_prox / π_behav, tis_cap)`` (:func:`~llmgym.agents.corrections.truncated_importance_weights`)
-        multiplies the advantage of every token with TIS (``tis`` set: the engine/learner gap), and of
-        the stale tokens only otherwise (sampled by a policy version older than ``version``; see
-        :mod:`llmgym.agents.corrections`), unless ``correct_staleness`` is off. Scaling the advantage
-        by ``w > 0`` multiplies the per-token policy-gradient loss by ``w`` in every surrogate (plain,
-        clipped, dual-clip, GSPO). π_old becomes π_prox with TIS, reduced precision, or stale tokens;
-        otherwise the engine's log-probs stay (the synchronous fp32 update, unchanged).
-        ``weight_stats`` receives the weights (applied or not: 1 on tokens the correction leaves alone).
+        ``learner_logprobs`` are the learner's of the same tokens before the update (π_prox). With a
+        correction (``AgentConfig.correction``: ``tis-token``, ``tis-seq``, ``mis``, ``geo``, ``icepop``;
+        :func:`~llmgym.agents.functional.correction_weights`) its weight of the ratio π_prox / π_behav
+        multiplies the advantage of every token (the engine/learner gap and the staleness are one
+        ratio), and its shares truncated and masked are returned as stats. Without one, the stale
+        tokens only (sampled by a policy version older than ``version``; see
+        :mod:`llmgym.agents.corrections`) get ``min(π_prox / π_behav, tis_cap)``, unless
+        ``correct_staleness`` is off. Scaling the advantage by ``w ≥ 0`` multiplies the per-token
+        policy-gradient loss by ``w`` in every surrogate (plain, clipped, dual-clip, GSPO; ``w = 0``
+        removes the token's policy gradient). π_old becomes π_prox with a correction, reduced
+        precision, or stale tokens; otherwise the engine's log-probs stay (the synchronous fp32 update,
+        unchanged). ``weight_stats`` receives the weights (applied or not: 1 on tokens the correction
+        leaves alone).
         """
         c = self.config
         mask = batch.action_mask
-        level = c.tis or "token"
-        weights = truncated_importance_weights(learner_logprobs, batch.old_logprobs, mask, level, c.tis_cap)
+        name, low, high = resolve_correction(c)
         stale = (stale_token_mask(batch.policy_versions, version, mask) if batch.policy_versions is not None
                  else torch.zeros_like(mask, dtype=torch.bool))
         stats: dict[str, float] = {}
-        if c.tis is not None:
-            applied = weights
-            truncated = (weights >= c.tis_cap * (1 - 1e-6)).float()
-            stats = {"tis_weight_mean": float(F.masked_mean(weights, mask)),
-                     "tis_truncated_frac": float(F.masked_mean(truncated, mask))}
+        if name is not None:
+            log_ratio = F.importance_log_ratio(learner_logprobs, batch.old_logprobs, mask)
+            applied, shares = F.correction_weights(name, log_ratio, mask, low, high)
+            applied = applied.to(learner_logprobs.dtype)
+            stats = {k: float(v) for k, v in shares.items()}
         else:
+            weights = truncated_importance_weights(learner_logprobs, batch.old_logprobs, mask, "token", c.tis_cap)
             applied = torch.where(stale, weights, torch.ones_like(weights))
         if weight_stats is not None:
             weight_stats.add(applied, learner_logprobs - batch.old_logprobs, mask)
         advantages, old_logprobs = batch.advantages, batch.old_logprobs
-        if c.tis is not None or (self.correct_staleness and bool(stale.any())):
+        if name is not None or (self.correct_staleness and bool(stale.any())):
             advantages = (advantages[:, None] if advantages.dim() == 1 else advantages) * applied
-        if c.tis is not None or c.precision != "fp32" or bool(stale.any()):
+        if name is not None or c.precision != "fp32" or bool(stale.any()):
             old_logprobs = learner_logprobs
         return dataclasses.replace(batch, advantages=advantages, old_logprobs=old_logprobs), stats
 

@@ -37,7 +37,7 @@ from llmgym.runtime.install import install_hint
 from llmgym.cli.training import RunSpec, train_run
 from llmgym.runtime.logging import TRACKERS
 
-__all__ = ["add_parser", "check_async", "check_resume_imports", "cmd_train", "read_run_spec"]
+__all__ = ["add_parser", "check_async", "correction_fields", "check_resume_imports", "cmd_train", "read_run_spec"]
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -79,6 +79,13 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> argparse.Argument
     p.add_argument("--max-staleness", type=int, metavar="K",
                    help="with --async: each batch is sampled by the weights of K updates ago (default 1; 0 = the "
                         "synchronous schedule); stale tokens are importance-weighted")
+    p.add_argument("--correction", metavar="NAME",
+                   help="off-policy correction of the sampler/learner gap, applied to every token: tis-token, "
+                        "tis-seq, mis, geo or icepop (docs/scale.md, 'Off-policy corrections'); the shares "
+                        "truncated and masked are logged each step")
+    p.add_argument("--correction-bounds", metavar="HIGH|LOW,HIGH",
+                   help="with --correction: the preset's band (default tis-*/mis: C = 2; geo: 0.99,1.01; "
+                        "icepop: 0.5,2); one number sets HIGH only")
     p.add_argument("--verify-workers", type=int, metavar="N",
                    help="with --async: threads that verify a batch's completions concurrently (default 8)")
     p.add_argument("--log-to", action="append", choices=TRACKERS, metavar="TRACKER",
@@ -116,6 +123,47 @@ def check_async(args: argparse.Namespace, agent_cls) -> tuple[int | None, int | 
     if distributed.is_distributed():
         raise UsageError("--async runs in one process; under torchrun drop --async (data parallel is synchronous)")
     return staleness, args.verify_workers
+
+
+def correction_fields(args: argparse.Namespace, fields: dict) -> dict:
+    """The agent config fields of ``--correction NAME`` and ``--correction-bounds HIGH|LOW,HIGH`` (the flags
+    win over ``--config`` and ``--set``), checked before any work.
+
+    Example:
+        >>> import argparse
+        >>> from llmgym.cli.train import correction_fields
+        >>> correction_fields(argparse.Namespace(correction="icepop", correction_bounds="0.8,1.25"), {})
+        {'correction': 'icepop', 'correction_low': 0.8, 'correction_high': 1.25}
+        >>> correction_fields(argparse.Namespace(correction="seq-tis", correction_bounds=None), {})
+        Traceback (most recent call last):
+        ...
+        llmgym.cli.usage.UsageError: --correction 'seq-tis': give one of tis-token, tis-seq, mis, geo, icepop
+    """
+    import math
+
+    from llmgym.agents.functional import CORRECTIONS
+
+    out: dict = {}
+    name, bounds = getattr(args, "correction", None), getattr(args, "correction_bounds", None)
+    if name is not None:
+        if name not in CORRECTIONS:
+            raise UsageError(f"--correction {name!r}: give one of {', '.join(CORRECTIONS)}")
+        out["correction"] = name
+    if bounds is not None:
+        if name is None and fields.get("correction") is None and fields.get("tis") is None:
+            raise UsageError(f"--correction-bounds is the band of a correction: add --correction NAME "
+                             f"({', '.join(CORRECTIONS)})")
+        try:
+            numbers = [float(part) for part in bounds.split(",")]
+        except ValueError:
+            numbers = []
+        if len(numbers) not in (1, 2) or not all(math.isfinite(x) and x >= 0 for x in numbers):
+            raise UsageError(f"--correction-bounds {bounds!r}: give HIGH or LOW,HIGH, finite numbers >= 0 "
+                             f"(e.g. 2 or 0.5,2)")
+        if len(numbers) == 2:
+            out["correction_low"] = numbers[0]
+        out["correction_high"] = numbers[-1]
+    return out
 
 
 def teacher_fields(args: argparse.Namespace, agent_cls, fields: dict) -> dict:
@@ -216,7 +264,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                                              ("--engine", args.engine), ("--engine-arg", args.engine_arg),
                                              ("--server", args.server),
                                              ("--async", args.pipelined), ("--max-staleness", args.max_staleness),
-                                             ("--verify-workers", args.verify_workers))
+                                             ("--verify-workers", args.verify_workers),
+                                             ("--correction", args.correction),
+                                             ("--correction-bounds", args.correction_bounds))
                     if value is not None]
         if clashing:
             raise UsageError(f"--resume continues the run as recorded in its config.json; drop {', '.join(clashing)} "
@@ -271,6 +321,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.seed is not None:
             fields["seed"] = args.seed
         fields.update(teacher_fields(args, agent_cls, fields))
+        fields.update(correction_fields(args, fields))
         device = check_device(args.device)
         fields = apply_scale_options(args, fields, args.steps if args.steps is not None else 100, device)
         config = build_agent_config(agent_cls, fields)  # validated before any model is loaded

@@ -207,6 +207,43 @@ def test_async_flags_are_checked_before_any_work(flags, expected, tmp_path, caps
     assert err.count("\n") == 1 and not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("flags, expected", [
+    (["--correction", "seq-tis"], "--correction 'seq-tis': give one of tis-token, tis-seq, mis, geo, icepop"),
+    (["--correction-bounds", "2"], "--correction-bounds is the band of a correction: add --correction NAME"),
+    (["--correction", "icepop", "--correction-bounds", "0.5,x"], "--correction-bounds '0.5,x': give HIGH or LOW,HIGH"),
+    (["--correction", "icepop", "--correction-bounds", "nan"], "--correction-bounds 'nan': give HIGH or LOW,HIGH"),
+    (["--correction", "geo", "--correction-bounds", "1.1,0.9"], "its band must satisfy 0 <= low <= high"),
+    (["--correction", "tis-seq", "--correction-bounds", "0.5,2"], "tis-seq truncates from above only"),
+    (["--correction", "mis", "--agent", "dpo"], "a correction does not apply"),
+])
+def test_correction_flags_are_checked_before_any_work(flags, expected, tmp_path, capsys):
+    argv = ["train", "--env", ENV, "--agent", "grpo", "--out", str(tmp_path / "o"), *flags]
+    if "--agent" in flags:
+        argv = [a for i, a in enumerate(argv) if i not in (3, 4)]  # the flags' own --agent
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("llmgym: error: ") and expected in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "o").exists()
+
+
+def test_correction_reaches_the_agent_is_recorded_and_logs_its_shares(model_dir, tmp_path, captured_agents, capsys):
+    out = tmp_path / "run"
+    assert main(train_args(model_dir, out, 2, "--correction", "icepop", "--correction-bounds", "0.8,1.25",
+                           "--checkpoint-every", "1")) == 0
+    config = captured_agents[-1].config
+    assert (config.correction, config.correction_low, config.correction_high) == ("icepop", 0.8, 1.25)
+    recorded = json.loads((out / "config.json").read_text())
+    recorded = recorded["agent_config"]
+    assert (recorded["correction"], recorded["correction_low"], recorded["correction_high"]) == ("icepop", 0.8, 1.25)
+    rows = read_metrics(out / "metrics.jsonl")
+    for row in rows:  # the HF engine samples what the learner scores: nothing masked, every weight 1
+        assert row["correction_masked_share"] == 0.0 and row["correction_rows_masked_share"] == 0.0
+        assert abs(row["correction_weight_mean"] - 1.0) < 1e-3 and row["correction_truncated_share"] == 0.0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--steps", "3", "--correction", "mis"]) == 2
+    assert "drop --correction" in capsys.readouterr().err
+
+
 def test_resume_refuses_async_flags(model_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(train_args(model_dir, out, 1, "--checkpoint-every", "1")) == 0

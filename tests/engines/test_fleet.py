@@ -385,7 +385,7 @@ def test_after_k_updates_the_servers_logprobs_equal_the_learners_and_without_a_s
         assert all(fleet.rows_served()[url] > served[url] for url in served), "a server sampled none of the rows"
         assert synced < SYNC_TOL, f"after 3 synced updates the servers' log-probs differ from the learner's by {synced:.3g}"
         assert versions == {3} and set(fleet.server_versions().values()) == {"3"}
-        assert all(abs(r["tis_weight_mean"] - 1.0) < 1e-3 for r in rows), [r["tis_weight_mean"] for r in rows]
+        assert all(abs(r["correction_weight_mean"] - 1.0) < 1e-3 for r in rows), [r["correction_weight_mean"] for r in rows]
 
         monkeypatch.setattr(fleet, "sync_weights", lambda model, **version: None)  # updates without sync
         agent.learn(env, steps=2)
@@ -525,7 +525,7 @@ def test_lora_only_the_adapter_travels_to_the_servers_and_they_sample_it(servers
         assert max(fleet.probe_gaps.values()) < SYNC_TOL and fleet.batch_gaps and max(fleet.batch_gaps.values()) < SYNC_TOL
         synced, versions = gap_and_versions(fleet, model, tokenizer)
         assert synced < SYNC_TOL and versions == {3}, (synced, versions)
-        assert all(abs(r["tis_weight_mean"] - 1.0) < 1e-3 for r in rows)
+        assert all(abs(r["correction_weight_mean"] - 1.0) < 1e-3 for r in rows)
         served = fleet.servers[0].client
         listed = {m.id for m in served.client.models.list().data}
         assert {"llmgym-v2", "llmgym-v3"} <= listed and "llmgym-v1" not in listed  # two versions kept

@@ -83,7 +83,7 @@ class TestOneEngine:
         synced = logprob_gap(engine, model, tokenizer, prompts)
         assert synced < SYNC_TOL, f"after 3 synced updates vLLM's log-probs differ from the learner's by {synced:.3g}"
         # the learner's log-probs of vLLM's tokens equal vLLM's: TIS weights are 1 at every step
-        assert all(abs(r["tis_weight_mean"] - 1.0) < 1e-3 for r in rows), [r["tis_weight_mean"] for r in rows]
+        assert all(abs(r["correction_weight_mean"] - 1.0) < 1e-3 for r in rows), [r["correction_weight_mean"] for r in rows]
 
         monkeypatch.setattr(engine, "sync_weights", lambda _model: None)  # updates without sync
         agent.learn(env, steps=2)

@@ -74,7 +74,7 @@ def test_after_updates_vllm_samples_the_new_adapter_and_only_the_adapter_travels
     prompts = [tokenizer.encode(t) for t in ("copy: 417", "copy: 90", "copy: 3382")]
     synced = logprob_gap(engine, model, tokenizer, prompts)
     assert synced < SYNC_TOL, f"after 3 adapter syncs vLLM's log-probs differ from peft's by {synced:.3g}"
-    assert all(abs(r["tis_weight_mean"] - 1.0) < 1e-3 for r in rows if "tis_weight_mean" in r)
+    assert all(abs(r["correction_weight_mean"] - 1.0) < 1e-3 for r in rows if "correction_weight_mean" in r)
     groups = engine.generate(prompts[:1], SamplingParams(n=2, max_new_tokens=4, seed=0))
     assert {c.policy_version for c in groups[0]} == {3}  # each completion names its adapter version
     with agent.learner.peft_model.disable_adapter():  # the KL reference: the base with the adapter off

@@ -407,7 +407,7 @@ def test_dpo_config_errors(tiny_model, tokenizer):
     # what cannot be exact is refused before any work: a per-token aggregation of a per-pair loss, TIS
     with pytest.raises(ValueError, match="loss_agg='token-mean' does not apply"):
         DPO(tiny_model, tokenizer, loss_agg="token-mean")
-    with pytest.raises(ValueError, match="tis does not apply"):
+    with pytest.raises(ValueError, match="a correction does not apply"):
         DPO(tiny_model, tokenizer, tis="token")
     with pytest.raises(ValueError, match="no entropy term"):  # accepted and ignored before
         DPO(tiny_model, tokenizer, entropy_coef=0.01)
