@@ -20,6 +20,7 @@ import torch
 
 from llmgym.agents import functional as F
 from llmgym.agents.corrections import TIS_LEVELS
+from llmgym.agents.mismatch import MISMATCH_KL_WARN, MISMATCH_PROB_ERROR_WARN, check_mismatch_config
 from llmgym.agents.learner import ForwardOutput, Learner, check_learner_config, micro_batches
 from llmgym.agents.screening import screen
 from llmgym.runtime import distributed
@@ -61,6 +62,11 @@ class AgentConfig:
             The engine's generation-time log-probs are compared with the learner's log-probs of the
             same tokens before the update; the weight multiplies the per-token policy-gradient loss.
         tis_cap: the truncation C of the TIS weight ``min(ratio, C)``.
+        mismatch_kl_warn, mismatch_prob_error_warn: a :class:`~llmgym.agents.mismatch.MismatchWarning`
+            when a step's ``mismatch_kl`` (the k3 estimate of KL(sampler ‖ learner) on the sampled
+            tokens) passes the first (default 1e-2) or its ``mismatch_prob_error`` (mean
+            ``exp|log π − log q|``) the second (default 1.1); ``None`` = no warning. See
+            :mod:`llmgym.agents.mismatch`.
 
     Learner settings (see :mod:`llmgym.agents.learner`; none changes what is optimised):
         micro_batch_size: examples per forward/backward — completions, or preference pairs for DPO
@@ -103,6 +109,8 @@ class AgentConfig:
     dual_clip: float | None = None
     tis: str | None = None
     tis_cap: float = 2.0
+    mismatch_kl_warn: float | None = MISMATCH_KL_WARN
+    mismatch_prob_error_warn: float | None = MISMATCH_PROB_ERROR_WARN
     micro_batch_size: int | None = None
     logits_chunk_size: int | None = None
     precision: str = "fp32"
@@ -122,6 +130,7 @@ class AgentConfig:
             raise ValueError(f"tis must be None, 'token' or 'sequence', got {self.tis!r}")
         if not self.tis_cap > 0:
             raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
+        check_mismatch_config(self)
         if self.kl_placement not in ("loss", "reward"):
             raise ValueError(f"kl_placement must be 'loss' or 'reward', got {self.kl_placement!r}")
         if self.kl_estimator not in F.KL_ESTIMATORS:
