@@ -97,15 +97,20 @@ class MismatchStats:
             raise ValueError(f"mismatch needs log-probs and mask of one shape, got {tuple(learner_logprobs.shape)}, "
                              f"{tuple(sampler_logprobs.shape)} and {tuple(valid.shape)}")
         terms = F.mismatch_terms(learner_logprobs, sampler_logprobs, valid)
-        stacked = torch.stack([terms[k] for k in _TERMS] + [valid.to(terms["k3"].dtype)], dim=-1).double().cpu()
-        self.sums += stacked.sum(dim=(0, 1))
+        values = torch.stack([terms[k] for k in _TERMS] + [valid.to(terms["k3"].dtype)], dim=-1).flatten(0, -2)
+        self.sums += values.sum(dim=0, dtype=torch.float64).cpu()
         if lags is None:
             return
-        lags = lags.cpu()
-        valid = valid.cpu()
-        for lag in torch.unique(lags[valid & (lags >= 0)]).tolist():
-            part = stacked[valid & (lags == lag)].sum(dim=0)
-            self.lag_sums[int(lag)] = self.lag_sums.get(int(lag), torch.zeros_like(part)) + part
+        # one bucket per lag (bucket 0: tokens off the mask or untagged), summed in one pass on the device
+        tagged = valid & (lags >= 0)
+        if not bool(tagged.any()):
+            return
+        bucket = torch.where(tagged, lags + 1, torch.zeros_like(lags)).flatten()
+        table = torch.stack([torch.bincount(bucket, weights=values[:, j].double()) for j in range(values.shape[-1])],
+                            dim=-1).cpu()
+        for lag in range(table.shape[0] - 1):
+            if table[lag + 1, -1] > 0:
+                self.lag_sums[lag] = self.lag_sums.get(lag, torch.zeros_like(table[0])) + table[lag + 1]
 
     def add_batch(self, learner_logprobs: Tensor, batch, version: int) -> None:
         """:meth:`add` for a :class:`~llmgym.rollout.episodes.Batch` whose ``old_logprobs`` are the sampler's
