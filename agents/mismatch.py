@@ -46,10 +46,10 @@ import torch
 from torch import Tensor
 
 from llmgym.agents import functional as F
-from llmgym.errors import LLMGymWarning
+from llmgym.errors import LLMGymError, LLMGymWarning
 from llmgym.runtime import distributed
 
-__all__ = ["MismatchWarning", "MismatchStats", "MismatchMonitor", "check_mismatch_config",
+__all__ = ["MismatchWarning", "MismatchConfigError", "MismatchStats", "MismatchMonitor", "check_mismatch_config",
            "MISMATCH_KL_WARN", "MISMATCH_PROB_ERROR_WARN"]
 
 MISMATCH_KL_WARN = 1e-2
@@ -63,6 +63,10 @@ _TERMS = ("k3", "k1", "prob_error")
 
 class MismatchWarning(LLMGymWarning):
     """The sampler and the learner disagree on the sampled tokens' probabilities beyond a stated threshold."""
+
+
+class MismatchConfigError(LLMGymError, ValueError):
+    """A mismatch warning threshold that is not ``None`` or a finite number in its range."""
 
 
 class MismatchStats:
@@ -207,14 +211,15 @@ def check_mismatch_config(config) -> None:
     Example:
         >>> from types import SimpleNamespace
         >>> check_mismatch_config(SimpleNamespace(mismatch_kl_warn=1e-2, mismatch_prob_error_warn=None))
-        >>> check_mismatch_config(SimpleNamespace(mismatch_kl_warn=0.0, mismatch_prob_error_warn=1.1))
-        Traceback (most recent call last):
-        ...
-        ValueError: mismatch_kl_warn must be None (no warning) or a finite number > 0, got 0.0
+        >>> try:
+        ...     check_mismatch_config(SimpleNamespace(mismatch_kl_warn=0.0, mismatch_prob_error_warn=1.1))
+        ... except MismatchConfigError as error:
+        ...     print(error)
+        mismatch_kl_warn must be None (no warning) or a finite number > 0, got 0.0
     """
     for name, low in (("mismatch_kl_warn", 0.0), ("mismatch_prob_error_warn", 1.0)):
         value = getattr(config, name)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= low:
-            raise ValueError(f"{name} must be None (no warning) or a finite number > {low:g}, got {value!r}")
+            raise MismatchConfigError(f"{name} must be None (no warning) or a finite number > {low:g}, got {value!r}")
