@@ -465,10 +465,6 @@ class Learner:
         self._dp_module = None  # DDP/FSDP view of the model, built at the first data-parallel update
         self._check_logprobs = None  # the engine's check of its reported log-probs (a fleet's), per update
         self.behaviour_weights: dict[int, dict[str, torch.Tensor]] = {}
-        # the sampler-vs-learner mismatch of each update (agents/mismatch.py), and its warnings
-        self._mismatch: MismatchStats | None = None
-        self.mismatch_monitor = MismatchMonitor(getattr(config, "mismatch_kl_warn", None),
-                                                getattr(config, "mismatch_prob_error_warn", None))
         """Kept weights of the versions that sampled stale tokens (the pipelined learner fills it for an engine
         with ``screen_batch``): those tokens are scored under them (:mod:`llmgym.agents.screening`)."""
         self.correct_staleness = True
@@ -476,6 +472,10 @@ class Learner:
         self.share_prefixes = True
         """Run a group's common prompt through the model once per forward (:mod:`llmgym.agents.shared_prefix`;
         where :func:`~llmgym.agents.shared_prefix.supports_shared_prefixes` allows); off to compare."""
+        self._mismatch: MismatchStats | None = None
+        self.mismatch_monitor = MismatchMonitor(getattr(config, "mismatch_kl_warn", None),
+                                                getattr(config, "mismatch_prob_error_warn", None))
+        """Warns when an update's sampler-vs-learner mismatch passes its threshold (:mod:`llmgym.agents.mismatch`)."""
 
     @staticmethod
     def _frozen_copy(model):
