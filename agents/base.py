@@ -20,6 +20,7 @@ import torch
 
 from llmgym.agents import functional as F
 from llmgym.agents.corrections import resolve_correction
+from llmgym.agents.mismatch import MISMATCH_KL_WARN, MISMATCH_PROB_ERROR_WARN, check_mismatch_config
 from llmgym.agents.learner import ForwardOutput, Learner, check_learner_config, micro_batches
 from llmgym.agents.screening import screen
 from llmgym.runtime import distributed
@@ -69,6 +70,11 @@ class AgentConfig:
         tis_cap: the truncation C of the TIS weight ``min(ratio, C)`` of stale tokens, and the default
             cap of the ``tis-*`` and ``mis`` corrections.
         tis: the older spelling of ``correction``: ``"token"`` = ``"tis-token"``, ``"sequence"`` = ``"tis-seq"``.
+        mismatch_kl_warn, mismatch_prob_error_warn: a :class:`~llmgym.agents.mismatch.MismatchWarning`
+            when a step's ``mismatch_kl`` (the k3 estimate of KL(sampler ‖ learner) on the sampled
+            tokens) passes the first (default 1e-2) or its ``mismatch_prob_error`` (mean
+            ``exp|log π − log q|``) the second (default 1.1); ``None`` = no warning. See
+            :mod:`llmgym.agents.mismatch`.
 
     Learner settings (see :mod:`llmgym.agents.learner`; none changes what is optimised):
         micro_batch_size: examples per forward/backward — completions, or preference pairs for DPO
@@ -114,6 +120,8 @@ class AgentConfig:
     correction: str | None = None
     correction_low: float | None = None
     correction_high: float | None = None
+    mismatch_kl_warn: float | None = MISMATCH_KL_WARN
+    mismatch_prob_error_warn: float | None = MISMATCH_PROB_ERROR_WARN
     micro_batch_size: int | None = None
     logits_chunk_size: int | None = None
     precision: str = "fp32"
@@ -130,6 +138,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         check_learner_config(self)
         resolve_correction(self)  # the name and its band, checked once
+        check_mismatch_config(self)
         if self.kl_placement not in ("loss", "reward"):
             raise ValueError(f"kl_placement must be 'loss' or 'reward', got {self.kl_placement!r}")
         if self.kl_estimator not in F.KL_ESTIMATORS:

@@ -827,6 +827,87 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3", m
 
 
 # --------------------------------------------------------------------------------------------
+# sampler–learner mismatch (what the engine sampled from vs what the learner computes)
+# --------------------------------------------------------------------------------------------
+
+
+def mismatch_terms(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Per-token terms of the sampler-vs-learner mismatch, ``[B, T]`` each, 0 off the mask.
+
+    The tokens ``y_t`` were drawn from the sampler ``q`` (the rollout engine, at generation time);
+    ``δ_t = log π(y_t) − log q(y_t)`` with ``π`` the learner's policy of the same tokens, same weights
+    version the learner holds, same temperature. Three terms:
+
+    * ``"k1"``: ``−δ_t`` — Schulman's k1 estimator of ``KL(q ‖ π)`` (unbiased, can be negative);
+    * ``"k3"``: ``exp(δ_t) − 1 − δ_t`` — the k3 estimator of ``KL(q ‖ π)`` (unbiased since
+      ``E_q[exp(δ)] = 1``, and ≥ 0 on every token);
+    * ``"prob_error"``: ``exp(|δ_t|)`` — the multiplicative probability error of the token (≥ 1;
+      NeMo-RL's ``token_mult_prob_error`` is its mean).
+
+    Example:
+        >>> import math, torch
+        >>> t = mismatch_terms(torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.5, -1.0, 9.0]]),
+        ...                    torch.tensor([[1, 1, 0]]))  # δ = 0.5, -1, (masked)
+        >>> t["k1"]
+        tensor([[-0.5000,  1.0000,  0.0000]])
+        >>> torch.allclose(t["k3"], torch.tensor([[math.exp(0.5) - 1.5, math.exp(-1.0), 0.0]]))
+        True
+        >>> torch.allclose(t["prob_error"], torch.tensor([[math.exp(0.5), math.e, 0.0]]))
+        True
+    """
+    valid = _valid(mask)
+    learner, sampler = _zero_masked(valid, _as_float(learner_logprobs.detach()), _as_float(sampler_logprobs.detach()))
+    delta = (learner - sampler).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    zero = torch.zeros_like(delta)
+    return {"k1": torch.where(valid, -delta, zero),
+            "k3": torch.where(valid, torch.expm1(delta) - delta, zero),  # expm1: exact near δ = 0
+            "prob_error": torch.where(valid, torch.exp(delta.abs()), zero)}
+
+
+def mismatch_kl(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, estimator: str = "k3") -> Tensor:
+    """``KL(q ‖ π)`` between the sampler ``q`` and the learner ``π``, estimated on the sampled tokens.
+
+    ``mean_t (exp(δ_t) − 1 − δ_t)`` over the mask with ``estimator="k3"`` (the default, reported as
+    ``mismatch_kl``; unbiased and ≥ 0), ``mean_t (−δ_t)`` with ``"k1"`` (``mismatch_kl_k1``), where
+    ``δ_t = log π(y_t) − log q(y_t)`` and ``y_t ~ q`` (see :func:`mismatch_terms`). NeMo-RL reports
+    ~1e-3 as typical for its ``gen_kl_error`` (a vLLM sampler against a bf16 learner). A scalar
+    (an empty mask measures nothing: the learner then reports no mismatch at all).
+
+    Example:
+        >>> import math, torch
+        >>> learner, sampler, m = torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.5, -1.0, 9.0]]), torch.tensor([[1, 1, 0]])
+        >>> abs(float(mismatch_kl(learner, sampler, m)) - (math.exp(0.5) - 1.5 + math.exp(-1.0)) / 2) < 1e-6
+        True
+        >>> float(mismatch_kl(learner, sampler, m, "k1"))  # (-0.5 + 1) / 2
+        0.25
+    """
+    if estimator not in ("k1", "k3"):
+        raise ValueError(f"mismatch_kl estimator must be 'k1' or 'k3', got {estimator!r}")
+    return masked_mean(mismatch_terms(learner_logprobs, sampler_logprobs, mask)[estimator], _valid(mask).float())
+
+
+def token_prob_error(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """The mean multiplicative token probability error ``mean_t exp(|log π(y_t) − log q(y_t)|)`` over the mask.
+
+    NeMo-RL's ``token_mult_prob_error`` (reported as ``mismatch_prob_error``): 1 when the sampler and
+    the learner agree on every sampled token, ``1 + ε`` when they disagree by a factor ``≈ 1 + ε``
+    per token on average, in either direction. A scalar ≥ 1 (for a non-empty mask).
+
+    Example:
+        >>> import torch
+        >>> learner, sampler = torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.5, -1.0, 9.0]])
+        >>> round(float(token_prob_error(learner, sampler, torch.tensor([[1, 1, 0]]))), 4)  # (e^0.5 + e) / 2
+        2.1835
+        >>> float(token_prob_error(learner, learner, torch.tensor([[1, 1, 1]])))
+        1.0
+    """
+    return masked_mean(mismatch_terms(learner_logprobs, sampler_logprobs, mask)["prob_error"], _valid(mask).float())
+
+
+__all__ += ["mismatch_terms", "mismatch_kl", "token_prob_error"]
+
+
+# --------------------------------------------------------------------------------------------
 # losses (per token, [B, T]; reduce with aggregate_loss)
 # --------------------------------------------------------------------------------------------
 

@@ -58,6 +58,7 @@ from llmgym.runtime import distributed
 from llmgym.agents import functional as F
 from llmgym.agents.corrections import (ImportanceWeightStats, resolve_correction, stale_token_mask,
                                        truncated_importance_weights)
+from llmgym.agents.mismatch import MismatchMonitor, MismatchStats
 from llmgym.agents.fused_head import TILE_ELEMENTS, head_logprobs_and_entropy, logit_transform
 from llmgym.agents.shared_prefix import shared_prefix_hidden, shared_prefixes, supports_shared_prefixes
 from llmgym.engines.base import optional_member
@@ -473,6 +474,10 @@ class Learner:
         self.share_prefixes = True
         """Run a group's common prompt through the model once per forward (:mod:`llmgym.agents.shared_prefix`;
         where :func:`~llmgym.agents.shared_prefix.supports_shared_prefixes` allows); off to compare."""
+        self._mismatch: MismatchStats | None = None
+        self.mismatch_monitor = MismatchMonitor(getattr(config, "mismatch_kl_warn", None),
+                                                getattr(config, "mismatch_prob_error_warn", None))
+        """Warns when an update's sampler-vs-learner mismatch passes its threshold (:mod:`llmgym.agents.mismatch`)."""
 
     @staticmethod
     def _frozen_copy(model):
@@ -581,12 +586,14 @@ class Learner:
         engine = getattr(agent, "engine", None)  # None: an agent that samples nothing (DPO's pairs)
         screened = engine is not None and optional_member(engine, "screen_batch") is not None  # checked already
         self._check_logprobs = None if engine is None or screened else optional_member(engine, "check_logprobs")
+        self._start_mismatch(agent, engine)
         corrected = resolve_correction(c)[0] is not None
         if not on_policy and (corrected or c.precision != "fp32" or weight_stats is not None
                               or self._check_logprobs is not None):
             # π_old (the proximal policy) from the learner itself, once, before the first optimiser step:
             # the engine's log-probs carry its own kernels and precision, and stale weights
             learner_logprobs = self.learner_logprobs(batch)
+            self._measure_mismatch(learner_logprobs, batch, version)
             if self._check_logprobs is not None:
                 self._check_logprobs(batch, learner_logprobs, version)
             batch, tis_stats = self.importance_corrected(batch, learner_logprobs, version, weight_stats)
@@ -612,7 +619,10 @@ class Learner:
         if weight_stats is not None:
             metrics.update(weight_stats.result())
             metrics["is_corrected"] = float(corrected or (stale and self.correct_staleness))
-        return distributed.all_reduce_mean(metrics) if parallel else metrics
+        mismatch = self._finish_mismatch(version + 1)
+        metrics = distributed.all_reduce_mean(metrics) if parallel else metrics
+        metrics.update(mismatch)
+        return metrics
 
     def loss_count(self, agent: "Agent", mb: Batch) -> float:
         """The loss's denominator count of ``mb``: policy tokens for ``token-mean``, rows otherwise."""
@@ -649,6 +659,8 @@ class Learner:
             with self.autocast():
                 out = agent.forward(micro, model=learner, with_values=agent.uses_values)
             if on_policy:
+                if not padding:
+                    self._measure_mismatch(out.logprobs, micro, version)
                 if self._check_logprobs is not None and not padding:
                     self._check_logprobs(micro, out.logprobs.detach(), version)
                 if (resolve_correction(c)[0] is not None or weight_stats is not None) and not padding:
@@ -667,6 +679,19 @@ class Learner:
                 stats_sum[k] = stats_sum.get(k, 0.0) + share * float(v)
         stats_sum["loss"] = loss_sum
         return stats_sum
+
+    # -- the sampler-vs-learner mismatch (llmgym.agents.mismatch): only a batch of the engine's samples has
+    # a sampler to compare; counted where the learner has its own log-probs before the first optimiser step
+    def _start_mismatch(self, agent: "Agent", engine) -> None:
+        self._mismatch = MismatchStats() if engine is not None and getattr(agent, "screens_batches", True) else None
+
+    def _measure_mismatch(self, learner_logprobs: torch.Tensor, batch: Batch, version: int) -> None:
+        if self._mismatch is not None:
+            self._mismatch.add_batch(learner_logprobs, batch, version)
+
+    def _finish_mismatch(self, step: int) -> dict[str, float]:
+        stats, self._mismatch = self._mismatch, None
+        return {} if stats is None else self.mismatch_monitor.finish(stats, step)
 
     # -- data parallel ------------------------------------------------------------------------------
     def data_parallel_module(self, agent: "Agent"):

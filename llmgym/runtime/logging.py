@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -423,11 +424,27 @@ def _has(values: Sequence[float]) -> bool:
 
 
 CURVE_PANELS: tuple[str, ...] = ("reward", "kl", "entropy", "length", "clip", "zero_var", "importance",
-                                 "staleness", "speed", "time")
+                                 "mismatch", "staleness", "speed", "time")
 """The panels :func:`plot_curves` draws, in order, each where the run logged its fields: reward (train and
 held-out), KL to the reference, policy entropy, completion length (mean, max), clip fraction, the share of
-groups with zero reward variance, importance weights and staleness (off-policy runs), tokens/s and the
-time split of a step (generation, verification, update)."""
+groups with zero reward variance, importance weights, the sampler-vs-learner mismatch (overall and by
+version lag) and staleness (off-policy runs), tokens/s and the time split of a step (generation,
+verification, update)."""
+
+_LAG_FIELD = re.compile(r"^(mismatch_kl|mismatch_prob_error)/lag(\d{1,4})$")
+
+
+def mismatch_lags(rows: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The version lags whose ``mismatch_kl/lag{k}`` some row of ``rows`` logged, in order.
+
+    Example:
+        >>> from llmgym.runtime.logging import mismatch_lags
+        >>> mismatch_lags([{"step": 1, "mismatch_kl/lag2": 0.1, "mismatch_kl/lag0": 0.01}, {"mismatch_kl/lagx": 1}])
+        [0, 2]
+    """
+    lags = {int(m.group(2)) for r in rows for k in r if isinstance(k, str) and (m := _LAG_FIELD.match(k))
+            and m.group(1) == "mismatch_kl"}
+    return sorted(lags)
 
 
 def curve_panels(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -441,6 +458,7 @@ def curve_panels(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     fields = {"kl": ["kl"], "entropy": ["entropy"], "length": ["completion_len", "completion_len_max"],
               "clip": ["clip_frac"], "zero_var": ["zero_var_groups"],
               "importance": ["is_weight_mean", "is_weight_min", "is_weight_max"],
+              "mismatch": ["mismatch_kl", "mismatch_prob_error"],
               "staleness": ["staleness_mean", "staleness_max"], "speed": ["tokens_per_s"],
               "time": ["generate_s", "verify_s", "update_s"]}
     return ["reward"] + [p for p in CURVE_PANELS[1:] if any(_has(_series(rows, k)) for k in fields[p])]
@@ -458,8 +476,9 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, titl
     (``--eval-every``) are drawn as points. Then, where logged: KL to the reference (a run without a
     KL term, ``kl_coef = 0``, says so in the entropy panel), policy entropy, completion length (mean
     and max), clip fraction, the share of groups whose rewards were all equal (no signal for a
-    group-relative advantage), importance weights (mean, min, max) and staleness (mean, max) of an
-    off-policy run, sampling tokens/s, and each step's time split between generation, verification
+    group-relative advantage), importance weights (mean, min, max), the sampler-vs-learner mismatch
+    (``mismatch_kl`` and ``mismatch_prob_error − 1`` on a log scale, and ``mismatch_kl`` per version lag)
+    and staleness (mean, max) of an off-policy run, sampling tokens/s, and each step's time split between generation, verification
     and the update.
 
     Example:
@@ -531,6 +550,19 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, titl
             line(ax, "is_weight_min", "min", color="tab:cyan", linestyle=":")
             line(ax, "is_weight_max", "max", color="tab:cyan", linestyle="--")
             ax.set_ylabel("importance weight")
+        elif panel == "mismatch":
+            line(ax, "mismatch_kl", "KL(sampler ‖ learner), k3", color="tab:red")
+            error = [v - 1.0 for v in _series(rows, "mismatch_prob_error")]
+            if _has(error):
+                ax.plot(steps, error, label="token prob. error − 1", color="tab:pink", linestyle="--")
+            lags = mismatch_lags(rows)[:8]  # the lags of a run with max_staleness <= 7
+            for i, lag in enumerate(lags):
+                line(ax, f"mismatch_kl/lag{lag}", f"KL, lag {lag}", color=plt.cm.viridis(0.9 * i / max(1, len(lags) - 1)),
+                     linestyle=":")
+            drawn = [v for series in ax.get_lines() for v in series.get_ydata() if math.isfinite(v)]
+            if drawn and min(drawn) > 0:
+                ax.set_yscale("log")
+            ax.set_ylabel("sampler–learner mismatch")
         elif panel == "staleness":
             line(ax, "staleness_mean", "mean", color="tab:olive")
             line(ax, "staleness_max", "max", color="tab:olive", linestyle="--")

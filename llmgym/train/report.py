@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import re
 import tempfile
@@ -169,6 +170,7 @@ def report_data(path: str | os.PathLike) -> dict[str, Any]:
                    "wall time (s)": sum(_number(r.get("wall_s")) for r in rows) if rows else None}
         lost = sorted({s for n in notes if isinstance(n.get("lost_steps"), list) for s in n["lost_steps"]
                        if isinstance(s, int)})
+        summary.update(_mismatch_summary(rows))
         if lost:
             summary["steps lost (cut or corrupt lines, noted at resume)"] = step_span(lost)
         skipped = read.unreadable + unreadable
@@ -204,6 +206,36 @@ def report_data(path: str | os.PathLike) -> dict[str, Any]:
                     "records": kept, "left_out": more + over, "group_by": "task_id", "tasks": tasks}
     raise ReportInputError(f"{str(path)!r} is neither a run directory (with metrics.jsonl) nor a bench summary "
                            f"(bench --out FILE.json): give one of those")
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` when it is a finite real number (not a bool), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _mismatch_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The page's lines on the sampler-vs-learner mismatch (``mismatch_kl``, ``mismatch_prob_error``): the last
+    measured step's values and the largest KL, with the step; nothing when no step measured it.
+
+    Example:
+        >>> _mismatch_summary([{"step": 1, "mismatch_kl": 0.002, "mismatch_prob_error": 1.01},
+        ...                    {"step": 2, "mismatch_kl": "x"}, {"step": 3, "mismatch_kl": 0.04}])
+        {'sampler–learner KL, k3 (last measured)': 0.04, 'sampler–learner KL, k3 (largest)': '0.04 at step 3', 'token probability error (last measured)': 1.01}
+        >>> _mismatch_summary([{"step": 1, "reward_mean": 0.5}])
+        {}
+    """
+    out: dict[str, Any] = {}
+    kls = [(v, r.get("step")) for r in rows if (v := _finite(r.get("mismatch_kl"))) is not None]
+    if kls:
+        out["sampler–learner KL, k3 (last measured)"] = kls[-1][0]
+        value, step = max(kls, key=lambda x: x[0])
+        out["sampler–learner KL, k3 (largest)"] = f"{value:.4g} at step {step}"
+    errors = [v for r in rows if (v := _finite(r.get("mismatch_prob_error"))) is not None]
+    if errors:
+        out["token probability error (last measured)"] = errors[-1]
+    return out
 
 
 def _number(value: Any) -> float:

@@ -141,6 +141,9 @@ def test_two_gloo_ranks_match_one_process(ddp_results, mode):
             f"{mode}: {k} differs by {float((ddp[k] - single[k]).abs().max()):.3g}"
     # the rank-averaged diagnostics are the global ones (loss: exactly, by the loss scaling)
     assert abs(ddp_metrics["loss"] - single_metrics["loss"]) < 1e-5
+    # the sampler-vs-learner mismatch is a mean over every rank's tokens (12 and 10 here), not of the ranks' means
+    for key in ("mismatch_kl", "mismatch_prob_error"):
+        assert ddp_metrics[key] == pytest.approx(single_metrics[key], rel=1e-5), key
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -100,6 +100,8 @@ def test_the_page_works_in_a_real_headless_chromium(outputs, tmp_path):
 
             page.goto(run_page.as_uri())
             assert page.evaluate("document.getElementById('curves').naturalWidth") > 1000  # the curves, drawn
+            # the run's sampler-vs-learner mismatch (its on-policy updates measure it): on the page's summary
+            assert "sampler–learner KL, k3 (last measured)" in page.text_content("#summary")
             cards = page.locator(".rec")
             assert cards.count() == len(records) and page.text_content("#shown") == f"{len(records)} of {len(records)} shown"
             assert page.evaluate("window.pwned") is None  # the hostile completion ran nothing ...
