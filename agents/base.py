@@ -22,6 +22,7 @@ from llmgym.agents import functional as F
 from llmgym.agents.corrections import TIS_LEVELS
 from llmgym.agents.learner import ForwardOutput, Learner, check_learner_config, micro_batches
 from llmgym.agents.screening import screen
+from llmgym.agents.truncation import to_model_space
 from llmgym.runtime import distributed
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.engines.base import sync_engine_weights
@@ -377,7 +378,10 @@ class Agent(abc.ABC):
         # an engine that cannot be taken at its word (a fleet) has its rows checked first: a distrusted server's
         # rows leave the batch before anything is computed from it (llmgym.agents.screening)
         sampled = getattr(batch, "sampled_from", None)  # every row sampled, where collect kept some by reward
-        batch, screened = screen(self, batch.to(self.device), sampled)  # a batch built elsewhere comes over
+        # a truncating sampler's log-probs (top-p) are brought to the learner's untruncated policy before anything
+        # compares them with the learner's (llmgym.agents.truncation)
+        batch, sampled = to_model_space(self, batch.to(self.device)), to_model_space(self, sampled)
+        batch, screened = screen(self, batch, sampled)  # a batch built elsewhere comes over
         if batch is None:  # no trusted row left: no optimiser step
             metrics = {"loss": math.nan, "lr": float(self.optimizer.param_groups[0]["lr"]), **screened}
         else:
