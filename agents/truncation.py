@@ -30,8 +30,8 @@ Example:
     >>> import torch
     >>> from llmgym.engines.sampling import nucleus_log_mass, sample_next_token
     >>> p = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
-    >>> token, q = sample_next_token(p, torch.tensor([1]), torch.tensor([0]), top_p=0.8)  # what an engine reports
-    >>> model_space = q + nucleus_log_mass(p, 0.8)  # what to_model_space makes of it
+    >>> token, q = sample_next_token(p, torch.tensor([1]), torch.tensor([0]), top_p=0.75)  # what an engine reports
+    >>> model_space = q + nucleus_log_mass(p, 0.75)  # what to_model_space makes of it
     >>> torch.allclose(model_space, p[0, token])
     True
 """

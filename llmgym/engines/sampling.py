@@ -102,10 +102,10 @@ def nucleus_log_mass(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
         >>> import math, torch
         >>> from llmgym.engines.sampling import nucleus_log_mass
         >>> lp = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
-        >>> round(math.exp(nucleus_log_mass(lp, 0.8).item()), 6)  # 0.5 + 0.3 reach 0.8
+        >>> round(math.exp(nucleus_log_mass(lp, 0.75).item()), 6)  # 0.5 + 0.3 reach 0.75
         0.8
-        >>> round(math.exp(nucleus_log_mass(lp, 0.6).item()), 6), nucleus_log_mass(lp, 1.0).item()
-        (0.8, 0.0)
+        >>> round(math.exp(nucleus_log_mass(lp, 0.4).item()), 6), nucleus_log_mass(lp, 1.0).item()
+        (0.5, 0.0)
     """
     if top_p >= 1.0:
         return torch.zeros(logprobs.shape[:-1], dtype=torch.float32, device=logprobs.device)
@@ -143,8 +143,8 @@ def sample_next_token(
         >>> masked = torch.tensor([[0.0, float("-inf"), 0.0]])
         >>> [sample_next_token(masked, torch.tensor([k]), torch.tensor([0]))[0].item() != 1 for k in range(4)]
         [True, True, True, True]
-        >>> lp = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))  # top-p 0.8 keeps 0.5 + 0.3: q = p / 0.8
-        >>> tok, q = sample_next_token(lp, torch.tensor([3]), torch.tensor([0]), top_p=0.8)
+        >>> lp = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))  # top-p 0.75 keeps 0.5 + 0.3: q = p / 0.8
+        >>> tok, q = sample_next_token(lp, torch.tensor([3]), torch.tensor([0]), top_p=0.75)
         >>> round(q.exp().item(), 6) == round(lp[0, tok].exp().item() / 0.8, 6)
         True
     """
