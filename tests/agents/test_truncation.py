@@ -8,6 +8,7 @@ nucleus by a plain sort (the smallest set of most likely tokens whose mass reach
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import gymnasium
@@ -136,3 +137,30 @@ def test_greedy_and_untruncated_sampling_are_left_alone(tiny_model, tokenizer):
         assert not truncates(agent)
     finally:
         TruncatingSampler.top_p_renormalised_logprobs = True
+
+
+def test_a_stale_token_takes_the_kept_mass_of_the_weights_that_sampled_it(tiny_model, tokenizer):
+    """The pipelined learner keeps the weights of older versions: a token they sampled is brought back with their
+    nucleus's kept mass; a fresh token with the current weights'."""
+    from llmgym.agents.truncation import to_model_space
+
+    old = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        old.lm_head.weight.mul_(3.0)  # a sharper older policy: its nucleus keeps other mass than today's
+    agent = GRPO(copy.deepcopy(tiny_model), tokenizer, tasks_per_step=1, group_size=2, max_new_tokens=6, top_p=TOP_P,
+                 engine=TruncatingSampler(old, tokenizer))
+    batch = agent.collect(gymnasium.make("llmgym/Copy-v0", tokenizer=tokenizer))
+    agent.step_count = 1
+    agent.learner.behaviour_weights = {0: {k: v.clone() for k, v in old.state_dict().items()}}
+    versions = torch.where(batch.action_mask.bool(), torch.zeros_like(batch.action_mask, dtype=torch.long), -1)
+    versions[1] = torch.where(batch.action_mask[1].bool(), 1, -1)  # row 1: sampled by the current version
+    batch = dataclasses.replace(batch, policy_versions=versions)
+    converted = to_model_space(agent, batch)
+    for row, model in ((0, old), (1, agent.model)):
+        episode = batch.episodes[row]
+        start = episode.action_mask.index(1)
+        _, log_mass = _reference(model, episode.token_ids[:start], episode.token_ids[start:], 1.0, TOP_P)
+        cols = batch.action_mask[row].bool()
+        added = (converted.old_logprobs[row] - batch.old_logprobs[row])[cols].double()
+        assert torch.allclose(added, log_mass, atol=1e-4), (row, added, log_mass)
+    assert torch.equal(converted.old_logprobs[~batch.action_mask.bool()], batch.old_logprobs[~batch.action_mask.bool()])
