@@ -45,7 +45,8 @@ class AgentConfig:
         tasks_per_step: distinct tasks (prompts) per batch.
         group_size: completions sampled per task (G); 1 for non-group methods.
         max_new_tokens: token budget per completion (per turn).
-        temperature, top_p: sampling; log-probs are of the tempered policy (see ``llmgym.engines``).
+        temperature, top_p: sampling; an engine's log-probs are of what it drew from (with top-p the renormalised
+            nucleus), the learner's of the untruncated tempered policy (see :mod:`llmgym.agents.truncation`).
         update_epochs: passes over each batch (PPO-style reuse); 1 = on-policy.
         minibatch_size: episodes per optimiser step; ``None`` = the whole batch.
         max_grad_norm: gradient clipping (``None`` = off).
