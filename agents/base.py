@@ -23,6 +23,7 @@ from llmgym.agents.corrections import resolve_correction
 from llmgym.agents.mismatch import MISMATCH_KL_WARN, MISMATCH_PROB_ERROR_WARN, check_mismatch_config
 from llmgym.agents.learner import ForwardOutput, Learner, check_learner_config, micro_batches
 from llmgym.agents.screening import screen
+from llmgym.agents.truncation import to_model_space
 from llmgym.runtime import distributed
 from llmgym.engines import HFEngine, SamplingParams
 from llmgym.engines.base import sync_engine_weights
@@ -45,7 +46,8 @@ class AgentConfig:
         tasks_per_step: distinct tasks (prompts) per batch.
         group_size: completions sampled per task (G); 1 for non-group methods.
         max_new_tokens: token budget per completion (per turn).
-        temperature, top_p: sampling; log-probs are of the tempered policy (see ``llmgym.engines``).
+        temperature, top_p: sampling; an engine's log-probs are of what it drew from (with top-p the renormalised
+            nucleus), the learner's of the untruncated tempered policy (see :mod:`llmgym.agents.truncation`).
         update_epochs: passes over each batch (PPO-style reuse); 1 = on-policy.
         minibatch_size: episodes per optimiser step; ``None`` = the whole batch.
         max_grad_norm: gradient clipping (``None`` = off).
@@ -394,7 +396,10 @@ class Agent(abc.ABC):
         # an engine that cannot be taken at its word (a fleet) has its rows checked first: a distrusted server's
         # rows leave the batch before anything is computed from it (llmgym.agents.screening)
         sampled = getattr(batch, "sampled_from", None)  # every row sampled, where collect kept some by reward
-        batch, screened = screen(self, batch.to(self.device), sampled)  # a batch built elsewhere comes over
+        # a truncating sampler's log-probs (top-p) are brought to the learner's untruncated policy before anything
+        # compares them with the learner's (llmgym.agents.truncation)
+        batch, sampled = to_model_space(self, batch.to(self.device)), to_model_space(self, sampled)
+        batch, screened = screen(self, batch, sampled)  # a batch built elsewhere comes over
         if batch is None:  # no trusted row left: no optimiser step
             metrics = {"loss": math.nan, "lr": float(self.optimizer.param_groups[0]["lr"]), **screened}
         else:

@@ -61,8 +61,12 @@ class Completion:
     Attributes:
         prompt_ids: the ids the model conditioned on.
         token_ids: the sampled ids (EOS included when the model emitted it).
-        logprobs: per sampled token, ``log softmax(logits / T)`` of the model at that position (the
-            tempered policy the learner optimises; top-p only narrows which tokens may be drawn).
+        logprobs: per sampled token, its log-prob under **the distribution it was drawn from**:
+            ``log softmax(logits / T)`` of the model at that position, and with ``top_p < 1`` that
+            nucleus renormalised (``log p(y) − log S``, ``S`` the tempered mass the nucleus keeps;
+            :func:`~llmgym.engines.sampling.nucleus_log_mass`): the behaviour policy of importance
+            weights. The learner's policy is the untruncated ``p``; it adds its own ``log S`` back
+            (:mod:`llmgym.agents.truncation`). Greedy (``T = 0``) reports the ``T = 1`` log-prob.
         finish_reason: ``"stop"`` (EOS or a stop string) or ``"length"`` (budget spent).
         text: ``token_ids`` decoded without special tokens.
         key: the sampling key of this row (reproduces its noise; see :mod:`llmgym.engines.sampling`).
@@ -113,7 +117,9 @@ OPTIONAL_MEMBERS: dict[str, tuple[Any, str]] = {
     "max_batch_size": (0, "the most rows one ``generate`` call takes (0: any number); a rollout splits a turn so"),
     "policy_version": (None, "the version of the weights the engine samples from now (``None``: it does not say)"),
     "versioned_weights": (False, "``sync_weights(model, version=N)`` records N as the policy version"),
-    "top_p_renormalised_logprobs": (False, "with ``top_p < 1`` a log-prob is under the renormalised nucleus"),
+    "top_p_renormalised_logprobs": (False, "with ``top_p < 1`` a log-prob is under the renormalised nucleus it was "
+                                           "drawn from (every llmgym engine; ``False``: the engine reports the full "
+                                           "softmax's, and the learner takes it as it is)"),
     "generation_done": (None, "``generation_done()``: the rollout is done generating for now (a colocated "
                               "engine may free memory while completions are verified)"),
     "open_session": (None, "``open_session(contexts) -> DecodeSession``: incremental decoding for token level"),

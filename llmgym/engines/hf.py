@@ -81,6 +81,10 @@ class HFEngine:
     done_check_every: int | None = None
     """Decoding steps between host-side "all rows done?" checks (``None``: 1 on CPU, 8 on a GPU)."""
 
+    top_p_renormalised_logprobs = True
+    """With ``top_p < 1`` a completion's log-probs are of the renormalised nucleus it was drawn from
+    (:func:`~llmgym.engines.sampling.sample_next_token`), as vLLM's are."""
+
     def __init__(self, model, tokenizer, max_batch_size: int = 64, decode: str = "eager",
                  autocast_dtype: torch.dtype | None = None):
         if decode not in DECODE_MODES:

@@ -38,6 +38,11 @@ vLLM-only request fields (``return_token_ids``, ``include_stop_str_in_output``, 
 are sent only to a server whose model list says it is vLLM (``owned_by: "vllm"``); other servers
 get the plain OpenAI fields. For log-probs that include the temperature, as the learner's do, start
 vLLM with ``--logprobs-mode processed_logprobs`` (its default, raw, ignores the temperature).
+A served model's log-probs are what its server computes; this engine cannot choose. It declares the
+llmgym convention (:attr:`OpenAIEngine.top_p_renormalised_logprobs`: with ``top_p < 1``, the log-prob
+under the renormalised nucleus the token was drawn from — vLLM's ``processed_logprobs``); for a server
+that reports the full softmax instead (vLLM's raw modes, other servers), set the instance's
+``top_p_renormalised_logprobs = False`` so that the learner takes its log-probs as they are.
 
 A server holds its own weights: :meth:`OpenAIEngine.sync_weights` raises (train with
 ``VLLMEngine``, or with :class:`~llmgym.fleet.fleet_engine.FleetEngine` over servers started with ``llmgym

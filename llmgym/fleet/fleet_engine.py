@@ -625,8 +625,9 @@ class FleetEngine:
     def check_logprobs(self, batch: Any, learner_logprobs: Any, version: int | None = None) -> dict[str, float]:
         """Compare the log-probs the servers reported for ``batch``'s tokens (``batch.old_logprobs``) with the
         learner's recomputation (``learner_logprobs``, ``[N, L-1]`` as the batch's per-token tensors), on the
-        tokens sampled by ``version`` (default: every token). With ``top_p < 1`` a server's log-prob may exceed
-        the learner's by up to ``-log(top_p)`` (vLLM reports the nucleus-renormalised one). A server whose mean
+        tokens sampled by ``version`` (default: every token). With ``top_p < 1`` a server reports the log-prob
+        under the renormalised nucleus; the learner adds its own log kept mass to it before this check
+        (:mod:`llmgym.agents.truncation`), so no gap is excused. A server whose mean
         gap is over :attr:`logprob_tolerance` (or one token's over :attr:`token_tolerance`) is dropped
         (:class:`UntrustedServerWarning`); with none left, :class:`FleetError`. Returns ``{url: mean gap}``."""
         from llmgym.fleet import trust

@@ -18,7 +18,8 @@ with what a learner needs to push weights into it — nothing is added to the se
   (:mod:`llmgym.fleet.vllm_plugin`), the weights over a ``torch.distributed`` gloo group — on CPUs,
   and on GPU servers through host memory (vLLM's own NCCL backend would be faster there; the
   learner's side of it is not written yet);
-* ``--logprobs-mode processed_logprobs``: log-probs after temperature, the learner's convention;
+* ``--logprobs-mode processed_logprobs``: log-probs of the distribution the server sampled from (after
+  temperature, and with top-p the renormalised nucleus), every llmgym engine's convention;
 * on a CPU, vLLM's CPU build's working settings (eager; an explicit KV cache of
   ``--kv-cache-memory-bytes``, default :data:`~llmgym.engines.vllm.CPU_KV_CACHE_BYTES`, where vLLM's
   default would reserve 92% of RAM; the model's worker inside the engine-core process, with

@@ -6,7 +6,9 @@ sampled, and the samples themselves. None is taken on its word:
 * **Weights** — after every sync, :func:`verify_probe` asks each server the log-probs of a fresh random token
   sequence and compares them with the learner's forward pass.
 * **Scores** — :func:`check_logprobs` compares the log-probs a server reported for the tokens it sampled with
-  the learner's recomputation.
+  the learner's recomputation. With ``top_p < 1`` a server reports the log-prob under the renormalised nucleus
+  it sampled from; the batch's ``old_logprobs`` reach these checks with the learner's own log kept mass added
+  (:mod:`llmgym.agents.truncation`), so both sides are of the untruncated policy and no gap is excused.
 * **Samples** — :func:`screen_batch` tests that a server's completions are samples of the policy. A server can
   sample what it likes and report the learner's exact log-probs of it (a fixed high-reward completion, a
   sharper temperature, the best of k): its scores pass. Under honest sampling from ``π`` (at the sampling
@@ -192,12 +194,10 @@ def _gaps(fleet: FleetEngine, batch: Any, learner_logprobs: Any, checked: Any) -
                 servers.add(index)
             if start < 1:
                 continue
-            slack = -math.log(top_p) if 0 < top_p < 1 else 0.0
             columns = torch.arange(start - 1, end - 1)
-            d = signed[row, columns]
-            # server - learner: with top-p < 1 vLLM reports the nucleus-renormalised log-prob, higher than the
-            # learner's full-softmax one by -log(nucleus mass) <= -log(top_p); only what lies outside is a gap
-            gap = ((-d).clamp(min=0) + (d - slack).clamp(min=0))[checked[row, columns]]
+            # server - learner, like with like: with top-p < 1 the learner has added its own log kept mass to the
+            # server's nucleus-renormalised report (llmgym.agents.truncation), so no excess is the sampler's right
+            gap = signed[row, columns].abs()[checked[row, columns]]
             tally = tallies.setdefault(index, SampleTally())
             tally.gap_sum += float(gap.sum())
             tally.gap_count += int(gap.numel())

@@ -462,31 +462,47 @@ def test_the_guard_answers_only_the_fleet_s_routes_and_its_control_routes_need_t
             serve_guard.configure(missing)
 
 
-def test_the_batch_check_allows_the_nucleus_renormalisation_and_nothing_more(tok, learner):
-    """With top-p < 1 vLLM reports the nucleus-renormalised log-prob, above the learner's by up to -log(top_p):
-    an honest server there is within its rights; the same excess at top-p 1, or beyond -log(top_p), is not."""
+def test_the_batch_check_under_top_p_compares_like_with_like(tok, learner):
+    """With top-p < 1 a server reports the log-prob under the renormalised nucleus it drew from, above the
+    learner's full-softmax one by -log S (S the kept mass). The learner adds its own log S back before the check
+    (llmgym.agents.truncation): an honest server's gap is then ~0 at top-p 0.8 under a tolerance (0.1) far below
+    that offset (no false alarm), and an excess the old -log(top_p) slack excused (0.6 nats at top-p 0.5, over the
+    0.5 tolerance) is caught."""
     import copy
 
     from llmgym import Task
+    from llmgym.agents import GRPO
+    from llmgym.agents.truncation import to_model_space
     from llmgym.rollout.episodes import Batch, Episode
     from llmgym.fleet.fleet_engine import FleetEngine, FleetError, UntrustedServerWarning
 
-    def check(fleet, excess: float, top_p: float) -> dict:
-        reported = [-1.0 + excess, -2.0 + excess]  # what the server says of tokens 6, 7
-        episode = Episode(Task("p"), 0, [1, 5, 6, 7], [0, 0, 1, 1], [0.0, 0.0, *reported], [0, 0, 0, 1.0], 2)
-        fleet._sampled_by.append({hash(((6, 7), tuple(reported))): (0, top_p)})  # as generate records it
-        learner_logprobs = torch.tensor([[0.0, -1.0, -2.0]])  # columns 1, 2 score tokens 6, 7
-        return fleet.check_logprobs(Batch.from_episodes([episode]), learner_logprobs)
+    prompt, tokens = [1, 5], [6, 7]
+    with torch.no_grad():
+        logits = learner(input_ids=torch.tensor([prompt + tokens])).logits[0, 1:3].double()
+    logp = torch.log_softmax(logits, dim=-1)
+    sorted_p = logp.exp().sort(dim=-1, descending=True).values
+
+    def check(fleet, agent, excess: float, top_p: float) -> dict:
+        kept = torch.where(sorted_p.cumsum(-1) - sorted_p < top_p, sorted_p, torch.zeros_like(sorted_p)).sum(-1)
+        # what an honest server says of tokens 6, 7: log q = log p − log S, plus the lie
+        reported = (logp[[0, 1], tokens] - kept.log() + excess).float().tolist()
+        episode = Episode(Task("p"), 0, prompt + tokens, [0, 0, 1, 1], [0.0, 0.0, *reported], [0, 0, 0, 1.0], 2)
+        fleet._sampled_by.append({hash((tuple(tokens), tuple(reported))): (0, top_p)})  # as generate records it
+        batch = to_model_space(agent, Batch.from_episodes([episode]))
+        return fleet.check_logprobs(batch, agent.learner.learner_logprobs(batch))
 
     honest = WeightServer(copy.deepcopy(learner))
     try:
-        for excess, top_p, dropped in [(0.6, 0.5, False), (-0.6, 0.5, True), (1.5, 0.5, True), (0.6, 1.0, True)]:
-            with FleetEngine([honest.url], tok, learner, max_retries=0, timeout=10, sync_timeout_s=30) as fleet:
-                if not dropped:  # 0.6 <= -log(0.5) = 0.693: the renormalisation, not a lie
-                    assert check(fleet, excess, top_p)[honest.url] == pytest.approx(0.0, abs=1e-6)
+        for excess, top_p, tolerance, dropped in [(0.0, 0.8, 0.1, False), (0.0, 0.5, 0.5, False),
+                                                   (0.6, 0.5, 0.5, True), (-0.6, 0.5, 0.5, True)]:
+            with FleetEngine([honest.url], tok, learner, max_retries=0, timeout=10, sync_timeout_s=30,
+                             logprob_tolerance=tolerance) as fleet:
+                agent = GRPO(copy.deepcopy(learner), tok, top_p=top_p, kl_coef=0.0, engine=fleet)
+                if not dropped:
+                    assert check(fleet, agent, excess, top_p)[honest.url] == pytest.approx(0.0, abs=1e-4)
                     continue
                 with pytest.warns(UntrustedServerWarning), pytest.raises(FleetError, match="every rollout server"):
-                    check(fleet, excess, top_p)
+                    check(fleet, agent, excess, top_p)
                 assert fleet.batch_gaps[honest.url] > 0.5 and fleet.live == [], (excess, top_p, fleet.batch_gaps)
     finally:
         honest.close()

@@ -93,6 +93,17 @@ class TestOneEngine:
         engine.sync_weights(model)
         assert logprob_gap(engine, model, tokenizer, prompts) < SYNC_TOL
 
+    def test_at_top_p_0_8_the_learner_s_importance_weight_over_vllm_s_samples_is_one(self, engine, tokenizer):
+        """vLLM reports the log-prob of the renormalised nucleus it drew from; the learner adds its own log kept
+        mass back (llmgym.agents.truncation), so its TIS weight is q'/q ≈ 1 — not p'/q, whose mean is the kept
+        mass (0.80 here before)."""
+        model = build_tiny_model(tokenizer, VLLM_SHAPE)
+        engine.sync_weights(model)
+        agent = GRPO(model, tokenizer, engine=engine, lr=1e-2, tasks_per_step=4, group_size=4, max_new_tokens=8,
+                     kl_coef=0.0, top_p=0.8, tis="token", tis_cap=10.0)
+        rows = agent.learn(gym.make("llmgym/Copy-v0", tokenizer=tokenizer), steps=1)
+        assert abs(rows[0]["tis_weight_mean"] - 1.0) < 1e-3, rows[0]["tis_weight_mean"]
+
     def test_the_pipelined_learner_loads_each_version_into_vllm_and_repeats_the_sync_loop_at_k_0(
             self, engine, tokenizer):
         """vLLM is an engine of its own: the pipeline loads every version a batch needs into it (from a
