@@ -107,7 +107,7 @@ def _update_weight_mean(tiny_model, tokenizer, sampler_model):
         ratios.append((logp - log_mass - reported).exp())
     ratios = torch.cat(ratios)
     metrics = agent.update(batch)
-    return metrics["tis_weight_mean"], ratios
+    return metrics["correction_weight_mean"], ratios
 
 
 def test_the_importance_ratio_has_mean_one_at_top_p_0_8(tiny_model, tokenizer):

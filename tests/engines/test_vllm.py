@@ -102,7 +102,7 @@ class TestOneEngine:
         agent = GRPO(model, tokenizer, engine=engine, lr=1e-2, tasks_per_step=4, group_size=4, max_new_tokens=8,
                      kl_coef=0.0, top_p=0.8, tis="token", tis_cap=10.0)
         rows = agent.learn(gym.make("llmgym/Copy-v0", tokenizer=tokenizer), steps=1)
-        assert abs(rows[0]["tis_weight_mean"] - 1.0) < 1e-3, rows[0]["tis_weight_mean"]
+        assert abs(rows[0]["correction_weight_mean"] - 1.0) < 1e-3, rows[0]["correction_weight_mean"]
 
     def test_the_pipelined_learner_loads_each_version_into_vllm_and_repeats_the_sync_loop_at_k_0(
             self, engine, tokenizer):
