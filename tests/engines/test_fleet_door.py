@@ -72,7 +72,7 @@ def test_a_captured_control_request_sent_again_is_refused(guarded):
     server.call("POST", "/finish_weight_update", json={"weight_version": "3"})
     assert [(p, q, json.loads(b or b"null")) for p, q, b in reached] == [
         ("/pause", "mode=wait", None), ("/finish_weight_update", "", {"weight_version": "3"})]
-    pause, finish = sent
+    pause, finish = [r for r in sent if r.url.path != "/health"]  # (the learner learns the instance first)
     again = _again(client, pause)
     assert again.status_code == 401 and "replay" in again.json()["error"]
     assert "authorization" not in pause.headers and SECRET not in str(pause.headers)  # the secret never travels
@@ -88,6 +88,7 @@ def test_a_control_request_without_a_good_fresh_signature_is_refused(guarded):
     server, client, sent, reached = guarded
     key = serve_guard.control_key(SECRET)
     header = serve_guard.SIGNATURE_HEADER
+    here = client.get("/health").headers[serve_guard.INSTANCE_HEADER]  # any answer names the server process
     refused = [
         {},  # none
         {"Authorization": f"Bearer {SECRET}"},  # the secret itself as a bearer token: it replays by construction
@@ -96,12 +97,13 @@ def test_a_control_request_without_a_good_fresh_signature_is_refused(guarded):
         {header: serve_guard.sign(key, "POST", "/pause")},  # signed for another route
         {header: serve_guard.sign(key, "POST", "/resume", now=time.time() - serve_guard.MAX_SKEW_S - 30)},  # stale
         {header: serve_guard.sign(key, "POST", "/resume", now=time.time() + serve_guard.MAX_SKEW_S + 30)},  # future
+        {header: serve_guard.sign(key, "POST", "/resume")},  # for no server process in particular
     ]
     for headers in refused:
         answer = client.post("/resume", headers=headers)
         assert answer.status_code == 401 and "\n" not in answer.json()["error"], headers
     assert reached == []
-    assert client.post("/resume", headers={header: serve_guard.sign(key, "POST", "/resume")}).status_code == 200
+    assert client.post("/resume", headers={header: serve_guard.sign(key, "POST", "/resume", instance=here)}).status_code == 200
 
 
 def test_the_generation_key_is_not_the_secret_and_signs_nothing(guarded):
@@ -236,3 +238,47 @@ def test_a_server_refuses_an_init_without_the_rendezvous_nonce_in_one_line():
     for nonce in ("", "0" * 63, "Z" * 64):
         with pytest.raises(ValueError, match="no rendezvous nonce"):
             GlooInitInfo(**shape, nonce=nonce)
+
+
+def _guarded_app(reached):
+    """One rollout server process: an app behind its own guard (a fresh instance), recording what reached it."""
+    fastapi = pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    app = fastapi.FastAPI()
+
+    async def echo(request):
+        reached.append(request.url.path)
+        return {"ok": True}
+
+    echo.__annotations__ = {"request": fastapi.Request}
+    for method, path in serve_guard.CONTROL_ROUTES | {("GET", "/health")}:
+        app.add_api_route(path, echo, methods=[method])
+    app.add_middleware(serve_guard.ControlPlaneGuard)
+    return TestClient(app, base_url="http://rollout:8000")
+
+
+def test_a_control_request_signed_for_one_server_process_is_refused_by_any_other():
+    """Found by the second attacker's pass: a fleet shares one secret, and a server's nonce memory is its process's,
+    so a captured ``/pause`` sent to another server of the fleet, or to the same server after a restart, within the
+    120 s window, was taken (200). Rule: a signature covers the server process's instance (drawn at start, named on
+    every answer); the learner signs for the process it talks to and signs again once when a server restarted."""
+    from llmgym.fleet.fleet_engine import _Server
+
+    serve_guard.configure(SECRET)
+    try:
+        reached_a, reached_b, reached_a2 = [], [], []
+        a, b = _guarded_app(reached_a), _guarded_app(reached_b)
+        sent = []
+        a.event_hooks = {"request": [sent.append], "response": []}
+        learner = _Server("http://rollout:8000", client=None, http=a, secret=SECRET)
+        assert learner.call("POST", "/pause", params={"mode": "wait"}) == {"ok": True}
+        pause = sent[-1]
+        assert _again(b, pause).status_code == 401 and reached_b == []  # another server of the fleet
+        restarted = _guarded_app(reached_a2)  # the same server, restarted: its nonces are gone
+        answer = _again(restarted, pause)
+        assert answer.status_code == 401 and "restarted" in answer.json()["error"] and reached_a2 == []
+        learner.http = restarted  # the learner's own next request to the restarted server is signed for it
+        assert learner.call("POST", "/resume") == {"ok": True} and reached_a2 == ["/resume"]
+    finally:
+        serve_guard._state.clear()
