@@ -80,7 +80,7 @@ def test_a_captured_control_request_sent_again_is_refused(guarded):
     # altered, the capture is worth nothing either: another query, another body
     assert _again(client, pause, url="http://rollout:8000/pause?mode=keep").status_code == 401
     forged = _again(client, finish, content=b'{"weight_version": "999"}')
-    assert forged.status_code == 401 and "signature is wrong" in forged.json()["error"]
+    assert forged.status_code == 401 and ("altered" in forged.json()["error"] or "replay" in forged.json()["error"])
     assert len(reached) == 2  # nothing replayed or altered reached the server
 
 
@@ -280,5 +280,56 @@ def test_a_control_request_signed_for_one_server_process_is_refused_by_any_other
         assert answer.status_code == 401 and "restarted" in answer.json()["error"] and reached_a2 == []
         learner.http = restarted  # the learner's own next request to the restarted server is signed for it
         assert learner.call("POST", "/resume") == {"ok": True} and reached_a2 == ["/resume"]
+    finally:
+        serve_guard._state.clear()
+
+
+def test_the_guard_reads_no_body_before_the_signature_holds():
+    """Found by the second attacker's pass: the guard read (and held) up to 16 MB of a control request's body before
+    it checked the signature, so any client that could reach the port, with a well-formed header of the current
+    time and no secret, made the server hold 16 MB per connection. Rule: the body's digest is in the signed header,
+    the signature is checked first, and only a signed, fresh request's body is read."""
+    import asyncio
+
+    serve_guard.configure(SECRET)
+    try:
+        reached = []
+
+        async def app(scope, receive, send):
+            reached.append(scope["path"])
+
+        guard = serve_guard.ControlPlaneGuard(app)
+        forged = serve_guard.sign(serve_guard.control_key("not the secret, 0123"), "POST", "/update_weights",
+                                  instance=guard.instance)  # well-formed and fresh, but no one's
+        pulled, answers = [], []
+
+        async def receive():  # an endless body, 1 MB a message
+            pulled.append(1)
+            return {"type": "http.request", "body": b"x" * (1 << 20), "more_body": True}
+
+        async def send(message):
+            answers.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/update_weights", "query_string": b"",
+                 "headers": [(serve_guard.SIGNATURE_HEADER.lower().encode(), forged.encode())]}
+        asyncio.run(guard(scope, receive, send))
+        assert answers[0]["status"] == 401 and pulled == [] and reached == []
+        # signed, the body is read, and one that is not the body signed is refused
+        key = serve_guard.control_key(SECRET)
+        good = serve_guard.sign(key, "POST", "/update_weights", b"", b"{}", instance=guard.instance)
+        body = [{"type": "http.request", "body": b"{}", "more_body": False}]
+        scope["headers"] = [(serve_guard.SIGNATURE_HEADER.lower().encode(), good.encode())]
+
+        async def receive_one():
+            return body.pop(0) if body else {"type": "http.disconnect"}
+
+        asyncio.run(guard(scope, receive_one, send))
+        assert reached == ["/update_weights"]
+        other = serve_guard.sign(key, "POST", "/update_weights", b"", b"{}", instance=guard.instance)
+        body[:] = [{"type": "http.request", "body": b"{1}", "more_body": False}]
+        scope["headers"] = [(serve_guard.SIGNATURE_HEADER.lower().encode(), other.encode())]
+        answers.clear()
+        asyncio.run(guard(scope, receive_one, send))
+        assert answers[0]["status"] == 401 and reached == ["/update_weights"]
     finally:
         serve_guard._state.clear()
