@@ -53,7 +53,7 @@ RUN_FILES = ("metrics.jsonl", "curves.png", "config.json", "eval.json", "checkpo
 
 
 class RunFileError(LLMGymError, OSError):
-    """A run file that is a symbolic link, or not a regular file, or larger than its bound."""
+    """A run file that is a symbolic link, or not a regular file (a FIFO, a device), or larger than its bound."""
 
 
 def _refuse(path: Path, what: str) -> RunFileError:
@@ -63,7 +63,8 @@ def _refuse(path: Path, what: str) -> RunFileError:
 
 
 def check_run_folder(folder: str | os.PathLike, names: Iterable[str] = RUN_FILES) -> None:
-    """Raise :class:`RunFileError` if any of ``names`` in ``folder`` is a symbolic link (a missing one is fine).
+    """Raise :class:`RunFileError` if any of ``names`` in ``folder`` is a symbolic link, or neither a regular file
+    nor a directory (a FIFO, a device, a socket: opening one blocks or never ends); a missing one is fine.
 
     Example:
         >>> import os, tempfile, pathlib
@@ -84,6 +85,8 @@ def check_run_folder(folder: str | os.PathLike, names: Iterable[str] = RUN_FILES
             continue
         if stat.S_ISLNK(mode):
             raise _refuse(folder / name, "a symbolic link")
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO blocks whoever opens it; a device has no end
+            raise _refuse(folder / name, "not a regular file (a FIFO, a device or a socket)")
 
 
 def _open_fd(path: Path, flags: int) -> int:
