@@ -333,3 +333,29 @@ def test_the_guard_reads_no_body_before_the_signature_holds():
         assert answers[0]["status"] == 401 and reached == ["/update_weights"]
     finally:
         serve_guard._state.clear()
+
+
+def test_strangers_holding_every_rendezvous_slot_cannot_keep_the_peer_out(monkeypatch):
+    """Found by the second attacker's pass: the rendezvous took at most 128 unauthenticated connections and dropped
+    every later one unread, with a time limit per read (a byte every few seconds kept a slot for minutes): any local
+    process holding 128 connections kept the real server's worker out, and the weight group never formed. Rule: the
+    handshake has one deadline, and a newcomer past the limit cuts the oldest unauthenticated connection."""
+    monkeypatch.setattr(rendezvous, "_MAX_PENDING", 4)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    nonce = rendezvous.new_nonce()
+    host = rendezvous.RendezvousHost(listener, nonce, peers=1, timeout_s=5)
+    strangers = []
+    try:
+        for _ in range(4):  # every slot held by a connection that never answers the challenge
+            stranger = socket.create_connection(("127.0.0.1", port), timeout=5)
+            stranger.recv(len(rendezvous._HELLO) + 32)  # (the host has taken it: it sent its challenge)
+            strangers.append(stranger)
+        peer = rendezvous.RendezvousClient("127.0.0.1", port, nonce, timeout_s=5)
+        peer.set("rank1", b"address")
+        assert host.store.get("rank1") == b"address"
+        assert strangers[0].recv(1) == b""  # the oldest stranger was cut
+    finally:
+        for stranger in strangers:
+            stranger.close()
+        host.close()
