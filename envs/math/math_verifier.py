@@ -215,12 +215,12 @@ def _percents(task: Task, gold: str, predicted: str) -> tuple[str, str]:
 _UNIT_WRAPPER = re.compile(
     r"\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}(?:\s*\^\s*(\{[^{}]*\}|[^\s{}\\]))?")
 _WORD = re.compile(r"[^\W\d_]+")  # any script's letters: "см" is a unit the question may not name
-_POWER_WORDS = {"2": "square", "3": "cubic"}
+_POWER_WORDS = {"2": "square", "3": "cubic", "-1": "per"}
 
 
 def _power_word(power: str) -> str:
-    """A wrapper's power as a unit word: 2 and 3 are "square" and "cubic", any other the power itself
-    (``^{-1}``: "per meter" is not a meter); none is empty."""
+    """A wrapper's power as a unit word: 2, 3 and -1 are "square", "cubic" and "per", any other the power itself
+    (``^{-2}``: "per square meter" is not a meter); none is empty."""
     power = "".join(power.strip("{}").split())
     return _POWER_WORDS.get(power, "^" + power if power else "")
 
@@ -231,8 +231,15 @@ def _unit_sequence(text: str, wrapped: bool) -> list[str]:
     "cubic", or the power as written). A single letter is a symbol, not a unit, unless it is a wrapped
     abbreviation (``\\text{ m}``); in prose, neither is "in" (the preposition)."""
     if wrapped:
-        text = " ".join(f"{_power_word(power)} {words.replace('/', ' per ')}"  # m/s: meters per second
-                        for words, power in _UNIT_WRAPPER.findall(text))
+        parts, end = [], None
+        for found in _UNIT_WRAPPER.finditer(text):
+            gap = text[end:found.start()] if end is not None else ""
+            if "/" in gap or "".join(gap.split()) == "}{":  # \text{m}/\text{s}, \frac{\text{m}}{\text{s}}: per
+                parts.append("per")
+            words, power = found.groups()
+            parts.append(f"{_power_word(power or '')} {words.replace('/', ' per ')}")  # m/s: meters per second
+            end = found.end()
+        text = " ".join(parts)
     sequence = []
     for word in re.findall(r"\^\S+|[^\W\d_]+", text):
         if word.startswith("^"):
@@ -311,7 +318,12 @@ def _unit_mismatch(task: Task, gold: str, predicted: str) -> str | None:
         unknown = sorted(mine - _KNOWN_UNITS - _GENERIC_UNITS - named)
         return None if not unknown else f"the answer's words ({' '.join(unknown)}) are neither a unit nor the question's"
     unknown = sorted(mine - named)
-    return None if not unknown else f"the answer's unit ({' '.join(unknown)}) is not one the question names"
+    if unknown:
+        return f"the answer's unit ({' '.join(unknown)}) is not one the question names"
+    asked = _unit_sequence(prompt, wrapped=False) + ["|"] + _unit_sequence(prompt, wrapped=True)
+    if not any(asked[i:i + len(ours)] == ours for i in range(len(asked))):  # in the question's order: s/m is not m/s
+        return f"the answer's unit ({' '.join(ours)}) is not one the question names (its words in this order)"
+    return None
 
 
 def _echoes_question(task: Task, predicted: str, gold: str) -> bool:

@@ -208,6 +208,7 @@ def test_every_gold_of_the_gsm8k_sample_pays_against_its_usual_spellings(verifie
     ("How fast is it?", r"5 \text{ m/s}", r"5 \text{ s/m}"),
     ("How fast is it?", r"5 \text{ m/s}", r"5 \text{ second per meter}"),
     ("What is the area?", r"36 \text{ units}^2", r"36 \text{ units}^{-2}"),
+    ("How fast is it, in meters per second?", "5", r"5 \text{ s/m}"),  # the question's words, in another order
 ])
 def test_a_units_power_and_order_are_part_of_it(verifier, question, gold, answer):
     score = verifier(Task(question, answer=gold), rf"\boxed{{{answer}}}")
@@ -218,6 +219,7 @@ def test_a_units_power_and_order_are_part_of_it(verifier, question, gold, answer
     (r"5 \text{ m/s}", r"5 \text{ meters per second}"), (r"5 \text{ m/s}", r"5 \text{ m/s}"),
     (r"36 \text{ units}^2", "36 square units"), (r"5 \text{ cm}^2", r"5\,\mathrm{cm}^{2}"),
     (r"5 \text{ cm}^2", r"5 \text{ square centimeters}"), (r"5 \text{ m}", "5 meters"),
+    (r"5 \text{ m/s}", r"5 \frac{\text{m}}{\text{s}}"), (r"5 \text{ m/s}", r"5 \text{ m}/\text{s}"),
 ])
 def test_a_unit_in_its_usual_spellings_still_pays(verifier, gold, answer):
     assert verifier(Task("What is it?", answer=gold), rf"\boxed{{{answer}}}").reward == 1.0
