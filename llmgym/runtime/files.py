@@ -256,10 +256,14 @@ def _parse(line: bytes) -> dict[str, Any] | None:
         return None
 
 
-def scan_jsonl(path: str | os.PathLike, *, limit: int | None = None, max_line: int = MAX_LINE_BYTES) -> JsonlRead:
+def scan_jsonl(path: str | os.PathLike, *, limit: int | None = None, max_line: int = MAX_LINE_BYTES,
+               thin: int | None = None) -> JsonlRead:
     """Read a JSONL file (one JSON object a line) by the rules of this module: never through a link
     (:class:`RunFileError`), each line bounded and decoded on its own, the unreadable ones counted. After
-    ``limit`` records the remaining lines are counted (``more``), not parsed. No file: nothing read.
+    ``limit`` records the remaining lines are counted (``more``), not parsed. With ``thin``, at most ``2 * thin``
+    records are held whatever the file's length: past that, every other one is let go and the stride doubles, so
+    what is kept spans the whole file evenly, its last record included (``more`` counts those let go). No file:
+    nothing read.
 
     Example:
         >>> import tempfile, pathlib
@@ -275,6 +279,7 @@ def scan_jsonl(path: str | os.PathLike, *, limit: int | None = None, max_line: i
     if not os.path.lexists(path):
         return JsonlRead([])
     out = JsonlRead([])
+    stride, seen, last = 1, 0, None
     with os.fdopen(_open_fd(path, os.O_RDONLY), "rb") as f:
         for line in _lines(f, max_line):
             if limit is not None and len(out.records) >= limit:
@@ -285,8 +290,22 @@ def scan_jsonl(path: str | os.PathLike, *, limit: int | None = None, max_line: i
             record = _parse(line) if line is not None else None
             if record is None:
                 out.unreadable += 1
-            else:
+                continue
+            seen += 1
+            if thin is None:
                 out.records.append(record)
+                continue
+            last = None
+            if (seen - 1) % stride:
+                last = record  # kept only if it turns out to be the file's last
+                continue
+            out.records.append(record)
+            if len(out.records) >= 2 * thin:  # a file longer than a run writes: hold no more than this
+                out.records, stride = out.records[::2], stride * 2
+    if last is not None:
+        out.records.append(last)
+    if thin is not None:
+        out.more += seen - len(out.records)
     return out
 
 
