@@ -35,7 +35,7 @@ from typing import Any, BinaryIO, TextIO
 
 from llmgym.errors import LLMGymError
 
-__all__ = ["LOST_STEPS", "MAX_DEPTH", "MAX_LINE_BYTES", "RUN_FILES", "JsonlRead", "RunFileError", "check_run_folder",
+__all__ = ["LOST_STEPS", "MAX_DEPTH", "MAX_LINE_BYTES", "MAX_LOST_STEPS", "RUN_FILES", "JsonlRead", "RunFileError", "check_run_folder",
            "lost_steps_note", "step_span",
            "open_append", "read_bytes_bounded", "read_jsonl", "rewind", "rewind_jsonl", "scan_jsonl",
            "write_bytes_atomic", "write_text_atomic"]
@@ -43,6 +43,9 @@ __all__ = ["LOST_STEPS", "MAX_DEPTH", "MAX_LINE_BYTES", "RUN_FILES", "JsonlRead"
 MAX_LINE_BYTES = 4 * 2**20
 """A JSONL line longer than this (4 MiB) is skipped unread: no run writes one (a rollout's texts are cut to
 4,000 characters), and reading it whole would cost memory in proportion to what a stranger wrote."""
+MAX_LOST_STEPS = 1_000_000
+"""A resumed log missing more steps than this (of those its checkpoint says the run reached) is refused, not
+listed: a checkpoint's step is data too (an ``agent.pt`` saying step 10^11 took a resume to 15 GB before)."""
 MAX_DEPTH = 64
 """A record nested deeper than this is skipped (Python's own parser gives up near 1,000 with a
 ``RecursionError``; no run writes more than a few levels)."""
@@ -257,13 +260,13 @@ def _parse(line: bytes) -> dict[str, Any] | None:
 
 
 def scan_jsonl(path: str | os.PathLike, *, limit: int | None = None, max_line: int = MAX_LINE_BYTES,
-               thin: int | None = None) -> JsonlRead:
+               thin: int | None = None, keep: Any = None) -> JsonlRead:
     """Read a JSONL file (one JSON object a line) by the rules of this module: never through a link
     (:class:`RunFileError`), each line bounded and decoded on its own, the unreadable ones counted. After
     ``limit`` records the remaining lines are counted (``more``), not parsed. With ``thin``, at most ``2 * thin``
     records are held whatever the file's length: past that, every other one is let go and the stride doubles, so
-    what is kept spans the whole file evenly, its last record included (``more`` counts those let go). No file:
-    nothing read.
+    what is kept spans the whole file evenly, its last record included (``more`` counts those let go). ``keep``: a
+    test of each record; those it refuses are counted in ``more``, never held. No file: nothing read.
 
     Example:
         >>> import tempfile, pathlib
@@ -290,6 +293,9 @@ def scan_jsonl(path: str | os.PathLike, *, limit: int | None = None, max_line: i
             record = _parse(line) if line is not None else None
             if record is None:
                 out.unreadable += 1
+                continue
+            if keep is not None and not keep(record):
+                out.more += 1
                 continue
             seen += 1
             if thin is None:
@@ -382,7 +388,8 @@ def rewind(path: str | os.PathLike, last_step: int, *, every_step: bool = False)
     path = Path(path)
     if not os.path.lexists(path):
         return JsonlRead([])
-    read = scan_jsonl(path)
+    read = scan_jsonl(path, keep=lambda record: (_step(record) or 0) <= last_step)  # later steps: never held
+    read.more = 0
     kept, noted, present = [], set(), set()
     for record in read.records:
         step = _step(record)
@@ -400,6 +407,10 @@ def rewind(path: str | os.PathLike, last_step: int, *, every_step: bool = False)
         kept.append(record)
     read.records = kept
     if every_step:
+        accounted = sum(1 for s in present | noted if isinstance(s, int) and 1 <= s <= last_step)
+        if last_step - accounted > MAX_LOST_STEPS:  # the checkpoint's step sizes no work before it is believed
+            raise RunFileError(f"{str(path)!r} holds {accounted} of the {last_step} steps its checkpoint says the run "
+                               f"reached: not this run's log, or not this run's checkpoint; start a new run")
         read.lost_steps = [s for s in range(1, last_step + 1) if s not in present and s not in noted]
         if read.lost_steps:
             kept.append({LOST_STEPS: read.lost_steps, "unreadable_lines": read.unreadable, "resumed_from": last_step})

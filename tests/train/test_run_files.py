@@ -258,3 +258,15 @@ def test_a_page_holds_a_bounded_number_of_metrics_records_whatever_the_files_len
     assert held[0] <= 2 * 50 + 1 and data["summary"]["steps"] == 2000  # the last step is the file's
     steps = [r["step"] for r in files.scan_jsonl(run / "metrics.jsonl", thin=50).records]
     assert steps[0] == 1 and steps[-1] == 2000 and len(set(b - a for a, b in zip(steps, steps[1:-1]))) == 1
+
+
+def test_a_checkpoint_step_far_past_the_log_is_refused_before_it_sizes_any_work(tmp_path):
+    """Found by the second attacker's pass: a checkpoint's step is data too -- an agent.pt saying step 10^11 made
+    `train --resume` list every lost step (15 GB in a minute, then killed). Rule: a log missing more than
+    MAX_LOST_STEPS of the steps its checkpoint claims is refused in one line, before anything is listed."""
+    from llmgym.runtime import files
+
+    run = _run(tmp_path / "run")
+    with pytest.raises(OSError, match="holds 3 of the 5000000 steps"):
+        files.rewind(run / "metrics.jsonl", 5_000_000, every_step=True)
+    assert len(files.rewind(run / "metrics.jsonl", 10, every_step=True).lost_steps) == 7  # a real gap is still named
