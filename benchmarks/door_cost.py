@@ -144,13 +144,15 @@ def main(argv: list[str] | None = None) -> dict:
                               "dtype_names": ["float32"] * 300, "shapes": [[896, 896]] * 300}}
     guard.configure(SECRET)
     for name, params, body in (("pause", {"mode": "wait"}, None), ("update_weights", None, update)):
+        checker = guard.ControlPlaneGuard(_app)  # one server process: requests are signed for its instance
         start = time.perf_counter()
-        signed = [guard.signed_request(key, "POST", "/" + name, params, body) for _ in range(args.requests)]
+        signed = [guard.signed_request(key, "POST", "/" + name, params, body, instance=checker.instance)
+                  for _ in range(args.requests)]
         out[f"sign_us_{name}"] = (time.perf_counter() - start) / args.requests * 1e6
         out[f"body_bytes_{name}"] = len(signed[0][2])
         requests = [([(k.lower().encode(), v.encode()) for k, v in headers.items()], content,
                      target.partition("?")[2].encode()) for target, headers, content in signed]
-        out[f"check_us_{name}"] = _per_request(guard.ControlPlaneGuard(_app), "/" + name, requests) * 1e6
+        out[f"check_us_{name}"] = _per_request(checker, "/" + name, requests) * 1e6
         bearer = [([(b"authorization", f"Bearer {SECRET}".encode())], c, q) for _, c, q in requests]
         out[f"bearer_check_us_{name}"] = _per_request(_Bearer(_app), "/" + name, bearer) * 1e6
     times: dict[str, list[float]] = {"rendezvous": [], "tcpstore": []}

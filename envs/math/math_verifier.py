@@ -210,33 +210,58 @@ def _percents(task: Task, gold: str, predicted: str) -> tuple[str, str]:
     return gold, _NUMBER_PERCENT.sub(hundredths, predicted)
 
 
-# a wrapper's words, and the power after it: \text{ units}^2 is square units, \mathrm{cm}^{3} cubic centimeters
-_UNIT_WRAPPER = re.compile(r"\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}(?:\s*\^\s*\{?\s*([23])\s*\}?)?")
+# a wrapper's words, and the power after it (any power: \text{ units}^2 is square units, \mathrm{cm}^{3} cubic
+# centimeters, \text{ m}^{-1} a unit of its own)
+_UNIT_WRAPPER = re.compile(
+    r"\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}(?:\s*\^\s*(\{[^{}]*\}|[^\s{}\\]))?")
 _WORD = re.compile(r"[^\W\d_]+")  # any script's letters: "см" is a unit the question may not name
+_POWER_WORDS = {"2": "square", "3": "cubic", "-1": "per"}
 
 
-def _unit_words(text: str, wrapped: bool) -> set[str]:
-    """The words of ``text`` (only those in ``\\text{}``-like wrappers if ``wrapped``), as unit names: lower case,
-    abbreviations spelled out, plurals made singular, a power 2 or 3 after a wrapper as "square" or "cubic".
-    A single letter is a symbol, not a unit, unless it is a wrapped abbreviation (``\\text{ m}``); in prose,
-    neither is "in" (the preposition)."""
+def _power_word(power: str) -> str:
+    """A wrapper's power as a unit word: 2, 3 and -1 are "square", "cubic" and "per", any other the power itself
+    (``^{-2}``: "per square meter" is not a meter); none is empty."""
+    power = "".join(power.strip("{}").split())
+    return _POWER_WORDS.get(power, "^" + power if power else "")
+
+
+def _unit_sequence(text: str, wrapped: bool) -> list[str]:
+    """The words of ``text`` (only those in ``\\text{}``-like wrappers if ``wrapped``) as unit names, in order:
+    lower case, abbreviations spelled out, plurals made singular, ``/`` as "per", a wrapper's power before its words ("square",
+    "cubic", or the power as written). A single letter is a symbol, not a unit, unless it is a wrapped
+    abbreviation (``\\text{ m}``); in prose, neither is "in" (the preposition)."""
     if wrapped:
-        found = _UNIT_WRAPPER.findall(text)
-        text = " ".join(words + {"2": " square", "3": " cubic", "": ""}[power] for words, power in found)
-    words = set()
-    for word in _WORD.findall(text):
+        parts, end = [], None
+        for found in _UNIT_WRAPPER.finditer(text):
+            gap = text[end:found.start()] if end is not None else ""
+            if "/" in gap or "".join(gap.split()) == "}{":  # \text{m}/\text{s}, \frac{\text{m}}{\text{s}}: per
+                parts.append("per")
+            words, power = found.groups()
+            parts.append(f"{_power_word(power or '')} {words.replace('/', ' per ')}")  # m/s: meters per second
+            end = found.end()
+        text = " ".join(parts)
+    sequence = []
+    for word in re.findall(r"\^\S+|[^\W\d_]+", text):
+        if word.startswith("^"):
+            sequence.append(word)
+            continue
         word = word.lower()
         if len(word) == 1 and (not wrapped or word not in UNIT_ALIASES):
             continue  # \mathrm{i}, \mathrm{e}, \mathrm{d}, the m of "$5m$": a symbol, not a unit
         if not wrapped and word == "in":
             continue
         if word in UNIT_ALIASES:
-            words.update(UNIT_ALIASES[word].split())
+            sequence.extend(UNIT_ALIASES[word].split())
         elif len(word) > 3 and word.endswith("s"):
-            words.add(word[:-1])
+            sequence.append(word[:-1])
         else:
-            words.add(word)
-    return words
+            sequence.append(word)
+    return sequence
+
+
+def _unit_words(text: str, wrapped: bool) -> set[str]:
+    """The words of :func:`_unit_sequence`, as a set (what a question names)."""
+    return set(_unit_sequence(text, wrapped))
 
 
 # a unit holds no digit: the trailing ``\text{ (or 5)}`` of a hedge is not one, and is never dropped
@@ -272,16 +297,19 @@ def _unit_mismatch(task: Task, gold: str, predicted: str) -> str | None:
     rolls" for "How many rolls are left?"), and never a word that scales the number (``3 \text{ thousand}``).
     An answer without a unit is read in the reference's.
     """
-    mine = _unit_words(predicted, wrapped=True)
+    ours = _unit_sequence(predicted, wrapped=True)
+    mine = set(ours)
     if not mine:
         return None
+    if len(ours) != len(mine):  # "meter meter" is a square meter, never a meter: a unit says each word once
+        return f"the answer's unit ({' '.join(ours)}) repeats a word: write a power as one (cm^2, square centimeters)"
     scale = sorted(mine & _SCALE_WORDS)
     if scale:
         return f"the answer's words ({' '.join(scale)}) scale its number: write the number itself"
-    theirs = _unit_words(gold, wrapped=True)
-    if theirs:
-        return None if mine == theirs else (
-            f"the answer's unit ({' '.join(sorted(mine))}) is not the reference's ({' '.join(sorted(theirs))})")
+    theirs = _unit_sequence(gold, wrapped=True)
+    if theirs:  # compared as written, in order: "meter meter" is not "meter", "second per meter" not "meter per second"
+        return None if ours == theirs else (
+            f"the answer's unit ({' '.join(ours)}) is not the reference's ({' '.join(theirs)})")
     prompt = _prompt_text(task)
     named = _unit_words(prompt, wrapped=False) | _unit_words(prompt, wrapped=True)
     if not named & _KNOWN_UNITS:
@@ -290,7 +318,12 @@ def _unit_mismatch(task: Task, gold: str, predicted: str) -> str | None:
         unknown = sorted(mine - _KNOWN_UNITS - _GENERIC_UNITS - named)
         return None if not unknown else f"the answer's words ({' '.join(unknown)}) are neither a unit nor the question's"
     unknown = sorted(mine - named)
-    return None if not unknown else f"the answer's unit ({' '.join(unknown)}) is not one the question names"
+    if unknown:
+        return f"the answer's unit ({' '.join(unknown)}) is not one the question names"
+    asked = _unit_sequence(prompt, wrapped=False) + ["|"] + _unit_sequence(prompt, wrapped=True)
+    if not any(asked[i:i + len(ours)] == ours for i in range(len(asked))):  # in the question's order: s/m is not m/s
+        return f"the answer's unit ({' '.join(ours)}) is not one the question names (its words in this order)"
+    return None
 
 
 def _echoes_question(task: Task, predicted: str, gold: str) -> bool:

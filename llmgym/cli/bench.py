@@ -108,9 +108,11 @@ def sample_records(episodes, tasks, n: int, threshold: float, tokenizer, multi_t
                    first_task: int = 0) -> list[dict[str, Any]]:
     """One JSON-safe record per sampled episode: task id and index (``first_task`` + its place in ``tasks``),
     sample index, completion text, reward, pass/fail, turns, finish reasons, completion tokens, and what the
-    verifier said (``info``)."""
+    verifier said (``info``); every secret this process holds is written as ``[redacted]``."""
     from llmgym.runtime.logging import json_safe
+    from llmgym.runtime.secrets import known_secrets, redact_tree
 
+    secrets = known_secrets()  # a secret the model echoed is written as [redacted], as in rollouts.jsonl
     records = []
     for index, episode in enumerate(episodes):
         info = {k: v for k, v in episode.info.items() if k not in ("task", "completion")}
@@ -123,7 +125,7 @@ def sample_records(episodes, tasks, n: int, threshold: float, tokenizer, multi_t
                   "completion_tokens": int(sum(episode.action_mask)), "info": json_safe(info)}
         if multi_turn:  # every turn and the env's replies, as the policy saw them
             record["transcript"] = tokenizer.decode(episode.completion_ids, skip_special_tokens=True)
-        records.append(json_safe(record))
+        records.append(redact_tree(json_safe(record), secrets))
     return records
 
 

@@ -79,7 +79,7 @@ from llmgym.errors import LLMGymError, LLMGymWarning
 from llmgym.runtime import distributed
 from llmgym.runtime.secrets import register_secret
 from llmgym.engines.base import Completion, SamplingParams, expand_rows
-from llmgym.fleet.guard import CONTROL_ROUTES, control_key, generation_key, signed_request
+from llmgym.fleet.guard import CONTROL_ROUTES, INSTANCE_HEADER, control_key, generation_key, signed_request
 from llmgym.fleet.weight_transfer import DEFAULT_BUCKET_BYTES, GlooSender, TransferError, local_address_towards
 
 __all__ = ["FleetEngine", "FleetError", "NotARolloutServerError", "PROBE_TOKENS", "ServerLostWarning",
@@ -171,6 +171,7 @@ class _Server:
         self.lost: str | None = None
         self.untrusted = False  # dropped for what it answered (not for dying): its rows leave every batch
         self.rows_served = 0
+        self.instance: str | None = None  # the server process's INSTANCE_HEADER: control requests are signed for it
 
     def call(self, method: str, path: str, *, timeout: float | None = None, **kwargs) -> Any:
         """A control-plane request; the JSON reply (``None`` for an empty one). Raises ``FleetError``."""
@@ -179,13 +180,22 @@ class _Server:
         if timeout is not None:  # (httpx reads an explicit None as "no time limit")
             kwargs["timeout"] = timeout
         target, kwargs["headers"] = path, self._generation if path.startswith("/v1/") else {}
-        if (method.upper(), path) in CONTROL_ROUTES and self._key is not None:  # signed afresh: no replay
-            target, kwargs["headers"], kwargs["content"] = signed_request(
-                self._key, method, path, kwargs.pop("params", None), kwargs.pop("json", None))
-        try:
-            response = self.http.request(method, self.root + target, **kwargs)
-        except httpx.HTTPError as exc:
-            raise FleetError(f"{self.root}{path}: {type(exc).__name__}: {_one_line(exc)}") from None
+        signed = (method.upper(), path) in CONTROL_ROUTES and self._key is not None
+        params, body = (kwargs.pop("params", None), kwargs.pop("json", None)) if signed else (None, None)
+        for attempt in range(2):
+            if signed:  # signed afresh, for this server process: no replay, here or at another server
+                if self.instance is None:
+                    self._learn_instance(timeout)
+                target, kwargs["headers"], kwargs["content"] = signed_request(
+                    self._key, method, path, params, body, instance=self.instance or "")
+            try:
+                response = self.http.request(method, self.root + target, **kwargs)
+            except httpx.HTTPError as exc:
+                raise FleetError(f"{self.root}{path}: {type(exc).__name__}: {_one_line(exc)}") from None
+            now = response.headers.get(INSTANCE_HEADER)
+            if not (signed and response.status_code == 401 and now and now != self.instance and attempt == 0):
+                break
+            self.instance = now  # the server restarted (a new process): sign for it once more
         if response.status_code == 404:
             raise NotARolloutServerError(
                 f"the server at {self.root} has no {path} route: it is not an llmgym rollout server (start it with "
@@ -205,6 +215,15 @@ class _Server:
             return response.json()
         except ValueError:
             raise FleetError(f"{self.root}{path} answered something that is not JSON: {response.text[:200]!r}") from None
+
+    def _learn_instance(self, timeout: float | None) -> None:
+        """The server process's instance (:data:`~llmgym.fleet.guard.INSTANCE_HEADER`, on every guarded answer)."""
+        import httpx
+
+        try:
+            self.instance = self.http.get(self.root + "/health", timeout=timeout or 30).headers.get(INSTANCE_HEADER)
+        except httpx.HTTPError as exc:
+            raise FleetError(f"{self.root}/health: {type(exc).__name__}: {_one_line(exc)}") from None
 
     def alive(self) -> bool:
         """Whether the server answers ``GET /health`` with 200 (vLLM's engine is up) within a few seconds."""

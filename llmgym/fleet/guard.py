@@ -45,11 +45,16 @@ import threading
 import time
 import urllib.parse
 
-__all__ = ["CONTROL_ROUTES", "ControlPlaneGuard", "MAX_CONTROL_BODY_BYTES", "MAX_SKEW_S", "OPEN_ROUTES", "ROUTES",
+__all__ = ["CONTROL_ROUTES", "ControlPlaneGuard", "INSTANCE_HEADER", "MAX_CONTROL_BODY_BYTES", "MAX_SKEW_S", "OPEN_ROUTES", "ROUTES",
            "SIGNATURE_HEADER", "allowed", "configure", "control_key", "generation_key", "sign", "signed_request"]
 
 SIGNATURE_HEADER = "X-LLMGym-Signature"
-"""The header of a signed control request: ``v1 t=<unix seconds> n=<32 hex nonce> s=<64 hex HMAC-SHA256>``."""
+INSTANCE_HEADER = "X-LLMGym-Instance"
+"""The header every answer of a guarded server carries: the server process's instance, a random value drawn when it
+starts. A control request's signature covers it, so a request signed for one server process is refused by every
+other: another server of the fleet (one secret for all), or the same server restarted (its nonces forgotten)."""
+"""The header of a signed control request: ``v1 t=<unix seconds> n=<32 hex nonce> d=<64 hex SHA-256 of the body>
+s=<64 hex HMAC-SHA256>``: the body's digest is signed and named, so the signature is checked before the body is read."""
 MAX_SKEW_S = 120
 """How far (seconds) a control request's timestamp may be from the server's clock: the learner's and the
 servers' clocks must agree that well (NTP); a nonce is remembered this long on either side of now."""
@@ -57,7 +62,7 @@ MAX_CONTROL_BODY_BYTES = 16 << 20
 """The largest control request body the guard reads to check its digest (a weight update's metadata)."""
 _MAX_NONCES = 1 << 18  # remembered nonces (fresh ones only): a learner sends a few per second
 _PRUNE_AT = 4096
-_SIGNATURE = re.compile(r"v1 t=([0-9]{1,12}) n=([0-9a-f]{32}) s=([0-9a-f]{64})")
+_SIGNATURE = re.compile(r"v1 t=([0-9]{1,12}) n=([0-9a-f]{32}) d=([0-9a-f]{64}) s=([0-9a-f]{64})")
 
 CONTROL_ROUTES = frozenset({
     ("POST", "/init_weight_transfer_engine"), ("POST", "/shutdown_weight_transfer_engine"),
@@ -113,15 +118,16 @@ def generation_key(secret: str | None) -> str | None:
     return "llmgym-" + hmac.new(secret.encode(), b"llmgym generation v1", hashlib.sha256).hexdigest()
 
 
-def _message(method: str, path: str, query: bytes, body: bytes, stamp: str, nonce: str) -> bytes:
+def _message(method: str, path: str, query: bytes, digest: str, stamp: str, nonce: str, instance: str) -> bytes:
     return b"\n".join([b"llmgym-control-v1", method.upper().encode(), path.encode("utf-8"), query,
-                       hashlib.sha256(body).hexdigest().encode(), stamp.encode(), nonce.encode()])
+                       digest.encode(), stamp.encode(), nonce.encode(), instance.encode("ascii", "replace")])
 
 
 def sign(key: bytes, method: str, path: str, query: bytes = b"", body: bytes = b"", *, now: float | None = None,
-         nonce: str | None = None) -> str:
-    """The :data:`SIGNATURE_HEADER` value of one control request (``key``: :func:`control_key`); a fresh
-    nonce each call, so no two requests carry the same signature.
+         nonce: str | None = None, instance: str = "") -> str:
+    """The :data:`SIGNATURE_HEADER` value of one control request (``key``: :func:`control_key``) for the server
+    process ``instance`` (its :data:`INSTANCE_HEADER`); a fresh nonce each call, so no two requests carry the same
+    signature.
 
     Example:
         >>> from llmgym.fleet.guard import control_key, sign
@@ -130,14 +136,16 @@ def sign(key: bytes, method: str, path: str, query: bytes = b"", body: bytes = b
         'v1 t=1000000000 n=00000000000000000000000000000000'
     """
     stamp, nonce = str(int(time.time() if now is None else now)), nonce or secrets.token_hex(16)
-    digest = hmac.new(key, _message(method, path, query, body, stamp, nonce), hashlib.sha256).hexdigest()
-    return f"v1 t={stamp} n={nonce} s={digest}"
+    body_digest = hashlib.sha256(body).hexdigest()
+    digest = hmac.new(key, _message(method, path, query, body_digest, stamp, nonce, instance), hashlib.sha256).hexdigest()
+    return f"v1 t={stamp} n={nonce} d={body_digest} s={digest}"
 
 
 def signed_request(key: bytes, method: str, path: str, params: dict | None = None,
-                   body: object = None) -> tuple[str, dict[str, str], bytes]:
-    """``(target, headers, content)`` of a signed control request: ``target`` is ``path`` with its query
-    (``params``, encoded as signed), ``content`` the JSON ``body`` (or nothing).
+                   body: object = None, instance: str = "") -> tuple[str, dict[str, str], bytes]:
+    """``(target, headers, content)`` of a signed control request for the server process ``instance`` (its
+    :data:`INSTANCE_HEADER`): ``target`` is ``path`` with its query (``params``, encoded as signed), ``content``
+    the JSON ``body`` (or nothing).
 
     Example:
         >>> from llmgym.fleet.guard import control_key, signed_request
@@ -148,7 +156,7 @@ def signed_request(key: bytes, method: str, path: str, params: dict | None = Non
     """
     query = urllib.parse.urlencode(params or {}).encode()
     content = b"" if body is None else json.dumps(body).encode()
-    headers = {SIGNATURE_HEADER: sign(key, method, path, query, content)}
+    headers = {SIGNATURE_HEADER: sign(key, method, path, query, content, instance=instance)}
     if body is not None:
         headers["Content-Type"] = "application/json"
     return (path + "?" + query.decode() if query else path), headers, content
@@ -219,6 +227,7 @@ class ControlPlaneGuard:
         self.app = app
         self.secret = _state["secret"]
         self.nonces = _Nonces()
+        self.instance = secrets.token_hex(16)  # this server process: a signature for another is refused
 
     async def _check(self, scope, receive, method: str, path: str):
         """``(None, receive)`` for a well-signed, fresh, first-seen request (``receive`` hands the app the body
@@ -227,21 +236,26 @@ class ControlPlaneGuard:
         if found is None:
             return (f"this control route needs a signed request ({SIGNATURE_HEADER}: the learner's FleetEngine "
                     f"signs with the server's secret, LLMGYM_SERVE_SECRET)"), None
-        stamp, nonce, given = found.groups()
+        stamp, nonce, body_digest, given = found.groups()
         now = time.time()
         if abs(now - int(stamp)) > MAX_SKEW_S:
             return (f"the request was signed {now - int(stamp):+.0f} s from this server's clock (more than "
                     f"{MAX_SKEW_S} s: a replay, or clocks apart; synchronise them, e.g. NTP)"), None
-        body, messages = (b"", []) if scope["type"] != "http" else await _read_body(receive)
-        if body is None:
-            return f"a control request body over {MAX_CONTROL_BODY_BYTES} bytes", None
         query = scope.get("query_string", b"") or b""
-        expected = hmac.new(self.secret, _message(method, path, query, body, stamp, nonce), hashlib.sha256).hexdigest()
+        expected = hmac.new(self.secret, _message(method, path, query, body_digest, stamp, nonce, self.instance),
+                            hashlib.sha256).hexdigest()
         if not hmac.compare_digest(expected, given):
-            return "the request's signature is wrong (another secret, or the request was altered)", None
+            return ("the request's signature is wrong (another secret, signed for another server or before this one "
+                    f"restarted ({INSTANCE_HEADER}), or the request was altered)"), None
         refused = self.nonces.take(nonce, int(stamp), now)
         if refused is not None:
             return refused, None
+        # only a signed, fresh request's body is read (an unsigned one could make the guard hold 16 MB per connection)
+        body, messages = (b"", []) if scope["type"] != "http" else await _read_body(receive)
+        if body is None:
+            return f"a control request body over {MAX_CONTROL_BODY_BYTES} bytes", None
+        if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), body_digest):
+            return "the request's body is not the one signed (the request was altered)", None
         pending = list(messages)
 
         async def replay():
@@ -253,6 +267,13 @@ class ControlPlaneGuard:
         if scope["type"] not in ("http", "websocket"):  # lifespan: vLLM's start-up and shutdown
             await self.app(scope, receive, send)
             return
+        instance = (INSTANCE_HEADER.lower().encode(), self.instance.encode())
+        inner_send = send
+
+        async def send(message):  # every answer names this server process (the learner signs for it)
+            if message.get("type") == "http.response.start":
+                message = dict(message, headers=[*(message.get("headers") or ()), instance])
+            await inner_send(message)
         path = scope.get("path", "")
         root = scope.get("root_path", "")
         if root and path.startswith(root):

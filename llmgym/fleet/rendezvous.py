@@ -61,7 +61,7 @@ MAX_VALUE_BYTES = 1 << 20
 """The largest value a peer may set (gloo's address list of a rank: ~85 bytes per peer rank)."""
 MAX_STORE_BYTES = 4 << 20
 """Bytes of keys and values the store holds per expected peer."""
-_MAX_PENDING = 128  # connections not yet authenticated at once (more are dropped unread)
+_MAX_PENDING = 128  # connections not yet authenticated at once (a newcomer past them cuts the oldest)
 _HELLO = b"llmgym-rendezvous-v1"
 _NONCE = re.compile(r"[0-9a-f]{64}")
 _JOINED = "\x00joined"  # a key no gloo key is (gloo's are printable)
@@ -93,14 +93,29 @@ def _proof(key: bytes, role: bytes, challenge: bytes) -> bytes:
     return hmac.new(key, _HELLO + role + challenge, hashlib.sha256).digest()
 
 
-def _read(sock: socket.socket, n: int) -> bytes:
+def _read(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes from ``sock``; with a ``deadline`` (``time.monotonic()``), all of them by then (a peer that
+    drips a byte at a time gets no more time than one that sends at once)."""
     data = bytearray()
     while len(data) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConnectionError("the rendezvous handshake took too long")
+            sock.settimeout(left)
         chunk = sock.recv(n - len(data))
         if not chunk:
             raise ConnectionError("the rendezvous connection closed")
         data += chunk
     return bytes(data)
+
+
+def _cut(sock: socket.socket) -> None:
+    """End a connection another thread may be reading (its read fails at once)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _send_frame(sock: socket.socket, payload: bytes) -> None:
@@ -207,8 +222,9 @@ class RendezvousHost:
         self.table = _Table(MAX_STORE_BYTES * max(1, self.peers), self.timeout_s)
         self.store = _Store(self._local, self.timeout_s)
         self.listener, self.closed, self.refused = listener, False, 0
-        self._lock, self._pending, self._authenticated = threading.Lock(), 0, 0
+        self._lock, self._authenticated = threading.Lock(), 0
         self._connections: set[socket.socket] = set()
+        self._waiting: list[socket.socket] = []  # not yet authenticated, oldest first
         self._thread = threading.Thread(target=self._accept, name="llmgym-rendezvous", daemon=True)
         self._thread.start()
 
@@ -222,26 +238,30 @@ class RendezvousHost:
             except OSError:
                 return  # closed
             with self._lock:
-                if self.closed or self._pending >= _MAX_PENDING:
+                if self.closed:
                     conn.close()
                     continue
-                self._pending += 1
+                if len(self._waiting) >= _MAX_PENDING:  # the oldest stranger gives its slot up: connections that
+                    _cut(self._waiting.pop(0))  # hold every slot (idle, or dripping) cannot keep a peer out
+                self._waiting.append(conn)
                 self._connections.add(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        pending = True
         try:
+            deadline = time.monotonic() + AUTH_TIMEOUT_S  # for the whole handshake, not per byte
             conn.settimeout(AUTH_TIMEOUT_S)
             challenge = secrets.token_bytes(32)
             conn.sendall(_HELLO + challenge)
-            answer = _read(conn, 64)  # the peer's proof, then its own challenge
+            answer = _read(conn, 64, deadline)  # the peer's proof, then its own challenge
             if not hmac.compare_digest(answer[:32], _proof(self._key, b"peer", challenge)):
                 with self._lock:
                     self.refused += 1
                 return
             with self._lock:
-                self._pending, pending = self._pending - 1, False
+                if conn not in self._waiting:
+                    return  # cut for a newcomer meanwhile
+                self._waiting.remove(conn)
                 admitted = self._authenticated < self.peers and not self.closed
                 self._authenticated += admitted
             if not admitted:
@@ -260,7 +280,8 @@ class RendezvousHost:
             pass
         finally:
             with self._lock:
-                self._pending -= pending
+                if conn in self._waiting:
+                    self._waiting.remove(conn)
                 self._connections.discard(conn)
             conn.close()
 

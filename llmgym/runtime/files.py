@@ -35,7 +35,7 @@ from typing import Any, BinaryIO, TextIO
 
 from llmgym.errors import LLMGymError
 
-__all__ = ["LOST_STEPS", "MAX_DEPTH", "MAX_LINE_BYTES", "RUN_FILES", "JsonlRead", "RunFileError", "check_run_folder",
+__all__ = ["LOST_STEPS", "MAX_DEPTH", "MAX_LINE_BYTES", "MAX_LOST_STEPS", "RUN_FILES", "JsonlRead", "RunFileError", "check_run_folder",
            "lost_steps_note", "step_span",
            "open_append", "read_bytes_bounded", "read_jsonl", "rewind", "rewind_jsonl", "scan_jsonl",
            "write_bytes_atomic", "write_text_atomic"]
@@ -43,6 +43,9 @@ __all__ = ["LOST_STEPS", "MAX_DEPTH", "MAX_LINE_BYTES", "RUN_FILES", "JsonlRead"
 MAX_LINE_BYTES = 4 * 2**20
 """A JSONL line longer than this (4 MiB) is skipped unread: no run writes one (a rollout's texts are cut to
 4,000 characters), and reading it whole would cost memory in proportion to what a stranger wrote."""
+MAX_LOST_STEPS = 1_000_000
+"""A resumed log missing more steps than this (of those its checkpoint says the run reached) is refused, not
+listed: a checkpoint's step is data too (an ``agent.pt`` saying step 10^11 took a resume to 15 GB before)."""
 MAX_DEPTH = 64
 """A record nested deeper than this is skipped (Python's own parser gives up near 1,000 with a
 ``RecursionError``; no run writes more than a few levels)."""
@@ -53,7 +56,7 @@ RUN_FILES = ("metrics.jsonl", "curves.png", "config.json", "eval.json", "checkpo
 
 
 class RunFileError(LLMGymError, OSError):
-    """A run file that is a symbolic link, or not a regular file, or larger than its bound."""
+    """A run file that is a symbolic link, or not a regular file (a FIFO, a device), or larger than its bound."""
 
 
 def _refuse(path: Path, what: str) -> RunFileError:
@@ -63,7 +66,8 @@ def _refuse(path: Path, what: str) -> RunFileError:
 
 
 def check_run_folder(folder: str | os.PathLike, names: Iterable[str] = RUN_FILES) -> None:
-    """Raise :class:`RunFileError` if any of ``names`` in ``folder`` is a symbolic link (a missing one is fine).
+    """Raise :class:`RunFileError` if any of ``names`` in ``folder`` is a symbolic link, or neither a regular file
+    nor a directory (a FIFO, a device, a socket: opening one blocks or never ends); a missing one is fine.
 
     Example:
         >>> import os, tempfile, pathlib
@@ -84,6 +88,8 @@ def check_run_folder(folder: str | os.PathLike, names: Iterable[str] = RUN_FILES
             continue
         if stat.S_ISLNK(mode):
             raise _refuse(folder / name, "a symbolic link")
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO blocks whoever opens it; a device has no end
+            raise _refuse(folder / name, "not a regular file (a FIFO, a device or a socket)")
 
 
 def _open_fd(path: Path, flags: int) -> int:
@@ -253,10 +259,14 @@ def _parse(line: bytes) -> dict[str, Any] | None:
         return None
 
 
-def scan_jsonl(path: str | os.PathLike, *, limit: int | None = None, max_line: int = MAX_LINE_BYTES) -> JsonlRead:
+def scan_jsonl(path: str | os.PathLike, *, limit: int | None = None, max_line: int = MAX_LINE_BYTES,
+               thin: int | None = None, keep: Any = None) -> JsonlRead:
     """Read a JSONL file (one JSON object a line) by the rules of this module: never through a link
     (:class:`RunFileError`), each line bounded and decoded on its own, the unreadable ones counted. After
-    ``limit`` records the remaining lines are counted (``more``), not parsed. No file: nothing read.
+    ``limit`` records the remaining lines are counted (``more``), not parsed. With ``thin``, at most ``2 * thin``
+    records are held whatever the file's length: past that, every other one is let go and the stride doubles, so
+    what is kept spans the whole file evenly, its last record included (``more`` counts those let go). ``keep``: a
+    test of each record; those it refuses are counted in ``more``, never held. No file: nothing read.
 
     Example:
         >>> import tempfile, pathlib
@@ -272,6 +282,7 @@ def scan_jsonl(path: str | os.PathLike, *, limit: int | None = None, max_line: i
     if not os.path.lexists(path):
         return JsonlRead([])
     out = JsonlRead([])
+    stride, seen, last = 1, 0, None
     with os.fdopen(_open_fd(path, os.O_RDONLY), "rb") as f:
         for line in _lines(f, max_line):
             if limit is not None and len(out.records) >= limit:
@@ -282,8 +293,25 @@ def scan_jsonl(path: str | os.PathLike, *, limit: int | None = None, max_line: i
             record = _parse(line) if line is not None else None
             if record is None:
                 out.unreadable += 1
-            else:
+                continue
+            if keep is not None and not keep(record):
+                out.more += 1
+                continue
+            seen += 1
+            if thin is None:
                 out.records.append(record)
+                continue
+            last = None
+            if (seen - 1) % stride:
+                last = record  # kept only if it turns out to be the file's last
+                continue
+            out.records.append(record)
+            if len(out.records) >= 2 * thin:  # a file longer than a run writes: hold no more than this
+                out.records, stride = out.records[::2], stride * 2
+    if last is not None:
+        out.records.append(last)
+    if thin is not None:
+        out.more += seen - len(out.records)
     return out
 
 
@@ -360,7 +388,8 @@ def rewind(path: str | os.PathLike, last_step: int, *, every_step: bool = False)
     path = Path(path)
     if not os.path.lexists(path):
         return JsonlRead([])
-    read = scan_jsonl(path)
+    read = scan_jsonl(path, keep=lambda record: (_step(record) or 0) <= last_step)  # later steps: never held
+    read.more = 0
     kept, noted, present = [], set(), set()
     for record in read.records:
         step = _step(record)
@@ -378,6 +407,10 @@ def rewind(path: str | os.PathLike, last_step: int, *, every_step: bool = False)
         kept.append(record)
     read.records = kept
     if every_step:
+        accounted = sum(1 for s in present | noted if isinstance(s, int) and 1 <= s <= last_step)
+        if last_step - accounted > MAX_LOST_STEPS:  # the checkpoint's step sizes no work before it is believed
+            raise RunFileError(f"{str(path)!r} holds {accounted} of the {last_step} steps its checkpoint says the run "
+                               f"reached: not this run's log, or not this run's checkpoint; start a new run")
         read.lost_steps = [s for s in range(1, last_step + 1) if s not in present and s not in noted]
         if read.lost_steps:
             kept.append({LOST_STEPS: read.lost_steps, "unreadable_lines": read.unreadable, "resumed_from": last_step})

@@ -41,7 +41,8 @@ __all__ = [
 
 
 class ModelFileError(LLMGymError, OSError):
-    """A model directory whose weights file cannot be read (damaged, cut short, or not a model's).
+    """A model directory whose weights file, or another of its files (``config.json``, the tokenizer's), cannot be
+    read (damaged, cut short, or not a model's).
 
     Attributes: ``path`` (the file) and ``reason`` (the reader's first line)."""
 
@@ -226,18 +227,27 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = N
     tiny = str(name_or_path) == "tiny"
     if tiny:
         name_or_path = tiny_model_path()
-    tokenizer = load_tokenizer(name_or_path)
     from safetensors import SafetensorError
 
-    with _no_loading_bar(tiny):  # a bar for a megabyte of local weights is noise; a real model keeps it
-        try:
+    local = Path(name_or_path).is_dir()
+    try:
+        tokenizer = load_tokenizer(name_or_path)
+        with _no_loading_bar(tiny):  # a bar for a megabyte of local weights is noise; a real model keeps it
             model = AutoModelForCausalLM.from_pretrained(str(name_or_path), **_dtype_kwarg(dtype or torch.float32))
-        except SafetensorError as exc:  # a damaged or foreign weights file: one line, not safetensors' traceback
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            where = Path(name_or_path) / "model.safetensors" if Path(name_or_path).is_dir() else name_or_path
-            raise ModelFileError(f"cannot read the model weights {str(where)!r} ({first}): the file is damaged or "
-                                 f"not a model's; save the model again, or use another checkpoint",
-                                 str(where), first) from None
+    except SafetensorError as exc:  # a damaged or foreign weights file: one line, not safetensors' traceback
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        where = Path(name_or_path) / "model.safetensors" if local else name_or_path
+        raise ModelFileError(f"cannot read the model weights {str(where)!r} ({first}): the file is damaged or "
+                             f"not a model's; save the model again, or use another checkpoint",
+                             str(where), first) from None
+    except (ValueError, OSError) as exc:
+        if not local or isinstance(exc, ModelFileError):
+            raise
+        # any other file of a local model directory (config.json, tokenizer.json, ...) that does not read: one line
+        first = " ".join(((str(exc).strip().splitlines() or [""])[0] or type(exc).__name__).split())[:200]
+        raise ModelFileError(f"cannot read the model directory {str(name_or_path)!r} ({first}): a file of it is "
+                             f"damaged or not a model's; save the model again, or use another checkpoint",
+                             str(name_or_path), first) from None
     if device is not None:
         model.to(device)
     if model.generation_config.pad_token_id is None:

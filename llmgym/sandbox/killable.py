@@ -207,6 +207,34 @@ def _own_proc(new_mount_namespace: bool) -> bool:
     return libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) == 0
 
 
+_CAP_SYS_PTRACE, _CAP_SYS_ADMIN = 19, 21
+_PR_CAPBSET_DROP = 24
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _give_up_reach() -> bool:
+    """In a call's process that runs as root (the namespace the caller forked it into): give up
+    ``CAP_SYS_ADMIN`` and ``CAP_SYS_PTRACE``, from the bounding set and from the effective, permitted and
+    inheritable sets. With them, root could unmount the namespace's ``/proc`` (the host's shows below), join
+    the host's mount namespace, and open the caller's ``/proc/<pid>/mem`` to read and write it: code that
+    outlives the call. ``False`` where it could not (the caller then ends the call unanswered)."""
+    import ctypes
+
+    libc = _load_libc()
+    if libc is None or not hasattr(libc, "capget"):
+        return False
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # two {effective, permitted, inheritable}: capabilities 0-31, 32-63
+    if libc.capget(ctypes.byref(header), ctypes.byref(data)) != 0:
+        return False
+    for cap in (_CAP_SYS_ADMIN, _CAP_SYS_PTRACE):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            return False
+        for i in range(3):
+            data[3 * (cap // 32) + i] &= ~(1 << (cap % 32)) & 0xFFFFFFFF
+    return libc.capset(ctypes.byref(header), ctypes.byref(data)) == 0
+
+
 def _proc_is_ours() -> bool:
     """Whether ``/proc`` shows this process's PID namespace (else pids read there name other processes)."""
     try:
@@ -549,6 +577,8 @@ def _worker(fn: Callable[..., Any], args: tuple, answer: mmap.mmap, gone: Option
         _cgroup_bases.clear()
         if isolated and not _own_proc(new_mount_namespace=isolated == "unshare"):
             os._exit(2)  # (the probe mounted one: not reached in practice)
+        if isolated == "unshare" and not _give_up_reach():  # root: no way out of the namespace it was given
+            os._exit(2)
         if cgroup is not None:
             _cgroup_bases[os.getpid()] = os.path.join(cgroup, _CGROUP_DIR)  # its own calls' cgroups go inside
         _scrub_environ()  # the call is model-driven work: none of the parent's secrets (llmgym/sandbox/child_env.py)

@@ -44,8 +44,12 @@ from llmgym.runtime.files import (
     write_text_atomic,
 )
 
-__all__ = ["MAX_PAGE_CHARS", "MAX_PAGE_TEXT", "MAX_RECORDS", "ReportInputError", "report_data", "write_report"]
+__all__ = ["MAX_METRIC_ROWS", "MAX_PAGE_CHARS", "MAX_PAGE_TEXT", "MAX_RECORDS", "ReportInputError", "report_data", "write_report"]
 
+MAX_METRIC_ROWS = 50_000
+"""At most twice this many ``metrics.jsonl`` records are held for a page: a longer file is thinned evenly (every
+other record let go, again as it grows), its last record kept, so the page's memory is bounded by this, not by
+the file (a 38 MB file of small records took the page to 721 MB before)."""
 MAX_RECORDS = 5000
 """Sampled episodes a page holds at most (the first ones, in file order); the page says how many it left out."""
 MAX_PAGE_TEXT = 20_000
@@ -150,7 +154,7 @@ def report_data(path: str | os.PathLike) -> dict[str, Any]:
     if path.is_dir() and os.path.lexists(path / "metrics.jsonl"):
         try:
             check_run_folder(path)
-            read = scan_jsonl(path / "metrics.jsonl")
+            read = scan_jsonl(path / "metrics.jsonl", thin=MAX_METRIC_ROWS)  # memory bounded, whatever its length
         except RunFileError as exc:
             raise ReportInputError(str(exc)) from None
         rows = step_rows(read.records)

@@ -446,3 +446,35 @@ def test_a_run_folder_whose_files_are_links_is_one_line_for_report_and_resume(ru
     line = usage_error(capsys, ["train", "--resume", str(run), "--steps", "5"])
     assert "metrics.jsonl" in line and "symbolic link" in line, line
     assert secret.read_text() == "-----BEGIN PRIVATE KEY----- 7731"
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "tokenizer_config.json"])
+def test_any_damaged_file_of_a_checkpoint_is_one_line_for_bench_and_for_resume(model_dir, run_dir, tmp_path, capsys,
+                                                                               name):
+    """Found by the second attacker's pass: a damaged ``model.safetensors`` was one line, but a checkpoint's
+    ``config.json`` or tokenizer file cut short was a 40-90 line traceback (JSONDecodeError, OSError). Rule: any
+    file of a local model directory that does not read is one ``ModelFileError`` line naming the directory."""
+    import shutil
+
+    model = Path(shutil.copytree(model_dir, tmp_path / "model"))
+    (model / name).write_text("{cut sho")
+    line = usage_error(capsys, ["bench", "--env", ENV, "--model", str(model), "--tasks", "1", "--samples", "1"])
+    assert f"cannot read the model directory {str(model)!r}" in line and "damaged" in line, line
+    run = Path(shutil.copytree(run_dir, tmp_path / "run"))
+    (run / "checkpoints" / "last" / name).write_text("{cut sho")
+    line = usage_error(capsys, ["train", "--resume", str(run), "--steps", "5"])
+    assert f"cannot read the checkpoint {run / 'checkpoints' / 'last'}" in line, line
+
+
+@pytest.mark.parametrize("name", ["agent.pt", "model.safetensors", "config.json", "tokenizer.json"])
+def test_a_checkpoint_file_that_is_a_fifo_is_one_line_not_a_hang(run_dir, tmp_path, capsys, name):
+    """Found by the second attacker's pass: a FIFO in place of ``checkpoints/last/agent.pt`` made ``train --resume``
+    block forever in ``torch.load``'s open; a FIFO ``model.safetensors`` or ``config.json`` was a traceback. Rule: a run
+    file that is neither a regular file nor a directory (a FIFO, a device, a socket) is refused like a link."""
+    import shutil
+
+    run = Path(shutil.copytree(run_dir, tmp_path / "run"))
+    (run / "checkpoints" / "last" / name).unlink()
+    os.mkfifo(run / "checkpoints" / "last" / name)
+    line = usage_error(capsys, ["train", "--resume", str(run), "--steps", "5"])
+    assert name in line and "not a regular file" in line, line

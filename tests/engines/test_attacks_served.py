@@ -438,11 +438,14 @@ def test_the_guard_answers_only_the_fleet_s_routes_and_its_control_routes_need_t
     secret = "0123456789abcdef-guard"
     serve_guard.configure(secret)
 
-    def good(method, path):  # a request signed afresh (a signature is good once)
-        return {serve_guard.SIGNATURE_HEADER: serve_guard.sign(serve_guard.control_key(secret), method, path)}
-
     try:
         client = guarded_client()
+        here = client.get("/health").headers[serve_guard.INSTANCE_HEADER]
+
+        def good(method, path):  # a request signed afresh, for this server process (a signature is good once)
+            return {serve_guard.SIGNATURE_HEADER: serve_guard.sign(serve_guard.control_key(secret), method, path,
+                                                                   instance=here)}
+
         for path in ("/collective_rpc", "/weight_checker", "/update_weight_version", "/sleep"):
             assert client.post(path, headers=good("POST", path)).status_code == 404, path  # closed even signed
         assert client.get("/metrics").status_code == 404
@@ -557,8 +560,10 @@ def test_the_adapter_routes_need_the_secret_and_vllm_s_key_check_then_gets_the_g
     serve_guard.configure(secret)
     try:
         client = TestClient(app)
+        here = client.get("/v1/models").headers[serve_guard.INSTANCE_HEADER]
         for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
-            good = {serve_guard.SIGNATURE_HEADER: serve_guard.sign(serve_guard.control_key(secret), "POST", path)}
+            good = {serve_guard.SIGNATURE_HEADER: serve_guard.sign(serve_guard.control_key(secret), "POST", path,
+                                                                   instance=here)}
             assert client.post(path).status_code == 401
             assert client.post(path, headers={"Authorization": "Bearer generation-key-0123"}).status_code == 401
             assert client.post(path, headers=good).json() == {"authorization": "Bearer generation-key-0123"}

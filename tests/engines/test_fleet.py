@@ -476,7 +476,8 @@ def test_a_client_without_the_secret_reaches_no_control_route_and_no_dev_route(s
                     response = httpx.post(url + path, json=body, headers=auth, timeout=30)
                     assert response.status_code == 401, (url, path, auth, response.status_code)
             assert httpx.get(url + "/weight_info", timeout=30).status_code == 401
-            signed = {SIGNATURE_HEADER: sign(control_key(servers.secret), "GET", "/weight_info")}
+            here = httpx.get(url + "/health", timeout=30).headers["X-LLMGym-Instance"]  # the process signed for
+            signed = {SIGNATURE_HEADER: sign(control_key(servers.secret), "GET", "/weight_info", instance=here)}
             assert httpx.get(url + "/weight_info", headers=signed, timeout=30).status_code == 200
             assert httpx.get(url + "/weight_info", headers=signed, timeout=30).status_code == 401  # captured, replayed
             assert httpx.get(url + "/health", timeout=30).status_code == 200

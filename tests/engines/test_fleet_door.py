@@ -72,7 +72,7 @@ def test_a_captured_control_request_sent_again_is_refused(guarded):
     server.call("POST", "/finish_weight_update", json={"weight_version": "3"})
     assert [(p, q, json.loads(b or b"null")) for p, q, b in reached] == [
         ("/pause", "mode=wait", None), ("/finish_weight_update", "", {"weight_version": "3"})]
-    pause, finish = sent
+    pause, finish = [r for r in sent if r.url.path != "/health"]  # (the learner learns the instance first)
     again = _again(client, pause)
     assert again.status_code == 401 and "replay" in again.json()["error"]
     assert "authorization" not in pause.headers and SECRET not in str(pause.headers)  # the secret never travels
@@ -80,7 +80,7 @@ def test_a_captured_control_request_sent_again_is_refused(guarded):
     # altered, the capture is worth nothing either: another query, another body
     assert _again(client, pause, url="http://rollout:8000/pause?mode=keep").status_code == 401
     forged = _again(client, finish, content=b'{"weight_version": "999"}')
-    assert forged.status_code == 401 and "signature is wrong" in forged.json()["error"]
+    assert forged.status_code == 401 and ("altered" in forged.json()["error"] or "replay" in forged.json()["error"])
     assert len(reached) == 2  # nothing replayed or altered reached the server
 
 
@@ -88,6 +88,7 @@ def test_a_control_request_without_a_good_fresh_signature_is_refused(guarded):
     server, client, sent, reached = guarded
     key = serve_guard.control_key(SECRET)
     header = serve_guard.SIGNATURE_HEADER
+    here = client.get("/health").headers[serve_guard.INSTANCE_HEADER]  # any answer names the server process
     refused = [
         {},  # none
         {"Authorization": f"Bearer {SECRET}"},  # the secret itself as a bearer token: it replays by construction
@@ -96,12 +97,13 @@ def test_a_control_request_without_a_good_fresh_signature_is_refused(guarded):
         {header: serve_guard.sign(key, "POST", "/pause")},  # signed for another route
         {header: serve_guard.sign(key, "POST", "/resume", now=time.time() - serve_guard.MAX_SKEW_S - 30)},  # stale
         {header: serve_guard.sign(key, "POST", "/resume", now=time.time() + serve_guard.MAX_SKEW_S + 30)},  # future
+        {header: serve_guard.sign(key, "POST", "/resume")},  # for no server process in particular
     ]
     for headers in refused:
         answer = client.post("/resume", headers=headers)
         assert answer.status_code == 401 and "\n" not in answer.json()["error"], headers
     assert reached == []
-    assert client.post("/resume", headers={header: serve_guard.sign(key, "POST", "/resume")}).status_code == 200
+    assert client.post("/resume", headers={header: serve_guard.sign(key, "POST", "/resume", instance=here)}).status_code == 200
 
 
 def test_the_generation_key_is_not_the_secret_and_signs_nothing(guarded):
@@ -236,3 +238,124 @@ def test_a_server_refuses_an_init_without_the_rendezvous_nonce_in_one_line():
     for nonce in ("", "0" * 63, "Z" * 64):
         with pytest.raises(ValueError, match="no rendezvous nonce"):
             GlooInitInfo(**shape, nonce=nonce)
+
+
+def _guarded_app(reached):
+    """One rollout server process: an app behind its own guard (a fresh instance), recording what reached it."""
+    fastapi = pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    app = fastapi.FastAPI()
+
+    async def echo(request):
+        reached.append(request.url.path)
+        return {"ok": True}
+
+    echo.__annotations__ = {"request": fastapi.Request}
+    for method, path in serve_guard.CONTROL_ROUTES | {("GET", "/health")}:
+        app.add_api_route(path, echo, methods=[method])
+    app.add_middleware(serve_guard.ControlPlaneGuard)
+    return TestClient(app, base_url="http://rollout:8000")
+
+
+def test_a_control_request_signed_for_one_server_process_is_refused_by_any_other():
+    """Found by the second attacker's pass: a fleet shares one secret, and a server's nonce memory is its process's,
+    so a captured ``/pause`` sent to another server of the fleet, or to the same server after a restart, within the
+    120 s window, was taken (200). Rule: a signature covers the server process's instance (drawn at start, named on
+    every answer); the learner signs for the process it talks to and signs again once when a server restarted."""
+    from llmgym.fleet.fleet_engine import _Server
+
+    serve_guard.configure(SECRET)
+    try:
+        reached_a, reached_b, reached_a2 = [], [], []
+        a, b = _guarded_app(reached_a), _guarded_app(reached_b)
+        sent = []
+        a.event_hooks = {"request": [sent.append], "response": []}
+        learner = _Server("http://rollout:8000", client=None, http=a, secret=SECRET)
+        assert learner.call("POST", "/pause", params={"mode": "wait"}) == {"ok": True}
+        pause = sent[-1]
+        assert _again(b, pause).status_code == 401 and reached_b == []  # another server of the fleet
+        restarted = _guarded_app(reached_a2)  # the same server, restarted: its nonces are gone
+        answer = _again(restarted, pause)
+        assert answer.status_code == 401 and "restarted" in answer.json()["error"] and reached_a2 == []
+        learner.http = restarted  # the learner's own next request to the restarted server is signed for it
+        assert learner.call("POST", "/resume") == {"ok": True} and reached_a2 == ["/resume"]
+    finally:
+        serve_guard._state.clear()
+
+
+def test_the_guard_reads_no_body_before_the_signature_holds():
+    """Found by the second attacker's pass: the guard read (and held) up to 16 MB of a control request's body before
+    it checked the signature, so any client that could reach the port, with a well-formed header of the current
+    time and no secret, made the server hold 16 MB per connection. Rule: the body's digest is in the signed header,
+    the signature is checked first, and only a signed, fresh request's body is read."""
+    import asyncio
+
+    serve_guard.configure(SECRET)
+    try:
+        reached = []
+
+        async def app(scope, receive, send):
+            reached.append(scope["path"])
+
+        guard = serve_guard.ControlPlaneGuard(app)
+        forged = serve_guard.sign(serve_guard.control_key("not the secret, 0123"), "POST", "/update_weights",
+                                  instance=guard.instance)  # well-formed and fresh, but no one's
+        pulled, answers = [], []
+
+        async def receive():  # an endless body, 1 MB a message
+            pulled.append(1)
+            return {"type": "http.request", "body": b"x" * (1 << 20), "more_body": True}
+
+        async def send(message):
+            answers.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/update_weights", "query_string": b"",
+                 "headers": [(serve_guard.SIGNATURE_HEADER.lower().encode(), forged.encode())]}
+        asyncio.run(guard(scope, receive, send))
+        assert answers[0]["status"] == 401 and pulled == [] and reached == []
+        # signed, the body is read, and one that is not the body signed is refused
+        key = serve_guard.control_key(SECRET)
+        good = serve_guard.sign(key, "POST", "/update_weights", b"", b"{}", instance=guard.instance)
+        body = [{"type": "http.request", "body": b"{}", "more_body": False}]
+        scope["headers"] = [(serve_guard.SIGNATURE_HEADER.lower().encode(), good.encode())]
+
+        async def receive_one():
+            return body.pop(0) if body else {"type": "http.disconnect"}
+
+        asyncio.run(guard(scope, receive_one, send))
+        assert reached == ["/update_weights"]
+        other = serve_guard.sign(key, "POST", "/update_weights", b"", b"{}", instance=guard.instance)
+        body[:] = [{"type": "http.request", "body": b"{1}", "more_body": False}]
+        scope["headers"] = [(serve_guard.SIGNATURE_HEADER.lower().encode(), other.encode())]
+        answers.clear()
+        asyncio.run(guard(scope, receive_one, send))
+        assert answers[0]["status"] == 401 and reached == ["/update_weights"]
+    finally:
+        serve_guard._state.clear()
+
+
+def test_strangers_holding_every_rendezvous_slot_cannot_keep_the_peer_out(monkeypatch):
+    """Found by the second attacker's pass: the rendezvous took at most 128 unauthenticated connections and dropped
+    every later one unread, with a time limit per read (a byte every few seconds kept a slot for minutes): any local
+    process holding 128 connections kept the real server's worker out, and the weight group never formed. Rule: the
+    handshake has one deadline, and a newcomer past the limit cuts the oldest unauthenticated connection."""
+    monkeypatch.setattr(rendezvous, "_MAX_PENDING", 4)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    nonce = rendezvous.new_nonce()
+    host = rendezvous.RendezvousHost(listener, nonce, peers=1, timeout_s=5)
+    strangers = []
+    try:
+        for _ in range(4):  # every slot held by a connection that never answers the challenge
+            stranger = socket.create_connection(("127.0.0.1", port), timeout=5)
+            stranger.recv(len(rendezvous._HELLO) + 32)  # (the host has taken it: it sent its challenge)
+            strangers.append(stranger)
+        peer = rendezvous.RendezvousClient("127.0.0.1", port, nonce, timeout_s=5)
+        peer.set("rank1", b"address")
+        assert host.store.get("rank1") == b"address"
+        assert strangers[0].recv(1) == b""  # the oldest stranger was cut
+    finally:
+        for stranger in strangers:
+            stranger.close()
+        host.close()

@@ -455,3 +455,29 @@ def test_an_answer_given_after_killing_the_keeper_is_refused(mode):
     finally:
         for pid in _with_marker(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+def _reach_the_caller(caller: int) -> dict:
+    """A call that, as root, tries to get out of its namespace: unmount its /proc (the host's is below), then open
+    the caller's memory for writing (code that would outlive the call) and read its maps."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    found = {"umount": libc.umount2(b"/proc", 2) == 0}
+    for name, flags in (("mem", os.O_RDWR), ("maps", os.O_RDONLY)):
+        try:
+            os.close(os.open(f"/proc/{caller}/{name}", flags))
+            found[name] = True
+        except OSError:
+            found[name] = False
+    return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or killable._call_namespace() != killable._DIRECT,
+                    reason="the root path: the call forked straight into a PID namespace")
+def test_a_root_call_cannot_unmount_its_proc_or_open_the_callers_memory():
+    """Found by the second attacker's pass: as root, a call could unmount its namespace's /proc, see the host's
+    below it, and open the caller's /proc/<pid>/mem read-write (write code into the trainer: it outlives the call).
+    Rule: a call's process running as root gives up CAP_SYS_ADMIN and CAP_SYS_PTRACE before the call runs."""
+    outcome = killable.call_in_killable_child(_reach_the_caller, os.getpid(), limit=30)
+    assert outcome.status == "ok" and outcome.value == {"umount": False, "mem": False, "maps": False}, outcome

@@ -192,3 +192,34 @@ def test_every_gold_of_the_gsm8k_sample_pays_against_its_usual_spellings(verifie
                 refused.append((task.answer, completion, score.info.get("error")))
     assert refused == [], f"{len(refused)} of {checked} refused: {refused}"
     assert len(tasks) >= 4 and checked >= 50
+
+
+# -- a unit is its words in order, and its power is part of it (round two) ---------------------------------------------
+# Each paid 1.0 before: the unit was a set of words and a power other than 2 or 3 was dropped, so a unit
+# multiplied by itself, raised to any other power or turned upside down was the reference's unit.
+
+@pytest.mark.parametrize("question, gold, answer", [
+    ("How long is the rod?", r"5 \text{ m}", r"5 \text{ m}^{-1}"),
+    ("How long is the rod?", r"5 \text{ m}", r"5 \mathrm{m}^{1/2}"),
+    ("How long is the rod?", r"5 \text{ m}", r"5 \text{ m}^4"),
+    ("How long is the rod?", r"5 \text{ m}", r"5 \text{ meter meter}"),
+    ("How long, in meters, is the rod?", "5", r"5 \text{ meter meter}"),
+    ("How long, in meters, is the rod?", "5", r"5 \text{ m}^{-1}"),
+    ("How fast is it?", r"5 \text{ m/s}", r"5 \text{ s/m}"),
+    ("How fast is it?", r"5 \text{ m/s}", r"5 \text{ second per meter}"),
+    ("What is the area?", r"36 \text{ units}^2", r"36 \text{ units}^{-2}"),
+    ("How fast is it, in meters per second?", "5", r"5 \text{ s/m}"),  # the question's words, in another order
+])
+def test_a_units_power_and_order_are_part_of_it(verifier, question, gold, answer):
+    score = verifier(Task(question, answer=gold), rf"\boxed{{{answer}}}")
+    assert score.reward == 0.0 and "unit" in (score.info.get("error") or ""), score.info
+
+
+@pytest.mark.parametrize("gold, answer", [
+    (r"5 \text{ m/s}", r"5 \text{ meters per second}"), (r"5 \text{ m/s}", r"5 \text{ m/s}"),
+    (r"36 \text{ units}^2", "36 square units"), (r"5 \text{ cm}^2", r"5\,\mathrm{cm}^{2}"),
+    (r"5 \text{ cm}^2", r"5 \text{ square centimeters}"), (r"5 \text{ m}", "5 meters"),
+    (r"5 \text{ m/s}", r"5 \frac{\text{m}}{\text{s}}"), (r"5 \text{ m/s}", r"5 \text{ m}/\text{s}"),
+])
+def test_a_unit_in_its_usual_spellings_still_pays(verifier, gold, answer):
+    assert verifier(Task("What is it?", answer=gold), rf"\boxed{{{answer}}}").reward == 1.0

@@ -53,3 +53,19 @@ def test_a_secret_cut_by_the_length_limit_leaves_no_prefix(monkeypatch):
     completion = "x" * (MAX_TEXT - 6) + "sk-live-5b7e01c2" + "y" * 10
     (record,) = episode_records([_episode("p", completion, {})], CharTokenizer(), step=1)
     assert "sk-live" not in record["completion"] and "sk-li" not in record["completion"]
+
+
+def test_secrets_the_model_echoed_are_redacted_in_bench_samples(monkeypatch):
+    """Found by the second attacker's pass: ``rollouts.jsonl`` redacted an echoed secret, but ``llmgym bench --out``'s
+    per-sample records (``FILE.samples.jsonl``: the completion, the transcript and the verifier's info) wrote it
+    as the model said it. Rule: every record of model text a command writes goes through the same redaction."""
+    from llmgym.cli.bench import sample_records
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-live-5b7e01c2")
+    monkeypatch.setattr(secrets_module, "_registered", set())
+    register_secret("from-a-secret-file-77")
+    episode = _episode("p", "key sk-live-5b7e01c2 and from-a-secret-file-77", {"reply": "sk-live-5b7e01c2"})
+    (record,) = sample_records([episode], [episode.task], 1, 1.0, CharTokenizer(), multi_turn=True)
+    text = repr(record)
+    assert "sk-live-5b7e01c2" not in text and "from-a-secret-file-77" not in text
+    assert record["completion"] == f"key {REDACTED} and {REDACTED}" and record["info"]["reply"] == REDACTED

@@ -232,3 +232,41 @@ def test_a_damaged_checkpoint_weights_file_is_one_checkpoint_error(saved_tiny_mo
     assert str(weights) in str(caught.value) and "\n" not in str(caught.value)
     with pytest.raises(ModelFileError, match="damaged"):
         load_model(folder)
+
+
+def test_a_page_holds_a_bounded_number_of_metrics_records_whatever_the_files_length(tmp_path, monkeypatch):
+    """Found by the second attacker's pass: every line had a bound, but not their number -- a 38 MB metrics.jsonl
+    of small records (a million steps) took `llmgym report` to 721 MB (0.05 GB for a real run). Rule: the page
+    holds at most twice MAX_METRIC_ROWS records, thinned evenly over the whole file, its first and last kept."""
+    from llmgym.runtime import files
+    from llmgym.train import report
+
+    run = _run(tmp_path / "run")
+    with (run / "metrics.jsonl").open("a") as f:
+        f.writelines(json.dumps({"step": step, "reward_mean": 0.5}) + "\n" for step in range(4, 2001))
+    monkeypatch.setattr(report, "MAX_METRIC_ROWS", 50, raising=False)
+    held = []
+    scan = files.scan_jsonl
+
+    def counted(*args, **kwargs):
+        read = scan(*args, **kwargs)
+        held.append(len(read.records))
+        return read
+
+    monkeypatch.setattr(report, "scan_jsonl", counted)
+    data = report_data(run)
+    assert held[0] <= 2 * 50 + 1 and data["summary"]["steps"] == 2000  # the last step is the file's
+    steps = [r["step"] for r in files.scan_jsonl(run / "metrics.jsonl", thin=50).records]
+    assert steps[0] == 1 and steps[-1] == 2000 and len(set(b - a for a, b in zip(steps, steps[1:-1]))) == 1
+
+
+def test_a_checkpoint_step_far_past_the_log_is_refused_before_it_sizes_any_work(tmp_path):
+    """Found by the second attacker's pass: a checkpoint's step is data too -- an agent.pt saying step 10^11 made
+    `train --resume` list every lost step (15 GB in a minute, then killed). Rule: a log missing more than
+    MAX_LOST_STEPS of the steps its checkpoint claims is refused in one line, before anything is listed."""
+    from llmgym.runtime import files
+
+    run = _run(tmp_path / "run")
+    with pytest.raises(OSError, match="holds 3 of the 5000000 steps"):
+        files.rewind(run / "metrics.jsonl", 5_000_000, every_step=True)
+    assert len(files.rewind(run / "metrics.jsonl", 10, every_step=True).lost_steps) == 7  # a real gap is still named
