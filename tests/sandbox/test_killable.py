@@ -399,9 +399,11 @@ def test_a_verifier_whose_check_runs_the_completion_leaves_nothing_running():
 
 # -- the answer: read after the exit, from where the call's processes cannot reach it -------------------------
 
-def _forks_a_forger() -> str:
+def _forks_a_forger(callers_fds: frozenset = frozenset()) -> str:
     """A process the call forks writes a forged answer into every pipe it can write and every shared
-    writable mapping it has, then the call answers honestly."""
+    writable mapping it has, then the call answers honestly. ``callers_fds``: descriptors the caller had
+    open before the call (under pytest-xdist one is the worker's channel to the controller: a forged
+    answer written there ends the worker, not the test); every pipe the call machinery makes is tried."""
     import ctypes
     import fcntl
     import pickle
@@ -414,7 +416,7 @@ def _forks_a_forger() -> str:
             for name in os.listdir("/proc/self/fd"):
                 fd = int(name)
                 try:
-                    if fd > 2 and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:") and \
+                    if fd > 2 and fd not in callers_fds and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:") and \
                             fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
                         os.write(fd, forged)
                 except OSError:
@@ -433,7 +435,8 @@ def _forks_a_forger() -> str:
 
 
 def test_a_process_the_call_forks_cannot_forge_its_answer(mode):
-    assert killable.call_in_killable_child(_forks_a_forger, limit=30) == ("ok", "honest")
+    callers_fds = frozenset(int(name) for name in os.listdir("/proc/self/fd"))
+    assert killable.call_in_killable_child(_forks_a_forger, callers_fds, limit=30) == ("ok", "honest")
 
 
 def _kills_its_keeper(marker: str) -> str:
