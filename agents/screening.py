@@ -78,6 +78,25 @@ def kept_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]):
             p.data = data
 
 
+def selected_logit_tiles(learner: Any, part: Batch, chosen: torch.Tensor):
+    """Yield ``(offset, logits)``: the float32 logits (the head's scale and soft-cap applied) of ``part``'s
+    positions at ``chosen`` (``[rows, L-1]``), in order, tiles of at most
+    :data:`~llmgym.agents.learner.CHUNK_ELEMENTS` logits, ``offset`` the tile's first selected position; the
+    decoder stack runs once, under the learner's autocast. The one pass the screen's scores and the kept
+    nucleus mass (:mod:`llmgym.agents.truncation`) share."""
+    with learner.autocast():
+        inputs, head, scale, softcap = head_inputs(learner.model, part.input_ids, part.attention_mask, chosen)
+        vocab = int(head.weight.shape[0]) if head is not None else inputs.shape[-1]
+        step = max(1, CHUNK_ELEMENTS // max(1, vocab))
+        for s in range(0, inputs.shape[0], step):
+            logits = (head(inputs[s:s + step]) if head is not None else inputs[s:s + step]).float()
+            if scale != 1.0:
+                logits = logits * scale
+            if softcap:
+                logits = torch.tanh(logits / softcap) * softcap
+            yield s, logits
+
+
 @torch.no_grad()
 def token_scores(agent: Agent, batch: Batch, select: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``(log π, H, E[(log π)²])`` of ``batch``'s tokens at ``select`` (``[N, L-1]`` each, 0 elsewhere) under the
@@ -99,22 +118,13 @@ def token_scores(agent: Agent, batch: Batch, select: torch.Tensor) -> tuple[torc
             if not bool(chosen.any()):
                 continue
             targets = part.input_ids[:, 1:][chosen]
-            with learner.autocast():
-                inputs, head, scale, softcap = head_inputs(model, part.input_ids, part.attention_mask, chosen)
-                vocab = int(head.weight.shape[0]) if head is not None else inputs.shape[-1]
-                step = max(1, CHUNK_ELEMENTS // max(1, vocab))
-                parts = []
-                for s in range(0, inputs.shape[0], step):
-                    logits = (head(inputs[s:s + step]) if head is not None else inputs[s:s + step]).float()
-                    if scale != 1.0:
-                        logits = logits * scale
-                    if softcap:
-                        logits = torch.tanh(logits / softcap) * softcap
-                    logp = torch.log_softmax(logits / t, dim=-1)
-                    p = logp.exp()
-                    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
-                    picked = logp.gather(-1, targets[s:s + step, None]).squeeze(-1)
-                    parts.append(torch.stack([picked, -plogp.sum(-1), (plogp * logp).nan_to_num(0.0).sum(-1)], -1))
+            parts = []
+            for s, logits in selected_logit_tiles(learner, part, chosen):
+                logp = torch.log_softmax(logits / t, dim=-1)
+                p = logp.exp()
+                plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
+                picked = logp.gather(-1, targets[s:s + logits.shape[0], None]).squeeze(-1)
+                parts.append(torch.stack([picked, -plogp.sum(-1), (plogp * logp).nan_to_num(0.0).sum(-1)], -1))
             both = torch.cat(parts)
             for k in range(3):
                 out[k][rows] = out[k][rows].index_put((chosen,), both[:, k].to(out[k].device))

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from llmgym.agents.learner import CHUNK_ELEMENTS, head_inputs, micro_batches
-from llmgym.agents.screening import kept_weights
+from llmgym.agents.learner import micro_batches
+from llmgym.agents.screening import kept_weights, selected_logit_tiles
 from llmgym.engines.base import optional_member
 from llmgym.engines.sampling import nucleus_log_mass, tempered_logprobs
 from llmgym.rollout.episodes import Batch
@@ -83,19 +83,8 @@ def kept_log_mass(agent: Agent, batch: Batch, select: torch.Tensor) -> torch.Ten
             chosen = select[rows].bool()
             if not bool(chosen.any()):
                 continue
-            with learner.autocast():
-                inputs, head, scale, softcap = head_inputs(model, part.input_ids, part.attention_mask, chosen)
-                vocab = int(head.weight.shape[0]) if head is not None else inputs.shape[-1]
-                step = max(1, CHUNK_ELEMENTS // max(1, vocab))
-                masses = []
-                for s in range(0, inputs.shape[0], step):
-                    logits = (head(inputs[s:s + step]) if head is not None else inputs[s:s + step]).float()
-                    if scale != 1.0:
-                        logits = logits * scale
-                    if softcap:
-                        logits = torch.tanh(logits / softcap) * softcap
-                    masses.append(nucleus_log_mass(tempered_logprobs(logits, c.temperature), c.top_p))
-            mass = torch.cat(masses)
+            mass = torch.cat([nucleus_log_mass(tempered_logprobs(logits, c.temperature), c.top_p)
+                              for _, logits in selected_logit_tiles(learner, part, chosen)])
             out[rows] = out[rows].index_put((chosen.to(out.device),), mass.to(out.device))
     finally:
         model.train(was_training)
